@@ -1,0 +1,121 @@
+"""Reading a ``LayerGraph`` back from its JSON form, with messages that name
+the offending field (the writer is ``LayerGraph.to_dict``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from planner.graph import (
+    _LAYER_FIELDS,
+    _VECTOR_FIELDS,
+    GRAPH_SCHEMA,
+    GRAPH_VERSION,
+    MAX_SPATIAL_DIMS,
+    LayerArrays,
+    LayerGraph,
+    LayerKind,
+)
+
+
+def _number(v: Any, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{where} must be a number, got {v!r}")
+    if not math.isfinite(v):
+        raise ValueError(f"{where} must be finite, got {v!r}")
+    return float(v)
+
+
+def graph_from_dict(data: Any) -> LayerGraph:
+    if not isinstance(data, dict):
+        raise ValueError("layer-graph JSON must be an object")
+    schema, version = data.get("schema"), data.get("version")
+    if schema != GRAPH_SCHEMA:
+        raise ValueError(f'not a layer graph: "schema" is {schema!r}, expected {GRAPH_SCHEMA!r}')
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ValueError(f'layer graph "version" must be an integer, got {version!r}')
+    if version > GRAPH_VERSION:
+        raise ValueError(
+            f"layer graph version {version} is newer than this shardplan understands "
+            f"({GRAPH_VERSION}); upgrade shardplan"
+        )
+    if version < 1:
+        raise ValueError(f"layer graph version {version} is not valid")
+    for key in ("model_name", "input_shape", "layers", "edges"):
+        if key not in data:
+            raise ValueError(f'layer graph is missing "{key}"')
+    layers = data["layers"]
+    if not isinstance(layers, list) or not layers:
+        raise ValueError('layer graph "layers" must be a non-empty list')
+    names: list[str] = []
+    cols: dict[str, list[Any]] = {f: [] for f in _LAYER_FIELDS}
+    for i, row in enumerate(layers):
+        if not isinstance(row, dict):
+            raise ValueError(f"layers[{i}] must be an object")
+        name = row.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f'layers[{i}] needs a non-empty string "name"')
+        names.append(name)
+        for f in _LAYER_FIELDS:
+            if f == "mask":
+                cols[f].append(1.0)
+                continue
+            if f not in row:
+                raise ValueError(f'layers[{i}] ({name}) is missing "{f}"')
+            v = row[f]
+            where = f"layers[{i}] ({name}).{f}"
+            if f in _VECTOR_FIELDS:
+                if not isinstance(v, list) or len(v) != MAX_SPATIAL_DIMS:
+                    raise ValueError(f"{where} must be a list of {MAX_SPATIAL_DIMS} numbers")
+                cols[f].append([_number(x, where) for x in v])
+            else:
+                x = _number(v, where)
+                if x < 0:
+                    raise ValueError(f"{where} must be non-negative, got {v!r}")
+                cols[f].append(x)
+        try:
+            kind = LayerKind(int(cols["kind"][-1]))
+        except ValueError:
+            raise ValueError(f"layers[{i}] ({name}).kind {row['kind']!r} is not a known layer kind") from None
+        if kind is LayerKind.PAD:
+            raise ValueError(f"layers[{i}] ({name}) has the padding kind 0, which real layers cannot have")
+    edges = data["edges"]
+    if not isinstance(edges, list):
+        raise ValueError('layer graph "edges" must be a list of [src, dst] pairs')
+    src, dst = [], []
+    for j, e in enumerate(edges):
+        if not (isinstance(e, list) and len(e) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in e)):
+            raise ValueError(f"edges[{j}] must be a pair of layer indices, got {e!r}")
+        s, d = e
+        if not (0 <= s < d < len(layers)):
+            raise ValueError(
+                f"edges[{j}] = {e} must go from an earlier to a later layer (indices 0..{len(layers) - 1})"
+            )
+        src.append(s)
+        dst.append(d)
+    shape = data["input_shape"]
+    if not (isinstance(shape, list) and 1 <= len(shape) <= 1 + MAX_SPATIAL_DIMS
+            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape)):
+        raise ValueError(f'"input_shape" must be a list of 1-4 positive integers, got {shape!r}')
+    t = data.get("measured_time_per_sample_s")
+    if t is not None:
+        t = _number(t, "measured_time_per_sample_s")
+        if t <= 0:
+            raise ValueError(f"measured_time_per_sample_s must be positive, got {t}")
+    model_name = data["model_name"]
+    if not isinstance(model_name, str):
+        raise ValueError('"model_name" must be a string')
+    arrays = {f: np.asarray(v, dtype=np.float64) for f, v in cols.items()}
+    arrays["edge_src"] = np.asarray(src, dtype=np.float64)
+    arrays["edge_dst"] = np.asarray(dst, dtype=np.float64)
+    arrays["edge_mask"] = np.ones(len(src))
+    g = LayerGraph(
+        arrays=LayerArrays(**arrays),
+        names=tuple(names),
+        model_name=model_name,
+        input_shape=tuple(shape),
+        measured_time_per_sample_s=t,
+    )
+    return g.padded()

@@ -1,0 +1,118 @@
+"""Per-sample FLOP counts of each layer kind, counted the way XLA counts them.
+
+Forward counts follow what ``jax.jit(f).lower(...).compile().cost_analysis()``
+reports on CPU (jax 0.10.2), probed primitive by primitive
+(``../shared/reference/jax-notes.md`` §1 "FLOPs: analytic vs XLA"):
+
+* conv: 2 FLOPs per multiply-accumulate over the taps that land inside the
+  input (XLA does not count padded taps), plus 1 per output element for the
+  bias: ``2 * (C_in/groups) * C_out * prod_d(valid taps_d) + |y|``.
+* dense: ``2 * C_in * C_out * positions + |y|`` (exact).
+* max pool: ``(window - 1)`` comparisons per output element; average pool:
+  ``window`` (sums plus the division); global mean: ``|x|``.
+* ReLU and other unary element-wise ops: 1 per element; add of n tensors:
+  ``n - 1`` per element.
+* batch norm in training mode: 6 per element (mean, variance, normalise,
+  scale, shift; XLA: 3096 FLOPs for 512 elements, the rest is per channel).
+
+Backward counts are the standard ones: a conv's or dense layer's
+backward-data and backward-weight passes each cost its multiply-accumulates
+again (the same valid taps, transposed), plus the bias reduction; a
+parameter-free layer's backward pass touches each element once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "LayerFlops",
+    "NO_FLOPS",
+    "valid_taps",
+    "conv_flops",
+    "dense_flops",
+    "pool_flops",
+    "global_pool_flops",
+    "batch_norm_flops",
+    "elementwise_flops",
+    "add_flops",
+]
+
+BATCH_NORM_FWD_FLOPS_PER_ELEMENT = 6.0  # XLA CPU count, training mode (probed)
+BATCH_NORM_BWD_FLOPS_PER_ELEMENT = 6.0  # d/dx of normalise + scale: same order as forward
+
+
+class LayerFlops(NamedTuple):
+    forward: float  # FLOPs per sample
+    backward_data: float  # FLOPs per sample for the gradient w.r.t. the input
+    backward_weight: float  # FLOPs per sample for the gradient w.r.t. the parameters
+
+
+NO_FLOPS = LayerFlops(0.0, 0.0, 0.0)
+
+
+def valid_taps(n_in: int, n_out: int, kernel: int, stride: int, dilation: int, pad_lo: int) -> int:
+    """Number of (output position, kernel tap) pairs along one dim whose input
+    index falls inside ``[0, n_in)``, i.e. that are not padding."""
+    o = np.arange(n_out)[:, None]
+    k = np.arange(kernel)[None, :]
+    idx = o * stride - pad_lo + k * dilation
+    return int(np.count_nonzero((idx >= 0) & (idx < n_in)))
+
+
+def conv_flops(
+    in_channels: int,
+    out_channels: int,
+    in_spatial: Sequence[int],
+    out_spatial: Sequence[int],
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    dilation: Sequence[int],
+    pads: Sequence[tuple[int, int]],
+    groups: int,
+    bias: bool,
+) -> LayerFlops:
+    taps = math.prod(
+        valid_taps(n, o, k, s, d, p[0])
+        for n, o, k, s, d, p in zip(in_spatial, out_spatial, kernel, stride, dilation, pads, strict=True)
+    )
+    macs = float(taps) * (in_channels // groups) * out_channels
+    out = float(out_channels * math.prod(out_spatial))
+    b = out if bias else 0.0
+    return LayerFlops(2.0 * macs + b, 2.0 * macs, 2.0 * macs + b)
+
+
+def dense_flops(in_features: int, out_features: int, positions: int, bias: bool) -> LayerFlops:
+    macs = float(in_features) * out_features * positions
+    b = float(out_features * positions) if bias else 0.0
+    return LayerFlops(2.0 * macs + b, 2.0 * macs, 2.0 * macs + b)
+
+
+def pool_flops(in_elements: int, out_elements: int, window: int, op: str) -> LayerFlops:
+    per_out = window - 1 if op == "max" else window
+    return LayerFlops(float(per_out * out_elements), float(in_elements), 0.0)
+
+
+def global_pool_flops(in_elements: int) -> LayerFlops:
+    return LayerFlops(float(in_elements), float(in_elements), 0.0)
+
+
+def batch_norm_flops(elements: int, affine: bool) -> LayerFlops:
+    n = float(elements)
+    return LayerFlops(
+        BATCH_NORM_FWD_FLOPS_PER_ELEMENT * n,
+        BATCH_NORM_BWD_FLOPS_PER_ELEMENT * n,
+        2.0 * n if affine else 0.0,  # scale and shift gradients: one reduction each
+    )
+
+
+def elementwise_flops(elements: int, per_element: float = 1.0) -> LayerFlops:
+    return LayerFlops(per_element * elements, float(elements), 0.0)
+
+
+def add_flops(elements: int, inputs: int) -> LayerFlops:
+    return LayerFlops(float((inputs - 1) * elements), 0.0, 0.0)
