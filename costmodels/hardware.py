@@ -1,0 +1,212 @@
+"""Hardware as data: a device's compute and memory, and the network tiers a
+collective runs over. Presets are JSON files shipped in ``costmodels/presets``;
+users pass their own files with the same schema.
+
+Every quantity is SI with its unit in the key (``latency_s``,
+``bandwidth_bytes_per_s``, ``memory_bytes``, ``peak_flops_per_s``), so a file
+written in other units (``bandwidth_gbps``) is rejected rather than misread.
+
+Tier choice follows ParaDL (paradl.md §3.1-3.2): a collective over ``ranks``
+devices runs at the latency and bandwidth of the first tier, in file order,
+whose ``max_ranks`` covers it; a tier marked ``intra_node`` is skipped when the
+collective's ranks span more than one node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Device",
+    "NetworkTier",
+    "Hardware",
+    "HARDWARE_SCHEMA",
+    "HARDWARE_VERSION",
+    "preset_names",
+    "load_hardware",
+    "hardware_from_dict",
+]
+
+HARDWARE_SCHEMA = "shardplan/hardware"
+HARDWARE_VERSION = 1
+DTYPES = ("float32", "bfloat16", "float16")
+OP_CLASSES = ("conv", "matmul", "elementwise", "memory")
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """One accelerator."""
+
+    peak_flops_per_s: dict[str, float]  # per dtype name, dense
+    memory_bandwidth_bytes_per_s: float
+    memory_bytes: float
+    efficiency: dict[str, float]  # attained fraction of peak per op class (conv, matmul, elementwise, memory)
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkTier:
+    """One level of the network, in alpha-beta form (paradl.md §3.1)."""
+
+    name: str
+    max_ranks: int | None  # largest collective this tier serves; None = unbounded
+    intra_node: bool  # only for collectives whose ranks share a node
+    latency_s: float  # alpha: start-up time per message step
+    bandwidth_bytes_per_s: float  # 1 / beta: bottleneck link bandwidth
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    name: str
+    description: str
+    device: Device
+    devices_per_node: int
+    gradient_overlap: float  # fraction of the gradient all-reduce hidden behind backward compute; 0 = ParaDL
+    tiers: tuple[NetworkTier, ...]
+    sources: tuple[str, ...] = ()
+
+    def tier_for(self, ranks: int, crosses_nodes: bool) -> NetworkTier:
+        """The tier a collective over ``ranks`` devices runs on (paradl.md §3.2)."""
+        if ranks < 1:
+            raise ValueError(f"a collective needs at least 1 rank, got {ranks}")
+        for t in self.tiers:
+            if t.intra_node and crosses_nodes:
+                continue
+            if t.max_ranks is None or ranks <= t.max_ranks:
+                return t
+        raise ValueError(f"hardware {self.name!r} has no network tier for {ranks} ranks")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.device
+        return {
+            "schema": HARDWARE_SCHEMA,
+            "version": HARDWARE_VERSION,
+            "name": self.name,
+            "description": self.description,
+            "sources": list(self.sources),
+            "device": {
+                "peak_flops_per_s": dict(d.peak_flops_per_s),
+                "memory_bandwidth_bytes_per_s": d.memory_bandwidth_bytes_per_s,
+                "memory_bytes": d.memory_bytes,
+                "efficiency": dict(d.efficiency),
+            },
+            "devices_per_node": self.devices_per_node,
+            "gradient_overlap": self.gradient_overlap,
+            "tiers": [dataclasses.asdict(t) for t in self.tiers],
+        }
+
+
+def preset_names() -> tuple[str, ...]:
+    """Names of the shipped hardware presets."""
+    files = resources.files("costmodels").joinpath("presets").iterdir()
+    return tuple(sorted(f.name[: -len(".json")] for f in files if f.name.endswith(".json")))
+
+
+def load_hardware(name_or_path: str | Path) -> Hardware:
+    """A preset by name (``abci-v100``) or a hardware JSON file by path."""
+    key = str(name_or_path)
+    if key in preset_names():
+        text = resources.files("costmodels").joinpath("presets", f"{key}.json").read_text()
+        source = f"preset {key!r}"
+    else:
+        path = Path(key)
+        if not path.is_file():
+            raise ValueError(
+                f"unknown hardware {key!r}: not a preset ({', '.join(preset_names())}) nor an existing JSON file"
+            )
+        text = path.read_text()
+        source = str(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{source}: malformed JSON: {e}") from None
+    return hardware_from_dict(data, source=source)
+
+
+def _positive(v: Any, where: str, *, allow_zero: bool = False, upper: float | None = None) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{where} must be a finite number, got {v!r}")
+    if v < 0 or (v == 0 and not allow_zero):
+        raise ValueError(f"{where} must be {'non-negative' if allow_zero else 'positive'}, got {v!r}")
+    if upper is not None and v > upper:
+        raise ValueError(f"{where} must be at most {upper}, got {v!r}")
+    return float(v)
+
+
+def _keys(d: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise ValueError(f"{where} must be an object")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise ValueError(f"{where} is missing {', '.join(missing)}")
+    unknown = sorted(set(d) - set(required) - set(optional))
+    if unknown:
+        raise ValueError(
+            f"{where} has unknown field(s) {', '.join(unknown)}; expected {', '.join(required + optional)} "
+            "(quantities are SI, with the unit in the name)"
+        )
+    return d
+
+
+def hardware_from_dict(data: Any, *, source: str = "hardware") -> Hardware:
+    """Validate and build a :class:`Hardware` from its JSON form."""
+    top = _keys(
+        data, source,
+        ("schema", "version", "name", "device", "devices_per_node", "tiers"),
+        ("description", "sources", "gradient_overlap"),
+    )
+    if top["schema"] != HARDWARE_SCHEMA:
+        raise ValueError(f'{source}: "schema" is {top["schema"]!r}, expected {HARDWARE_SCHEMA!r}')
+    if top["version"] != HARDWARE_VERSION:
+        raise ValueError(f"{source}: hardware version {top['version']!r} is not supported (expected {HARDWARE_VERSION})")
+    if not isinstance(top["name"], str) or not top["name"]:
+        raise ValueError(f'{source}: "name" must be a non-empty string')
+    dev = _keys(
+        top["device"], f"{source}: device",
+        ("peak_flops_per_s", "memory_bandwidth_bytes_per_s", "memory_bytes"), ("efficiency",),
+    )
+    peaks = _keys(dev["peak_flops_per_s"], f"{source}: device.peak_flops_per_s", ("float32",), DTYPES[1:])
+    eff = _keys(dev.get("efficiency", {}), f"{source}: device.efficiency", (), OP_CLASSES)
+    device = Device(
+        peak_flops_per_s={k: _positive(v, f"{source}: peak_flops_per_s.{k}") for k, v in peaks.items()},
+        memory_bandwidth_bytes_per_s=_positive(dev["memory_bandwidth_bytes_per_s"], f"{source}: memory_bandwidth_bytes_per_s"),
+        memory_bytes=_positive(dev["memory_bytes"], f"{source}: memory_bytes"),
+        efficiency={c: _positive(eff.get(c, 1.0), f"{source}: efficiency.{c}", upper=1.0) for c in OP_CLASSES},
+    )
+    dpn = top["devices_per_node"]
+    if isinstance(dpn, bool) or not isinstance(dpn, int) or dpn < 1:
+        raise ValueError(f"{source}: devices_per_node must be a positive integer, got {dpn!r}")
+    if not isinstance(top["tiers"], list) or not top["tiers"]:
+        raise ValueError(f"{source}: tiers must be a non-empty list")
+    tiers = []
+    for i, t in enumerate(top["tiers"]):
+        where = f"{source}: tiers[{i}]"
+        t = _keys(t, where, ("name", "max_ranks", "intra_node", "latency_s", "bandwidth_bytes_per_s"))
+        mr = t["max_ranks"]
+        if mr is not None and (isinstance(mr, bool) or not isinstance(mr, int) or mr < 1):
+            raise ValueError(f"{where}.max_ranks must be a positive integer or null, got {mr!r}")
+        if not isinstance(t["intra_node"], bool):
+            raise ValueError(f"{where}.intra_node must be true or false")
+        tiers.append(NetworkTier(
+            name=str(t["name"]), max_ranks=mr, intra_node=t["intra_node"],
+            latency_s=_positive(t["latency_s"], f"{where}.latency_s", allow_zero=True),
+            bandwidth_bytes_per_s=_positive(t["bandwidth_bytes_per_s"], f"{where}.bandwidth_bytes_per_s"),
+        ))
+    if not any(t.max_ranks is None and not t.intra_node for t in tiers):
+        raise ValueError(f"{source}: the last tier must serve any number of ranks across nodes (max_ranks: null, intra_node: false)")
+    sources = top.get("sources", [])
+    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+        raise ValueError(f"{source}: sources must be a list of strings")
+    return Hardware(
+        name=top["name"],
+        description=str(top.get("description", "")),
+        device=device,
+        devices_per_node=dpn,
+        gradient_overlap=_positive(top.get("gradient_overlap", 0.0), f"{source}: gradient_overlap", allow_zero=True, upper=1.0),
+        tiers=tuple(tiers),
+        sources=tuple(sources),
+    )
