@@ -1,9 +1,12 @@
 """Cost models: hardware specs and per-layer compute, communication, memory
 and resharding costs of every sharding, as jitted JAX functions.
 
-``costmodels`` reads a :class:`planner.LayerGraph`'s arrays and never imports
-``search``."""
+``costmodels`` reads a :class:`planner.LayerGraph`'s arrays, produces a
+:class:`CostTable`, and never imports ``search``."""
 
+from costmodels.collective_list import CollectiveRecord, plan_collectives
+from costmodels.compute import HardwareArrays, hardware_arrays
+from costmodels.evaluate import iteration_time, memory_per_device, one_hot
 from costmodels.hardware import (
     HARDWARE_SCHEMA,
     HARDWARE_VERSION,
@@ -14,14 +17,30 @@ from costmodels.hardware import (
     load_hardware,
     preset_names,
 )
+from costmodels.strategies import STRATEGY_NAMES, Layout, Strategy, parse_strategy
+from costmodels.table import CostSettings, CostTable, cost_table
 
 __all__ = [
     "HARDWARE_SCHEMA",
     "HARDWARE_VERSION",
+    "STRATEGY_NAMES",
+    "CollectiveRecord",
+    "CostSettings",
+    "CostTable",
     "Device",
     "Hardware",
+    "HardwareArrays",
+    "Layout",
     "NetworkTier",
+    "Strategy",
+    "cost_table",
+    "hardware_arrays",
     "hardware_from_dict",
+    "iteration_time",
     "load_hardware",
+    "memory_per_device",
+    "one_hot",
+    "parse_strategy",
+    "plan_collectives",
     "preset_names",
 ]

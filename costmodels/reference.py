@@ -1,0 +1,176 @@
+"""A plain-Python, per-layer evaluation of one discrete plan: the same cost
+model as :func:`costmodels.cost_table` + :func:`costmodels.iteration_time`,
+written independently with scalar ``math`` and loops.
+
+It exists as a test oracle for the vectorised model (the one-hot identity)
+and as the baseline of ``benchmarks/costmodel_speed.py``. It is far slower;
+never use it for planning.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from costmodels.compute import DTYPE_BYTES
+from costmodels.hardware import Hardware
+from costmodels.strategies import Layout, Strategy
+from costmodels.table import OPTIMIZER_SLOTS, CostSettings
+from planner.graph import LayerGraph, LayerKind
+
+__all__ = ["reference_iteration_time", "reference_memory"]
+
+_B, _R, _C, _H, _P = Layout.BATCH, Layout.REPLICATED, Layout.CHANNEL, Layout.SPATIAL, Layout.PARTIAL
+
+
+def _layouts(kind: int, s: int) -> tuple[int, int, int, int]:
+    """(input, output, input-gradient produced, output-gradient needed)."""
+    if kind in (LayerKind.CONV, LayerKind.DENSE):
+        return {
+            Strategy.DATA: (_B, _B, _B, _B),
+            Strategy.FILTER: (_R, _C, _P, _C),
+            Strategy.CHANNEL: (_C, _P, _C, _R),
+            Strategy.SPATIAL: (_H, _H, _H, _H),
+            Strategy.REPLICATED: (_R, _R, _R, _R),
+        }[s]
+    return {
+        Strategy.DATA: (_B, _B, _B, _B),
+        Strategy.FILTER: (_C, _C, _C, _C),
+        Strategy.CHANNEL: (_R, _R, _R, _R),
+        Strategy.SPATIAL: (_H, _H, _H, _H),
+        Strategy.REPLICATED: (_R, _R, _R, _R),
+    }[s]
+
+
+def _tier(hw: Hardware, ranks: float, crosses: bool) -> tuple[float, float]:
+    t = hw.tier_for(max(1, math.ceil(ranks)), crosses)
+    return t.latency_s, t.bandwidth_bytes_per_s
+
+
+def _ring(n, nbytes, a, bw):
+    return 2 * (n - 1) * (a + nbytes / n / bw) if n > 1 else 0.0
+
+
+def _tree(n, nbytes, a, bw):
+    return 2 * math.ceil(math.log2(n)) * a + 2 * nbytes / bw if n > 1 else 0.0
+
+
+def _allreduce(hw: Hardware, n: float, per_node: float, nbytes: float) -> float:
+    g = min(max(per_node, 1.0), n)
+    a, bw = _tier(hw, n, n > g)
+    best = min(_ring(n, nbytes, a, bw), _tree(n, nbytes, a, bw))
+    if n > g and g > 1:
+        ai, bi = _tier(hw, g, False)
+        k = n / g
+        ao, bo = _tier(hw, k, True)
+        hier = ((g - 1) * (ai + nbytes / g / bi)
+                + min(_ring(k, nbytes / g, ao, bo), _tree(k, nbytes / g, ao, bo))
+                + (g - 1) * (ai + nbytes / g / bi))
+        best = min(best, hier)
+    return best
+
+
+def _convert(src: int, dst: int, group_bytes: float, m: float, a: float, bw: float) -> float:
+    if m <= 1 or src == dst or src == _R:
+        return 0.0
+    per = group_bytes / m
+    if src == _P:
+        if dst == _R:
+            return min(_ring(m, group_bytes, a, bw), _tree(m, group_bytes, a, bw))
+        return (m - 1) * (a + group_bytes / m / bw)  # reduce-scatter
+    if dst == _R:
+        return (m - 1) * (a + per / bw)  # all-gather
+    return (m - 1) * (a + per / m / bw)  # all-to-all
+
+
+def reference_iteration_time(
+    graph: LayerGraph, choice: Sequence[int], hw: Hardware, batch: float, d: int, m: int,
+    settings: CostSettings = CostSettings(),
+) -> float:
+    """Seconds per iteration of the discrete plan ``choice`` (one strategy per real layer)."""
+    a = graph.arrays
+    n = graph.num_layers
+    delta = DTYPE_BYTES[settings.dtype]
+    dev = hw.device
+    peak = dev.peak_flops_per_s[settings.dtype]
+    eff = dev.efficiency
+    dpn = hw.devices_per_node
+    P = d * m
+    gb = batch / d
+    ma, mb = _tier(hw, m, m > dpn)
+    total = grad_total = bwd_total = 0.0
+    for i in range(n):
+        s = int(choice[i])
+        kind = int(a.kind[i])
+        cin, cout = float(a.in_channels[i]), float(a.out_channels[i])
+        in_el = cin * float(a.in_spatial[i][0] * a.in_spatial[i][1] * a.in_spatial[i][2])
+        out_el = cout * float(a.out_spatial[i][0] * a.out_spatial[i][1] * a.out_spatial[i][2])
+        params = float(a.params[i])
+        samples = gb if s == Strategy.REPLICATED else gb / m
+        wshard = m if s in (Strategy.FILTER, Strategy.CHANNEL) else 1
+        flops = float(a.flops_fwd[i] + a.flops_bwd_data[i] + a.flops_bwd_weight[i]) * samples
+        bflops = float(a.flops_bwd_data[i] + a.flops_bwd_weight[i]) * samples
+        e = eff["conv"] if kind == LayerKind.CONV else eff["matmul"] if kind == LayerKind.DENSE else eff["elementwise"]
+        moved = 3 * delta * (in_el + out_el) * samples + 4 * delta * params / wshard
+        comp = max(flops / (peak * e), moved / (dev.memory_bandwidth_bytes_per_s * eff["memory"]))
+        bwd_total += comp * (bflops / flops if flops > 0 else 2 / 3)
+        # gradient sync: this layer's share of bucketed all-reduces
+        if s in (Strategy.DATA, Strategy.SPATIAL):
+            ranks, per_node = P, min(P, dpn)
+        else:
+            ranks, per_node = d, max(1, dpn // m)
+        bucket = settings.gradient_bucket_bytes
+        gbytes = DTYPE_BYTES[settings.dtype] * params / wshard
+        grad = _allreduce(hw, ranks, per_node, bucket) * gbytes / bucket
+        grad_total += grad
+        # halo
+        halo = 0.0
+        if s == Strategy.SPATIAL:
+            rows = max(0.0, (a.kernel[i][0] - 1) * a.dilation[i][0] + 1 - a.stride[i][0])
+            lo, hi = math.floor(rows / 2), rows - math.floor(rows / 2)
+            xr = cin * a.in_spatial[i][1] * a.in_spatial[i][2] * gb * delta
+            yr = cout * a.out_spatial[i][1] * a.out_spatial[i][2] * gb * delta
+            for nbytes in (lo * xr, hi * xr, lo * yr, hi * yr):
+                halo += ma + nbytes / mb if nbytes > 0 else 0.0
+        total += comp + grad + halo
+    # edges
+    consumers = set()
+    for (u, v) in graph.edges:
+        consumers.add(u)
+        ku, kv = int(a.kind[u]), int(a.kind[v])
+        _, out_u, _, gout_u = _layouts(ku, int(choice[u]))
+        in_v, _, gin_v, _ = _layouts(kv, int(choice[v]))
+        out_el = float(a.out_channels[u] * a.out_spatial[u][0] * a.out_spatial[u][1] * a.out_spatial[u][2])
+        nbytes = out_el * gb * delta
+        total += _convert(out_u, in_v, nbytes, m, ma, mb) + _convert(gin_v, gout_u, nbytes, m, ma, mb)
+    for i in range(n):
+        if i in consumers:
+            continue
+        _, out_i, _, gout_i = _layouts(int(a.kind[i]), int(choice[i]))
+        out_el = float(a.out_channels[i] * a.out_spatial[i][0] * a.out_spatial[i][1] * a.out_spatial[i][2])
+        nbytes = out_el * gb * delta
+        t = _B if out_i == _B else _R  # the loss runs batch-split, else on the gathered output
+        total += _convert(out_i, t, nbytes, m, ma, mb) + _convert(t, gout_i, nbytes, m, ma, mb)
+    return total - hw.gradient_overlap * min(grad_total, bwd_total)
+
+
+def reference_memory(
+    graph: LayerGraph, choice: Sequence[int], batch: float, d: int, m: int, settings: CostSettings = CostSettings(),
+) -> float:
+    """Peak bytes per device of the discrete plan ``choice``."""
+    a = graph.arrays
+    delta = DTYPE_BYTES[settings.dtype]
+    per_param = (8.0 if settings.dtype == "float32" else 8.0) + 4.0 * OPTIMIZER_SLOTS[settings.optimizer]
+    gb = batch / d
+    persistent, workspace = 0.0, 0.0
+    for i in range(graph.num_layers):
+        s = int(choice[i])
+        in_l, out_l, _, _ = _layouts(int(a.kind[i]), s)
+        split = lambda lay: 1 if lay in (_R, _P) else m  # noqa: E731
+        wshard = m if s in (Strategy.FILTER, Strategy.CHANNEL) else 1
+        in_el = float(a.in_channels[i] * a.in_spatial[i][0] * a.in_spatial[i][1] * a.in_spatial[i][2])
+        out_el = float(a.out_channels[i] * a.out_spatial[i][0] * a.out_spatial[i][1] * a.out_spatial[i][2])
+        persistent += (per_param * float(a.params[i]) + 4.0 * float(a.buffers[i])) / wshard
+        persistent += float(a.saved_elements[i]) * gb * delta / split(in_l)
+        workspace = max(workspace, 2 * delta * gb * (in_el / split(in_l) + out_el / split(out_l)))
+    return persistent + workspace

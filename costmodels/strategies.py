@@ -1,0 +1,136 @@
+"""The per-layer strategy menu and the activation layouts each strategy
+consumes and produces.
+
+A plan runs on a 2-D mesh ``(data, model)`` of ``P = d * m`` devices; the
+model axis lives inside a node by default (SplitBrain's groups,
+splitbrain.md §1.2). Along the data axis every strategy splits the batch;
+the strategies differ in what they do along the model axis:
+
+============  =====================================  =========================
+strategy      per device                             ParaDL / SplitBrain name
+============  =====================================  =========================
+data          batch / (d m), full weights             data (paradl.md §4.3)
+filter        batch / d, output channels / m          filter (§4.6), SplitBrain's sharded FC
+channel       batch / d, input channels / m           channel (§4.7)
+spatial       batch / d, first spatial dim / m        spatial (§4.4), ds (§4.9)
+replicated    batch / d, the same work on all m       the replicated layers of §2
+============  =====================================  =========================
+
+On parameter-free per-channel layers (batch norm, pooling, activations,
+adds) ``filter`` means the channels are split over the model axis, so a
+filter-sharded conv can feed them without gathering.
+
+A *layout* is the state of an activation along the model axis: split by
+batch (``BATCH``), replicated (``REPLICATED``), split by channels
+(``CHANNEL``), split by the first spatial dim (``SPATIAL``), or holding
+partial sums (``PARTIAL``). Resharding costs come from converting one
+layout into another (:mod:`costmodels.reshard`), never from special cases.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import jax.numpy as jnp
+import numpy as np
+
+from planner.graph import LayerKind
+
+__all__ = ["Strategy", "Layout", "STRATEGY_NAMES", "strategy_layouts", "strategy_mask", "parse_strategy"]
+
+
+class Strategy(enum.IntEnum):
+    DATA = 0
+    FILTER = 1
+    CHANNEL = 2
+    SPATIAL = 3
+    REPLICATED = 4
+
+
+STRATEGY_NAMES = tuple(s.name.lower() for s in Strategy)
+NUM_STRATEGIES = len(Strategy)
+
+
+def parse_strategy(name: str) -> Strategy:
+    try:
+        return Strategy[name.upper()]
+    except KeyError:
+        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}") from None
+
+
+class Layout(enum.IntEnum):
+    BATCH = 0
+    REPLICATED = 1
+    CHANNEL = 2
+    SPATIAL = 3
+    PARTIAL = 4
+
+
+B, R, C, H, P = (int(x) for x in Layout)
+
+# Per strategy: (input layout, output layout, layout of the input gradient the
+# layer produces, layout of the output gradient the layer needs).
+#   parameter layers (conv, dense):
+_PARAM_LAYOUTS = np.array(
+    [
+        [B, B, B, B],  # data
+        [R, C, P, C],  # filter: y = x w[:, F/m]; dx = sum over m of partial dx (paradl.md §4.6)
+        [C, P, C, R],  # channel: y = sum over m of x[C/m] w[C/m]; dx split by C (paradl.md §4.7)
+        [H, H, H, H],  # spatial (halo handled inside the layer, paradl.md §4.4)
+        [R, R, R, R],  # replicated
+    ]
+)
+#   per-channel layers without a channel contraction (bn, pool, activation, add):
+_CHANNELWISE_LAYOUTS = np.array(
+    [
+        [B, B, B, B],
+        [C, C, C, C],  # channels split: no communication
+        [R, R, R, R],  # (masked: channel parallelism needs a contraction)
+        [H, H, H, H],
+        [R, R, R, R],
+    ]
+)
+
+
+def _is_param_layer(kind):
+    return (kind == LayerKind.CONV) | (kind == LayerKind.DENSE)
+
+
+def strategy_layouts(kind):
+    """Layouts ``[L, S, 4]`` (input, output, input-gradient produced,
+    output-gradient needed) for layer kinds ``[L]``."""
+    param = _is_param_layer(jnp.asarray(kind))[:, None, None]
+    return jnp.where(param, jnp.asarray(_PARAM_LAYOUTS), jnp.asarray(_CHANNELWISE_LAYOUTS))
+
+
+def strategy_mask(arrays, batch, d, m):
+    """Which strategies can run each layer, ``[L, S]`` bool.
+
+    Rules: the local batch is at least one sample (``data`` needs
+    ``batch >= d m``, the others ``batch >= d``); ``filter`` needs ``m`` to
+    divide the output channels (and, on a conv, no feature groups);
+    ``channel`` is for convs and dense layers whose input channels ``m``
+    divides; ``spatial`` needs a spatial input whose first dim, in and out,
+    is at least ``m``; flatten and unmodelled layers (``OTHER``) only run
+    ``data`` / ``replicated`` (flatten) or ``replicated`` (other). Padding
+    rows allow every strategy (they cost nothing under any)."""
+    a = arrays
+    kind = jnp.asarray(a.kind)
+    m = jnp.asarray(m, jnp.float32)
+    d = jnp.asarray(d, jnp.float32)
+    batch = jnp.asarray(batch, jnp.float32)
+    param = _is_param_layer(kind)
+    real = jnp.asarray(a.mask) > 0
+    divides = lambda x: jnp.mod(x, m) == 0  # noqa: E731
+    channelwise = (kind == LayerKind.POOL) | (kind == LayerKind.BATCH_NORM) | (kind == LayerKind.ELEMENTWISE) | (kind == LayerKind.ADD)
+    spatial_kinds = param | channelwise | (kind == LayerKind.CONCAT)
+    data_ok = (batch >= d * m) & (kind != LayerKind.OTHER)
+    filter_ok = (param & divides(a.out_channels) & (a.groups == 1)) | (channelwise & divides(a.out_channels))
+    channel_ok = param & divides(a.in_channels) & (a.groups == 1)
+    spatial_ok = spatial_kinds & (a.spatial_rank >= 1) & (a.in_spatial[:, 0] >= m) & (a.out_spatial[:, 0] >= m)
+    model_ok = batch >= d
+    mask = jnp.stack(
+        [data_ok, filter_ok & model_ok, channel_ok & model_ok, spatial_ok & model_ok, model_ok & jnp.ones_like(real)],
+        axis=-1,
+    )
+    return jnp.where(real[:, None], mask, True)

@@ -1,0 +1,199 @@
+"""``CostTable``: every layer's time and memory under every strategy on one
+mesh, and every edge's resharding time between every pair of strategies.
+The contract between ``costmodels`` and ``search``.
+
+:func:`cost_table` is a pure, jit-compiled function of the layer arrays, the
+hardware arrays, the global batch and the mesh shape ``(d, m)``; all of them
+are arrays, so it vmaps over hardware, batch sizes and mesh shapes. It has no
+Python loop over layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from costmodels.collectives import allreduce_s, p2p_s, tier_of
+from costmodels.compute import DTYPE_BYTES, HardwareArrays, op_class_efficiency, roofline_s
+from costmodels.reshard import conversion_s
+from costmodels.strategies import Layout, Strategy, strategy_layouts, strategy_mask
+
+__all__ = ["CostSettings", "CostTable", "cost_table", "OPTIMIZER_SLOTS"]
+
+OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}  # fp32 state tensors per parameter
+
+
+@dataclasses.dataclass(frozen=True)
+class CostSettings:
+    """Static settings of the cost model (hashable: one compilation each)."""
+
+    dtype: str = "float32"  # compute and activation dtype; bfloat16 = mixed precision, fp32 master weights
+    optimizer: str = "adam"  # sgd | momentum | adam
+    gradient_bucket_bytes: float = 25 * 2**20  # gradients are all-reduced in buckets (PyTorch DDP's default)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPE_BYTES)}")
+        if self.optimizer not in OPTIMIZER_SLOTS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose from {', '.join(OPTIMIZER_SLOTS)}")
+        if not self.gradient_bucket_bytes > 0:
+            raise ValueError("gradient_bucket_bytes must be positive")
+
+    @property
+    def activation_bytes(self) -> float:  # bytes per activation element
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def state_bytes_per_param(self) -> float:
+        """Weights, gradients and optimizer slots per parameter. fp32: 4 + 4 +
+        4 per slot. Mixed precision: bf16 weights and gradients (2 + 2) plus
+        fp32 master weights (4) and fp32 slots."""
+        slots = 4.0 * OPTIMIZER_SLOTS[self.optimizer]
+        weights_and_grads = 4.0 + 4.0 if self.dtype == "float32" else 2.0 + 2.0 + 4.0
+        return weights_and_grads + slots
+
+    @property
+    def gradient_bytes_per_param(self) -> float:
+        return DTYPE_BYTES[self.dtype]
+
+
+class CostTable(NamedTuple):
+    """Costs on one mesh. ``L`` layers, ``S`` strategies, ``E`` edges (bucketed)."""
+
+    feasible: jnp.ndarray  # [L, S] bool, strategy can run the layer
+    compute_s: jnp.ndarray  # [L, S] forward + backward compute, seconds per iteration
+    backward_compute_s: jnp.ndarray  # [L, S] the backward part of compute_s
+    grad_sync_s: jnp.ndarray  # [L, S] gradient all-reduce share, seconds
+    halo_s: jnp.ndarray  # [L, S] spatial halo exchange, forward and backward, seconds
+    output_s: jnp.ndarray  # [L, S] gathering a model output for the loss (sink layers), seconds
+    state_bytes: jnp.ndarray  # [L, S] weights, gradients, optimizer state, buffers per device
+    activation_bytes: jnp.ndarray  # [L, S] activations kept for the backward pass per device
+    workspace_bytes: jnp.ndarray  # [L, S] transient input/output and their gradients per device
+    reshard_s: jnp.ndarray  # [E, S, S] converting edge src's output under s to dst's input under t, fwd + bwd
+    layer_mask: jnp.ndarray  # [L] 1 for real layers
+    edge_src: jnp.ndarray  # [E] int32
+    edge_dst: jnp.ndarray  # [E] int32
+    edge_mask: jnp.ndarray  # [E] 1 for real edges
+    gradient_overlap: jnp.ndarray  # [] fraction of gradient sync hidden behind backward compute
+    memory_capacity_bytes: jnp.ndarray  # [] per device
+
+    @property
+    def layer_time_s(self):  # [L, S] everything attributed to a layer except resharding
+        return self.compute_s + self.grad_sync_s + self.halo_s + self.output_s
+
+
+@functools.partial(jax.jit, static_argnames=("settings",))
+def cost_table(arrays, hw: HardwareArrays, batch, d, m, settings: CostSettings = CostSettings()) -> CostTable:
+    """Build the :class:`CostTable` of ``arrays`` (a :class:`planner.LayerArrays`)
+    for a global ``batch`` on a ``d x m`` (data x model) mesh."""
+    a = arrays
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    batch, d, m = f32(batch), f32(d), f32(m)
+    delta = settings.activation_bytes
+    kind = f32(a.kind)
+    real = f32(a.mask)
+    L = kind.shape[0]
+    net = hw.network
+    dpn = net.devices_per_node
+    S = len(Strategy)
+
+    feasible = strategy_mask(a, batch, d, m)  # [L, S]
+    lay = strategy_layouts(kind.astype(jnp.int32))  # [L, S, 4]
+    in_lay, out_lay, gin_lay, gout_lay = (lay[..., i] for i in range(4))
+
+    def split_of(layout):  # how many ways the model axis splits a tensor in this layout
+        return jnp.where((layout == Layout.REPLICATED) | (layout == Layout.PARTIAL), 1.0, m)
+
+    group_batch = batch / d  # samples held by one model-axis group
+    in_el, out_el = f32(a.in_elements), f32(a.out_elements)
+    params = f32(a.params)
+
+    # -- compute: the group's work split over m, except replicated layers ----------
+    work = jnp.stack([jnp.ones(L)] * 4 + [m * jnp.ones(L)], axis=-1) * group_batch / m  # [L, S] samples per device
+    wshard = jnp.where(
+        (jnp.arange(S) == Strategy.FILTER) | (jnp.arange(S) == Strategy.CHANNEL), m, 1.0
+    ) * jnp.ones((L, 1))  # [L, S] weight sharding degree
+    flops = f32(a.flops_total)[:, None] * work
+    bwd_flops = (f32(a.flops_bwd_data) + f32(a.flops_bwd_weight))[:, None] * work
+    eff = op_class_efficiency(hw, kind)[:, None]
+    # Bytes moved: forward reads x and writes y; backward reads dy and x, writes dx;
+    # weights are read three times (fwd, dx, dw) and the gradient written once.
+    act_moved = 3.0 * delta * (in_el + out_el)[:, None] * work
+    w_moved = 4.0 * delta * params[:, None] / wshard
+    compute = roofline_s(hw, flops, act_moved + w_moved, eff)
+    bwd_share = jnp.where(flops > 0, bwd_flops / jnp.maximum(flops, 1.0), 2.0 / 3.0)
+    backward = compute * bwd_share
+
+    # -- gradient all-reduce (paradl.md §4.3, §4.8), in buckets -------------------
+    P = d * m
+    per_node_data_axis = jnp.maximum(1.0, jnp.floor(dpn / m))
+    ranks = jnp.stack([P, d, d, P, d])  # [S] who holds replicas of the same weights
+    ranks_per_node = jnp.stack(
+        [jnp.minimum(P, dpn), per_node_data_axis, per_node_data_axis, jnp.minimum(P, dpn), per_node_data_axis]
+    )
+    bucket = settings.gradient_bucket_bytes
+    bucket_s = allreduce_s(net, ranks, ranks_per_node, bucket)  # [S]
+    grad_bytes = settings.gradient_bytes_per_param * params[:, None] / wshard
+    grad_sync = bucket_s[None, :] * grad_bytes / bucket
+
+    # -- spatial halo exchange (paradl.md §4.4, sizes corrected per §9) ----------------
+    # A shard needs (K-1)*dilation + 1 - stride rows beyond its own along the split
+    # dim, half from each neighbour; backward exchanges the same rows of dL/dy.
+    rows = jnp.maximum(0.0, (f32(a.kernel[:, 0]) - 1.0) * f32(a.dilation[:, 0]) + 1.0 - f32(a.stride[:, 0]))
+    lo, hi = jnp.floor(rows / 2.0), rows - jnp.floor(rows / 2.0)
+    x_row = f32(a.in_channels) * f32(a.in_spatial[:, 1]) * f32(a.in_spatial[:, 2]) * group_batch * delta
+    y_row = f32(a.out_channels) * f32(a.out_spatial[:, 1]) * f32(a.out_spatial[:, 2]) * group_batch * delta
+    ma, mb = tier_of(net, m, m > dpn)
+    halo = (
+        p2p_s(lo * x_row, ma, mb) + p2p_s(hi * x_row, ma, mb) + p2p_s(lo * y_row, ma, mb) + p2p_s(hi * y_row, ma, mb)
+    )
+    halo = jnp.where(jnp.arange(S) == Strategy.SPATIAL, halo[:, None], 0.0)
+
+    # -- resharding on edges -----------------------------------------------------------
+    src = jnp.asarray(a.edge_src).astype(jnp.int32)
+    dst = jnp.asarray(a.edge_dst).astype(jnp.int32)
+    emask = f32(a.edge_mask)
+    edge_bytes = (out_el[src] * group_batch * delta)[:, None, None]  # [E, 1, 1]
+    fwd = conversion_s(out_lay[src][:, :, None], in_lay[dst][:, None, :], edge_bytes, m, ma, mb)
+    bwd = conversion_s(gin_lay[dst][:, None, :], gout_lay[src][:, :, None], edge_bytes, m, ma, mb)
+    reshard = (fwd + bwd) * emask[:, None, None]
+
+    # -- a sink layer's output feeds the loss: where it, computed batch-split, as is;
+    # otherwise gathered to every group member (the loss gradient then needs no
+    # collective: slicing a replicated tensor is free).
+    has_consumer = jnp.zeros(L).at[src].max(emask)
+    out_bytes = (out_el * group_batch * delta)[:, None]
+    loss_layout = jnp.where(out_lay == Layout.BATCH, Layout.BATCH, Layout.REPLICATED)
+    to_loss = conversion_s(out_lay, loss_layout, out_bytes, m, ma, mb) + conversion_s(
+        loss_layout, gout_lay, out_bytes, m, ma, mb
+    )
+    output = jnp.where((has_consumer == 0)[:, None] & (real > 0)[:, None], to_loss, 0.0)
+
+    # -- memory per device ----------------------------------------------------------------
+    state = (settings.state_bytes_per_param * params + 4.0 * f32(a.buffers))[:, None] / wshard
+    activation = f32(a.saved_elements)[:, None] * group_batch * delta / split_of(in_lay)
+    workspace = 2.0 * delta * group_batch * (in_el[:, None] / split_of(in_lay) + out_el[:, None] / split_of(out_lay))
+
+    keep = real[:, None]
+    return CostTable(
+        feasible=feasible,
+        compute_s=compute * keep,
+        backward_compute_s=backward * keep,
+        grad_sync_s=grad_sync * keep,
+        halo_s=halo * keep,
+        output_s=output,
+        state_bytes=state * keep,
+        activation_bytes=activation * keep,
+        workspace_bytes=workspace * keep,
+        reshard_s=reshard,
+        layer_mask=real,
+        edge_src=src,
+        edge_dst=dst,
+        edge_mask=emask,
+        gradient_overlap=hw.gradient_overlap,
+        memory_capacity_bytes=hw.memory_bytes,
+    )

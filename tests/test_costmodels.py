@@ -1,0 +1,324 @@
+"""Cost models: collectives against ParaDL's worked example and hand
+arithmetic, a tiny table entry by entry by hand, the one-hot identity against
+an independent plain-Python evaluator, gradients against finite differences,
+one compilation for 1,000 vmapped configurations, and SplitBrain's memory
+saving and group-local exchanges."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from costmodels import (
+    CostSettings,
+    Strategy,
+    cost_table,
+    hardware_arrays,
+    iteration_time,
+    load_hardware,
+    memory_per_device,
+    one_hot,
+    plan_collectives,
+)
+from costmodels.collectives import (
+    all_to_all_s,
+    allgather_s,
+    allreduce_s,
+    network_arrays,
+    p2p_s,
+    reduce_scatter_s,
+    ring_allreduce_s,
+    tier_of,
+    tree_allreduce_s,
+)
+from costmodels.reference import reference_iteration_time, reference_memory
+from costmodels.reshard import conversion_s
+from costmodels.strategies import Layout
+from planner import GraphBuilder
+from planner.zoo import get_model
+
+S = len(Strategy)
+ABCI = load_hardware("abci-v100")
+
+
+# -- collectives ------------------------------------------------------------------------
+
+
+def test_paradl_worked_example_gradient_allreduce():
+    # paradl.md §6: ResNet-50 (.net, sum|w| delta = 90,936,064 B), p = 16:
+    # 2 * 15 * (40.31e-6 + 90.936e6 * 8e-11 / 16) = 0.014850 s.
+    alpha, bw = tier_of(network_arrays(ABCI), 16, True)
+    assert float(alpha) == pytest.approx(40.31e-6, rel=1e-6)
+    t = ring_allreduce_s(16.0, 90_936_064.0, alpha, bw)
+    assert float(t) == pytest.approx(0.014850, rel=2e-4)
+
+
+def test_collective_formulas_by_hand():
+    a, bw = 1e-5, 1e9
+    assert float(allgather_s(4.0, 1e6, a, bw)) == pytest.approx(3 * (1e-5 + 1e-3))
+    assert float(reduce_scatter_s(4.0, 4e6, a, bw)) == pytest.approx(3 * (1e-5 + 1e-3))
+    assert float(all_to_all_s(4.0, 4e6, a, bw)) == pytest.approx(3 * (1e-5 + 1e-3))
+    assert float(p2p_s(2e6, a, bw)) == pytest.approx(1e-5 + 2e-3)
+    assert float(p2p_s(0.0, a, bw)) == 0.0
+    assert float(tree_allreduce_s(8.0, 1e3, a, bw)) == pytest.approx(2 * 3 * 1e-5 + 2e-6)
+    assert float(ring_allreduce_s(1.0, 1e9, a, bw)) == 0.0
+
+
+def test_hierarchical_allreduce_by_hand():
+    # 16 ranks, 4 per node, 1e8 bytes on ABCI. Flat ring on IB leaf: 30 (40.31us + 5e-4 s);
+    # hierarchical: reduce-scatter and all-gather on NVLink, 3 (9us + 5e-4 s) each,
+    # plus a ring over 4 nodes of 2.5e7 bytes on IB: 6 (40.31us + 5e-4 s).
+    net = network_arrays(ABCI)
+    flat = 30 * (40.31e-6 + 1e8 / 16 / 12.5e9)
+    hier = 2 * 3 * (9e-6 + 1e8 / 4 / 50e9) + 6 * (40.31e-6 + 2.5e7 / 4 / 12.5e9)
+    assert hier < flat
+    assert float(allreduce_s(net, 16.0, 4.0, 1e8)) == pytest.approx(hier, rel=1e-6)
+    # inside one node: plain ring on NVLink, 6 (9us + 2.5e7/50e9)
+    assert float(allreduce_s(net, 4.0, 4.0, 1e8)) == pytest.approx(6 * (9e-6 + 2.5e7 / 50e9), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "src, dst, expected",
+    [
+        (Layout.BATCH, Layout.REPLICATED, 3 * (9e-6 + 1e6 / 50e9)),  # all-gather, 1/4 each
+        (Layout.CHANNEL, Layout.BATCH, 3 * (9e-6 + 1e6 / 4 / 50e9)),  # all-to-all
+        (Layout.PARTIAL, Layout.CHANNEL, 3 * (9e-6 + 1e6 / 50e9)),  # reduce-scatter
+        (Layout.PARTIAL, Layout.REPLICATED, 6 * (9e-6 + 1e6 / 50e9)),  # all-reduce (ring)
+        (Layout.REPLICATED, Layout.SPATIAL, 0.0),  # a local slice
+        (Layout.SPATIAL, Layout.SPATIAL, 0.0),
+    ],
+)
+def test_conversion_costs_by_hand(src, dst, expected):
+    t = conversion_s(jnp.int32(src), jnp.int32(dst), 4e6, 4.0, 9e-6, 50e9)
+    assert float(t) == pytest.approx(expected, rel=1e-6)
+
+
+# -- a tiny table by hand ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    b = GraphBuilder("tiny", (4, 8, 8))
+    c = b.conv("conv", b.input, 8, 3)
+    f = b.flatten("flatten", c)
+    b.dense("fc", f, 16)
+    g = b.build()
+    t = cost_table(g.arrays, hardware_arrays(ABCI), 8.0, 2.0, 2.0)  # batch 8 on a 2 x 2 mesh
+    return g, t
+
+
+def test_tiny_table_by_hand(tiny):
+    g, t = tiny
+    conv, flat, fc = 0, 1, 2
+    dense_params = 512 * 16 + 16
+    # Gradient sync: one 25 MiB bucket all-reduced over the 4 ranks of a node (NVLink
+    # ring), 6 (9us + 2**25 * 25/32 / 4 / 50e9); a layer pays params * 4 B of it.
+    bucket = 25 * 2**20
+    bucket_s = 6 * (9e-6 + bucket / 4 / 50e9)
+    assert float(t.grad_sync_s[fc, Strategy.DATA]) == pytest.approx(bucket_s * dense_params * 4 / bucket, rel=1e-5)
+    # Filter over m = 2: half the weights, all-reduced over the d = 2 data ranks of the node.
+    bucket_d = 2 * (9e-6 + bucket / 2 / 50e9)
+    assert float(t.grad_sync_s[fc, Strategy.FILTER]) == pytest.approx(bucket_d * dense_params * 2 / bucket, rel=1e-5)
+    # Memory: adam = 16 B per parameter, split in 2 under filter; the flatten saves nothing.
+    assert float(t.state_bytes[fc, Strategy.FILTER]) == pytest.approx(16 * dense_params / 2, rel=1e-6)
+    assert float(t.state_bytes[fc, Strategy.DATA]) == pytest.approx(16 * dense_params, rel=1e-6)
+    # The dense layer keeps its input: 512 floats x 4 samples per group, split by batch
+    # under data (2 per device), replicated under filter.
+    assert float(t.activation_bytes[fc, Strategy.DATA]) == pytest.approx(512 * 2 * 4, rel=1e-6)
+    assert float(t.activation_bytes[fc, Strategy.FILTER]) == pytest.approx(512 * 4 * 4, rel=1e-6)
+    # flatten (data, batch-split) -> fc (filter, needs the group's whole batch):
+    # forward all-gather and backward reduce-scatter of 512 x 4 samples x 4 B over m = 2.
+    group_bytes = 512 * 4 * 4
+    one = 1 * (9e-6 + group_bytes / 2 / 50e9)
+    e = [i for i, (s, d) in enumerate(g.edges) if (s, d) == (flat, fc)][0]
+    assert float(t.reshard_s[e, Strategy.DATA, Strategy.FILTER]) == pytest.approx(2 * one, rel=1e-5)
+    assert float(t.reshard_s[e, Strategy.DATA, Strategy.DATA]) == 0.0
+    # fc under filter is the model output: its channel-split logits are gathered for
+    # the loss (16 x 4 samples x 4 B), and the loss gradient is sliced for free.
+    out_bytes = 16 * 4 * 4
+    assert float(t.output_s[fc, Strategy.FILTER]) == pytest.approx(9e-6 + out_bytes / 2 / 50e9, rel=1e-5)
+    assert float(t.output_s[conv, Strategy.FILTER]) == 0.0  # not an output
+    # Compute, roofline on a V100 (15.7 TFLOP/s fp32 at 60% for convs; 900 GB/s at
+    # 80%): data works on 8 / 4 = 2 samples per device, replicated on the group's 4.
+    a = g.arrays
+    flops = float(a.flops_fwd[conv] + a.flops_bwd_data[conv] + a.flops_bwd_weight[conv])
+    params = 3 * 3 * 4 * 8 + 8
+    for s, samples in ((Strategy.DATA, 2), (Strategy.REPLICATED, 4), (Strategy.FILTER, 2)):
+        shard = 2 if s == Strategy.FILTER else 1
+        moved = 3 * 4 * (4 * 64 + 8 * 64) * samples + 4 * 4 * params / shard
+        expect = max(flops * samples / (15.7e12 * 0.6), moved / (900e9 * 0.8))
+        assert float(t.compute_s[conv, s]) == pytest.approx(expect, rel=1e-5)
+    # Spatial halo of a 3x3 SAME conv: 1 row each way of x (4 ch x 8 wide) and of dy
+    # (8 ch x 8 wide) for the group's 4 samples; four point-to-point messages on NVLink.
+    x_row, y_row = 4 * 8 * 4 * 4, 8 * 8 * 4 * 4
+    halo = 2 * (9e-6 + x_row / 50e9) + 2 * (9e-6 + y_row / 50e9)
+    assert float(t.halo_s[conv, Strategy.SPATIAL]) == pytest.approx(halo, rel=1e-5)
+    assert float(t.halo_s[conv, Strategy.DATA]) == 0.0
+
+
+def test_masks_by_hand(tiny):
+    g, t = tiny
+    f = np.asarray(t.feasible)
+    assert f[0].tolist() == [True, True, True, True, True]  # conv 4 -> 8, 8 rows, m = 2
+    assert f[1].tolist() == [True, False, False, False, True]  # flatten: data or replicated
+    assert f[2].tolist() == [True, True, True, False, True]  # dense: no spatial dim to split
+    assert f[3:].all()  # padding rows cost nothing under any strategy
+    t3 = cost_table(g.arrays, hardware_arrays(ABCI), 8.0, 1.0, 3.0)
+    f3 = np.asarray(t3.feasible)
+    assert not f3[0, Strategy.FILTER] and not f3[0, Strategy.CHANNEL]  # 3 divides neither 8 nor 4
+    t16 = cost_table(g.arrays, hardware_arrays(ABCI), 8.0, 1.0, 16.0)
+    assert not np.asarray(t16.feasible)[0, Strategy.SPATIAL]  # 8 rows < 16 shards
+    assert not np.asarray(t16.feasible)[0, Strategy.DATA]  # 8 samples < 16 devices
+
+
+# -- the one-hot identity against an independent evaluator -------------------------------------
+
+
+@pytest.mark.parametrize(
+    "model, hw, batch, d, m, dtype, optimizer",
+    [
+        ("resnet50", "abci-v100", 256, 8, 4, "float32", "adam"),
+        ("vgg16", "dgx-a100", 128, 4, 8, "bfloat16", "momentum"),
+        ("cosmoflow-256", "dgx-h100", 16, 2, 8, "float32", "sgd"),
+        ("vgg16-cifar10-splitbrain", "abci-v100", 64, 16, 2, "float32", "adam"),
+        ("alexnet", "h200", 512, 64, 8, "bfloat16", "adam"),
+    ],
+)
+def test_one_hot_equals_plain_python_evaluation(model, hw, batch, d, m, dtype, optimizer):
+    g, hardware = get_model(model), load_hardware(hw)
+    settings = CostSettings(dtype=dtype, optimizer=optimizer)
+    t = cost_table(g.arrays, hardware_arrays(hardware, dtype), batch, d, m, settings)
+    feasible = np.asarray(t.feasible)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        choice = np.array([rng.choice(np.flatnonzero(row)) for row in feasible])
+        p = one_hot(choice, S)
+        got_t, got_m = float(iteration_time(t, p)), float(memory_per_device(t, p))
+        assert got_t == pytest.approx(reference_iteration_time(g, choice, hardware, batch, d, m, settings), rel=2e-5)
+        assert got_m == pytest.approx(reference_memory(g, choice, batch, d, m, settings), rel=2e-5)
+
+
+def test_overlap_hides_gradient_sync():
+    g = get_model("resnet50")
+    hw = load_hardware("dgx-a100")
+    overlapped = type(hw)(**{**hw.__dict__, "gradient_overlap": 1.0})
+    data = one_hot(np.zeros(g.arrays.mask.shape[0], int), S)
+    t0 = cost_table(g.arrays, hardware_arrays(hw), 512.0, 64.0, 1.0)
+    t1 = cost_table(g.arrays, hardware_arrays(overlapped), 512.0, 64.0, 1.0)
+    grad = float(jnp.sum(t0.grad_sync_s[:, 0] * t0.layer_mask))
+    bwd = float(jnp.sum(t0.backward_compute_s[:, 0] * t0.layer_mask))
+    assert float(iteration_time(t0, data) - iteration_time(t1, data)) == pytest.approx(min(grad, bwd), rel=1e-4)
+    choice = np.zeros(g.arrays.mask.shape[0], int)
+    assert float(iteration_time(t1, data)) == pytest.approx(
+        reference_iteration_time(g, choice, overlapped, 512, 64, 1), rel=2e-5
+    )
+
+
+# -- differentiability and vectorisation -------------------------------------------------------
+
+
+def test_gradients_match_finite_differences():
+    g = get_model("vgg16-cifar10-splitbrain")
+    t = cost_table(g.arrays, hardware_arrays(ABCI), 64.0, 4.0, 4.0)
+    logits = jax.random.normal(jax.random.key(0), t.feasible.shape)
+    probs = jax.nn.softmax(jnp.where(t.feasible, logits, -1e9), axis=-1)
+    direction = jax.random.normal(jax.random.key(1), probs.shape) * t.feasible
+    for f in (iteration_time, memory_per_device):
+        grad = jax.grad(lambda p: f(t, p))(probs)
+        eps = 1e-2  # the time is quadratic in probs, so central differences are exact up to rounding
+        fd = (f(t, probs + eps * direction) - f(t, probs - eps * direction)) / (2 * eps)
+        assert float(jnp.vdot(grad, direction)) == pytest.approx(float(fd), rel=2e-3)
+
+
+def test_vmap_over_1000_configurations_compiles_once():
+    g = get_model("resnet50")
+    presets = [hardware_arrays(load_hardware(n)) for n in ("abci-v100", "dgx-a100", "dgx-h100", "h200")]
+    rng = np.random.default_rng(0)
+    n = 1000
+    idx = rng.integers(0, 4, n)
+    hw = jax.tree.map(lambda *xs: jnp.stack(xs)[idx], *presets)
+    m = jnp.asarray(rng.choice([1, 2, 4, 8], n), jnp.float32)
+    d = jnp.asarray(rng.choice([1, 2, 8, 32], n), jnp.float32)
+    batch = d * m * jnp.asarray(rng.choice([1, 4, 32], n), jnp.float32)
+    data = one_hot(np.zeros(g.arrays.mask.shape[0], int), S)
+    traces = []
+
+    @jax.jit
+    def sweep(hw, batch, d, m):
+        traces.append(1)
+        return jax.vmap(lambda h, b, dd, mm: iteration_time(cost_table(g.arrays, h, b, dd, mm), data))(hw, batch, d, m)
+
+    out = sweep(hw, batch, d, m)
+    out2 = sweep(hw, batch * 2, d, m)
+    assert out.shape == (n,) and bool(jnp.all(jnp.isfinite(out))) and bool(jnp.all(out2 > out))
+    assert len(traces) == 1
+    # spot-check one configuration against the unvectorised call
+    k = 17
+    single = iteration_time(cost_table(g.arrays, presets[idx[k]], batch[k], d[k], m[k]), data)
+    assert float(out[k]) == pytest.approx(float(single), rel=1e-5)
+
+
+# -- SplitBrain (splitbrain.md §1.2-1.4) ----------------------------------------------------------
+
+
+def _splitbrain_choice(g, feasible):
+    """Conv stack data-parallel; FC layers (and the ReLUs between them) filter-sharded
+    where m divides their outputs, else replicated."""
+    kinds = g.kind_names
+    first_fc = kinds.index("dense")
+    choice = np.zeros(feasible.shape[0], int)
+    for i in range(first_fc, g.num_layers):
+        choice[i] = Strategy.FILTER if feasible[i, Strategy.FILTER] else Strategy.REPLICATED
+    return choice
+
+
+def test_splitbrain_memory_saving():
+    g = get_model("vgg16-cifar10-splitbrain")
+    t = cost_table(g.arrays, hardware_arrays(ABCI), 128.0, 1.0, 8.0)
+    feasible = np.asarray(t.feasible)
+    choice = _splitbrain_choice(g, feasible)
+    assert feasible[np.arange(len(choice)), choice].all()
+    state = np.asarray(t.state_bytes)
+    dp = state[:, Strategy.DATA].sum()
+    sb = state[np.arange(len(choice)), choice].sum()
+    # splitbrain.md §1.4: f (1 - 1/g) with f = 50,380,810 / 65,095,498 and g = 8 -> 67.7%.
+    # The 10-way head cannot be split 8 ways and stays replicated (40,970 parameters).
+    assert 1 - sb / dp == pytest.approx(0.677, abs=5e-4)
+    expected = (50_380_810 - 40_970) / 65_095_498 * (1 - 1 / 8)
+    assert 1 - sb / dp == pytest.approx(expected, rel=1e-5)
+
+
+def test_splitbrain_collectives_are_group_local():
+    g = get_model("vgg16-cifar10-splitbrain")
+    d, m, batch = 2, 8, 128
+    t = cost_table(g.arrays, hardware_arrays(ABCI), float(batch), float(d), float(m))
+    choice = _splitbrain_choice(g, np.asarray(t.feasible))
+    recs = plan_collectives(g, choice, batch, d, m)
+    gathers = [r for r in recs if r.kind == "all-gather"]
+    # L_M before the first FC (the group's batch), L_S before each later FC (the features).
+    assert [r.where for r in gathers] == ["flatten -> classifier/0", "relu_13 -> classifier/1", "relu_14 -> classifier/2"]
+    assert all(r.axes == ("model",) and r.phase == "forward" for r in gathers)
+    group = batch // d
+    assert [r.bytes_per_device for r in gathers] == [8192 * group * 4, 4096 * group * 4, 4096 * group * 4]
+    # Their backward mirrors are reduce-scatters of the partial input gradients, except
+    # before the replicated head, whose input gradient is sliced for free.
+    scatters = [r.where for r in recs if r.kind == "reduce-scatter"]
+    assert scatters == ["flatten -> classifier/0", "relu_13 -> classifier/1"]
+    # Nothing but gradient all-reduces crosses groups: conv gradients over all 16
+    # devices, FC shard gradients over the 2 data-parallel groups.
+    activation = [r for r in recs if r.phase != "gradient"]
+    assert all(r.axes == ("model",) for r in activation)
+    grads = {r.where: r for r in recs if r.phase == "gradient"}
+    assert grads["features/0"].axes == ("data", "model")
+    assert grads["classifier/0"].axes == ("data",)
+    assert grads["classifier/0"].bytes_per_device == (8192 * 4096 + 4096) * 4 / 8
+    assert grads["classifier/2"].axes == ("data",) and grads["classifier/2"].bytes_per_device == 40_970 * 4
+
+
+def test_settings_reject_unknown_values():
+    with pytest.raises(ValueError, match="optimizer"):
+        CostSettings(optimizer="lion")
+    with pytest.raises(ValueError, match="dtype"):
+        CostSettings(dtype="int8")
+    with pytest.raises(ValueError, match="dtype"):
+        hardware_arrays(ABCI, "float64")
