@@ -4,6 +4,7 @@ and resharding costs of every sharding, as jitted JAX functions.
 ``costmodels`` reads a :class:`planner.LayerGraph`'s arrays, produces a
 :class:`CostTable`, and never imports ``search``."""
 
+from costmodels.calibration import Calibration, CalibrationArrays, calibration_arrays, load_calibration
 from costmodels.collective_list import CollectiveRecord, plan_collectives
 from costmodels.compute import HardwareArrays, hardware_arrays
 from costmodels.evaluate import iteration_time, memory_per_device, one_hot
@@ -24,6 +25,8 @@ __all__ = [
     "HARDWARE_SCHEMA",
     "HARDWARE_VERSION",
     "STRATEGY_NAMES",
+    "Calibration",
+    "CalibrationArrays",
     "CollectiveRecord",
     "CostSettings",
     "CostTable",
@@ -33,10 +36,12 @@ __all__ = [
     "Layout",
     "NetworkTier",
     "Strategy",
+    "calibration_arrays",
     "cost_table",
     "hardware_arrays",
     "hardware_from_dict",
     "iteration_time",
+    "load_calibration",
     "load_hardware",
     "memory_per_device",
     "one_hot",

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from costmodels.calibration import CalibrationArrays, calibrated_seconds
 from costmodels.collectives import allreduce_s, p2p_s, tier_of
 from costmodels.compute import DTYPE_BYTES, HardwareArrays, op_class_efficiency, roofline_s
 from costmodels.reshard import conversion_s
@@ -87,9 +88,19 @@ class CostTable(NamedTuple):
 
 
 @functools.partial(jax.jit, static_argnames=("settings",))
-def cost_table(arrays, hw: HardwareArrays, batch, d, m, settings: CostSettings = CostSettings()) -> CostTable:
+def cost_table(
+    arrays,
+    hw: HardwareArrays,
+    batch,
+    d,
+    m,
+    settings: CostSettings = CostSettings(),
+    calibration: CalibrationArrays | None = None,
+) -> CostTable:
     """Build the :class:`CostTable` of ``arrays`` (a :class:`planner.LayerArrays`)
-    for a global ``batch`` on a ``d x m`` (data x model) mesh."""
+    for a global ``batch`` on a ``d x m`` (data x model) mesh. Layers that
+    ``calibration`` measured take its interpolated times instead of the
+    roofline."""
     a = arrays
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     batch, d, m = f32(batch), f32(d), f32(m)
@@ -125,6 +136,9 @@ def cost_table(arrays, hw: HardwareArrays, batch, d, m, settings: CostSettings =
     act_moved = 3.0 * delta * (in_el + out_el)[:, None] * work
     w_moved = 4.0 * delta * params[:, None] / wshard
     compute = roofline_s(hw, flops, act_moved + w_moved, eff)
+    if calibration is not None:
+        measured = calibrated_seconds(calibration, work)
+        compute = jnp.where((calibration.count > 0)[:, None], measured, compute)
     bwd_share = jnp.where(flops > 0, bwd_flops / jnp.maximum(flops, 1.0), 2.0 / 3.0)
     backward = compute * bwd_share
 

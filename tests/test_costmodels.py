@@ -322,3 +322,49 @@ def test_settings_reject_unknown_values():
         CostSettings(dtype="int8")
     with pytest.raises(ValueError, match="dtype"):
         hardware_arrays(ABCI, "float64")
+
+
+# -- calibration ---------------------------------------------------------------------------------
+
+
+def test_calibration_overrides_roofline_and_interpolates(tiny, tmp_path):
+    import json
+
+    from costmodels.calibration import calibration_arrays, load_calibration
+
+    g, t = tiny
+    path = tmp_path / "cal.json"
+    # conv measured at 1, 4 and 16 sample-equivalents; fc at one point only.
+    path.write_text(json.dumps({
+        "schema": "shardplan/calibration", "version": 1, "hardware": "abci-v100", "dtype": "float32",
+        "layers": {"conv": {"work": [1, 4, 16], "seconds": [1e-3, 2e-3, 8e-3]}, "fc": {"work": [2], "seconds": [3e-4]}},
+    }))
+    cal = calibration_arrays(load_calibration(path), g)
+    tc = cost_table(g.arrays, hardware_arrays(ABCI), 8.0, 2.0, 2.0, calibration=cal)
+    # batch 8 on 2 x 2: data/filter/channel/spatial do 2 sample-equivalents, replicated 4.
+    # log-log between (1, 1e-3) and (4, 2e-3): slope 1/2, so 2 -> 1e-3 * sqrt(2).
+    assert float(tc.compute_s[0, Strategy.DATA]) == pytest.approx(1e-3 * 2**0.5, rel=1e-5)
+    assert float(tc.compute_s[0, Strategy.REPLICATED]) == pytest.approx(2e-3, rel=1e-5)
+    assert float(tc.compute_s[2, Strategy.REPLICATED]) == pytest.approx(6e-4, rel=1e-5)  # proportional
+    assert float(tc.compute_s[1, Strategy.DATA]) == float(t.compute_s[1, Strategy.DATA])  # not measured
+    # beyond the last point: the last segment's slope (1) continues: 32 -> 1.6e-2
+    tb = cost_table(g.arrays, hardware_arrays(ABCI), 64.0, 1.0, 2.0, calibration=cal)
+    assert float(tb.compute_s[0, Strategy.DATA]) == pytest.approx(1.6e-2, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "layers, message",
+    [
+        ({"nope": {"work": [1], "seconds": [1.0]}}, "does not have"),
+        ({"conv": {"work": [1, 2], "seconds": [1.0]}}, "equal length"),
+        ({"conv": {"work": [0], "seconds": [1.0]}}, "positive"),
+        ({"conv": {"work": [1, 1], "seconds": [1.0, 2.0]}}, "repeated"),
+    ],
+)
+def test_bad_calibration_rejected(tiny, layers, message):
+    from costmodels.calibration import Calibration, calibration_arrays
+
+    g, _ = tiny
+    with pytest.raises(ValueError, match=message):
+        data = {"schema": "shardplan/calibration", "version": 1, "hardware": "x", "dtype": "float32", "layers": layers}
+        calibration_arrays(Calibration.from_dict(data), g)
