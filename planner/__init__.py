@@ -1,5 +1,39 @@
-"""shardplan's public API: plan how to shard a CNN's training over many devices."""
+"""shardplan's public API: describe a CNN as a layer graph, and (as the
+project grows) plan how to shard its training over many devices.
+
+``planner.extract`` and ``planner.flax_model`` import flax on first use, so
+``import planner`` stays light for the command line."""
+
+from typing import Any
+
 from planner.builder import GraphBuilder
 from planner.graph import GRAPH_SCHEMA, GRAPH_VERSION, LayerArrays, LayerGraph, LayerKind, bucket_size
+from planner.netfile import load_net, parse_net
+from planner.zoo import MODEL_NAMES, get_model
 
-__all__ = ["GraphBuilder", "GRAPH_SCHEMA", "GRAPH_VERSION", "LayerArrays", "LayerGraph", "LayerKind", "bucket_size"]
+__all__ = [
+    "GRAPH_SCHEMA",
+    "GRAPH_VERSION",
+    "MODEL_NAMES",
+    "GraphBuilder",
+    "LayerArrays",
+    "LayerGraph",
+    "LayerKind",
+    "bucket_size",
+    "extract",
+    "flax_model",
+    "get_model",
+    "load_net",
+    "parse_net",
+]
+
+_LAZY = {"extract": ("planner.extract", "extract"), "flax_model": ("planner.flax_zoo", "flax_model")}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'planner' has no attribute {name!r}")

@@ -156,6 +156,7 @@ class GraphBuilder:
                 mask=1.0,
                 kind=float(kind),
                 spatial_rank=float(len(in_sp)),
+                out_spatial_rank=float(len(out_spatial)),
                 in_channels=in_c,
                 in_spatial=pad3(in_sp),
                 out_channels=int(out_channels),

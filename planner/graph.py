@@ -88,7 +88,8 @@ class LayerArrays(NamedTuple):
 
     mask: Any  # [L] 1.0 for a real layer, 0.0 for a padding row
     kind: Any  # [L] LayerKind code (float, exact small integers)
-    spatial_rank: Any  # [L] 0 (dense/flat), 1, 2 or 3
+    spatial_rank: Any  # [L] spatial dims of the input: 0 (dense/flat), 1, 2 or 3
+    out_spatial_rank: Any  # [L] spatial dims of the output (0 after flatten or a global pool)
     in_channels: Any  # [L] channels of the (first) input
     in_spatial: Any  # [L, 3] spatial dims of the input, padded with 1
     out_channels: Any  # [L] output channels

@@ -1,0 +1,39 @@
+"""Human formatting of counts, byte sizes and shapes for the CLI's tables."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["format_count", "format_bytes", "format_shape"]
+
+_PREFIXES = ("", "k", "M", "G", "T", "P", "E")
+
+
+def _scaled(value: float) -> tuple[float, str]:
+    v = float(value)
+    i = 0
+    while abs(v) >= 999.95 and i < len(_PREFIXES) - 1:
+        v /= 1000.0
+        i += 1
+    return v, _PREFIXES[i]
+
+
+def format_count(value: float) -> str:
+    """``14719818`` -> ``"14.7 M"``; ``512`` -> ``"512"``; SI prefixes (k, M, G, T, ...)."""
+    v, p = _scaled(value)
+    if not p:
+        return f"{v:.0f}" if float(v).is_integer() else f"{v:.3g}"
+    return f"{v:.1f} {p}"
+
+
+def format_bytes(value: float) -> str:
+    """``15_400_000`` -> ``"15.4 MB"``; ``0`` -> ``"0 B"`` (decimal units, 1 MB = 10**6 B)."""
+    v, p = _scaled(value)
+    if not p:
+        return f"{v:.0f} B"
+    return f"{v:.1f} {p}B"
+
+
+def format_shape(shape: Sequence[int]) -> str:
+    """``[64, 56, 56]`` -> ``"64×56×56"``."""
+    return "×".join(str(int(d)) for d in shape)

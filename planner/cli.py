@@ -1,0 +1,308 @@
+"""The ``shardplan`` command line (console script ``shardplan``, or
+``python -m planner``).
+
+Subcommands:
+
+* ``shardplan layers MODEL [--batch B] [--json] [--dtype float32|bfloat16]``:
+  the per-layer table of a model (shapes, parameters, FLOPs and activation
+  bytes at batch B). A rich table on a terminal, JSON otherwise (or with
+  ``--json``).
+
+MODEL is one of (:func:`load_model`): a built-in model name
+(:data:`planner.zoo.MODEL_NAMES`); a ParaDL network file (``.net``,
+``.net_sc``, ``.net_256``, or any file whose first line starts with
+``Dataset|``; paradl.md §5); a layer-graph ``.json`` file
+(:meth:`LayerGraph.to_json`); or ``package.module:factory``, a function that
+returns ``(flax_module, example_input)``, extracted with
+:func:`planner.extract.extract`.
+
+Errors in what the user gave (unknown names, missing or malformed files, a
+bad factory, bad options) exit with status 2 and one line on stderr,
+``shardplan: error: <what is wrong>; <what would be accepted>``. This module
+is the renderer: it is the only one that prints. Heavy modules (the zoo,
+the Flax extractor, rich) are imported only when needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import inspect
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from planner.graph import LayerGraph, LayerKind
+from planner.netfile import NET_SUFFIXES, load_net
+
+__all__ = ["main", "load_model", "layer_report", "UsageError", "DTYPE_BYTES"]
+
+PROG = "shardplan"
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2}
+_FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
+_NET_MAGIC = b"Dataset|"
+
+
+class UsageError(ValueError):
+    """A mistake in what the user asked for: ``what`` is wrong, ``accepted``
+    says what would work. ``main`` prints it as one line and exits with 2."""
+
+    def __init__(self, what: str, accepted: str) -> None:
+        super().__init__(f"{what}; {accepted}")
+        self.what = what
+        self.accepted = accepted
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (raised, printed by ``main``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, f"see '{self.prog} --help'")
+
+
+# -- model resolution -------------------------------------------------------------
+
+
+def _zoo_names() -> tuple[str, ...]:
+    try:
+        from planner.zoo import MODEL_NAMES
+    except ImportError:
+        return ()
+    return tuple(MODEL_NAMES)
+
+
+def _accepted() -> str:
+    names = _zoo_names()
+    listed = f" ({', '.join(names)})" if names else ""
+    return (
+        f"expected a built-in model name{listed}, a ParaDL .net file, "
+        "a layer-graph .json file or package.module:factory"
+    )
+
+
+def load_model(spec: str) -> LayerGraph:
+    """The :class:`LayerGraph` a command-line MODEL argument names (see the
+    module docstring). Raises :class:`UsageError` for names and paths that
+    resolve to nothing, ``ValueError`` for malformed files and ``OSError``
+    for unreadable ones."""
+    if spec in _zoo_names():
+        from planner.zoo import get_model
+
+        return get_model(spec)
+    path = Path(spec)
+    if path.is_file():
+        return _load_file(path)
+    if path.exists():
+        raise UsageError(f"{spec} is not a file", _accepted())
+    if _FACTORY.fullmatch(spec):
+        return _load_factory(spec)
+    if os.sep in spec or "/" in spec or path.suffix in (*NET_SUFFIXES, ".json"):
+        raise UsageError(f"no such file: {spec}", _accepted())
+    close = difflib.get_close_matches(spec, _zoo_names(), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise UsageError(f"unknown model {spec!r}{hint}", _accepted())
+
+
+def _load_file(path: Path) -> LayerGraph:
+    with open(path, "rb") as f:
+        head = f.read(len(_NET_MAGIC) + 3)
+    if path.suffix in NET_SUFFIXES or head.removeprefix(b"\xef\xbb\xbf").startswith(_NET_MAGIC):
+        return load_net(path)
+    if path.suffix == ".json":
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not a text file; expected a layer-graph JSON file") from None
+        try:
+            return LayerGraph.from_json(text)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}; expected a layer-graph JSON file written by LayerGraph.to_json") from None
+    raise UsageError(
+        f"{path} is neither a ParaDL .net file (first line Dataset|...) nor a .json layer graph", _accepted()
+    )
+
+
+def _load_factory(spec: str) -> LayerGraph:
+    module_name, _, attr = spec.partition(":")
+    accepted = "expected package.module:factory, a function taking no arguments that returns (flax_module, example_input)"
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UsageError(f"cannot import {module_name!r} ({e})", accepted) from None
+    except SyntaxError as e:
+        raise UsageError(f"cannot import {module_name!r} (syntax error: {e})", accepted) from None
+    factory: Any = module
+    for part in attr.split("."):
+        factory = getattr(factory, part, None)
+        if factory is None:
+            raise UsageError(f"module {module_name!r} has no attribute {attr!r}", accepted)
+    if not callable(factory):
+        raise UsageError(f"{spec} is not callable", accepted)
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise UsageError(f"{spec} needs arguments", accepted) from None
+    except ValueError:  # no signature (a builtin): just call it
+        pass
+    result = factory()
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise UsageError(f"{spec}() returned {type(result).__name__}, not a (module, example_input) pair", accepted)
+    try:
+        from planner.extract import extract
+    except ImportError as e:
+        raise UsageError(f"Flax model extraction is unavailable ({e})", _accepted()) from None
+    return extract(*result)
+
+
+# -- the layers report -------------------------------------------------------------
+
+
+def _num(x: Any) -> int | float:
+    x = float(x)
+    return int(x) if x.is_integer() and abs(x) < 2**63 else x
+
+
+def layer_report(graph: LayerGraph, batch: int = 1, dtype: str = "float32") -> dict[str, Any]:
+    """The ``layers`` subcommand's data: one row per layer (name, kind,
+    channels-first input and output shapes, parameters, forward and backward
+    FLOPs at ``batch``, activation bytes kept for the backward pass) and
+    totals. Plain ints and floats, ready for JSON."""
+    if batch < 1:
+        raise ValueError(f"batch must be a positive integer, got {batch}")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    size = DTYPE_BYTES[dtype]
+    a = graph.unpadded()
+    rows = []
+    for i, (name, kind) in enumerate(zip(graph.names, graph.kind_names, strict=True)):
+        r = int(a.spatial_rank[i])
+        rows.append(
+            {
+                "name": name,
+                "kind": kind,
+                "input_shape": [int(a.in_channels[i]), *(int(d) for d in a.in_spatial[i][:r])],
+                "output_shape": [int(a.out_channels[i]), *(int(d) for d in a.out_spatial[i][: int(a.out_spatial_rank[i])])],
+                "params": _num(a.params[i]),
+                "flops_forward": _num(a.flops_fwd[i] * batch),
+                "flops_backward": _num((a.flops_bwd_data[i] + a.flops_bwd_weight[i]) * batch),
+                "activation_bytes": _num(a.saved_elements[i] * batch * size),
+            }
+        )
+    totals = {"layers": len(rows)}
+    for key in ("params", "flops_forward", "flops_backward", "activation_bytes"):
+        totals[key] = _num(sum(float(row[key]) for row in rows))
+    return {"model": graph.model_name, "batch": batch, "dtype": dtype, "layers": rows, "totals": totals}
+
+
+def _render_layers_table(report: dict[str, Any]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from planner._format import format_bytes, format_count, format_shape
+
+    t = report["totals"]
+    table = Table(
+        title=f"{report['model']}: {t['layers']} layers, batch {report['batch']}, {report['dtype']}",
+        box=box.SIMPLE_HEAD,
+        show_footer=True,
+        show_edge=False,
+        collapse_padding=True,
+        pad_edge=False,
+    )
+    table.add_column("name", footer="total", overflow="fold", min_width=12)
+    table.add_column("kind", overflow="fold")
+    table.add_column("input", overflow="fold", min_width=10)
+    table.add_column("output", overflow="fold", min_width=10)
+    table.add_column("params", justify="right", no_wrap=True, min_width=7, footer=format_count(t["params"]))
+    table.add_column("fwd\nFLOPs", justify="right", no_wrap=True, min_width=7, footer=format_count(t["flops_forward"]))
+    table.add_column("act.\nbytes", justify="right", no_wrap=True, min_width=8, footer=format_bytes(t["activation_bytes"]))
+    for row in report["layers"]:
+        table.add_row(
+            row["name"],
+            row["kind"],
+            format_shape(row["input_shape"]),
+            format_shape(row["output_shape"]),
+            format_count(row["params"]) if row["params"] else "",
+            format_count(row["flops_forward"]),
+            format_bytes(row["activation_bytes"]) if row["activation_bytes"] else "",
+        )
+    Console().print(table)
+
+
+def _dump_json(report: dict[str, Any]) -> str:
+    """Indented JSON with one line per layer row (``json.loads`` reads it back)."""
+    lines = []
+    for key, value in report.items():
+        if key == "layers":
+            rows = ",\n".join(f"  {json.dumps(row)}" for row in value)
+            lines.append(f' "layers": [\n{rows}\n ]')
+        else:
+            lines.append(f" {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}"
+
+
+def _run_layers(args: argparse.Namespace) -> int:
+    if args.batch < 1:
+        raise UsageError(f"--batch must be a positive integer, got {args.batch}", "expected e.g. --batch 64")
+    graph = load_model(args.model)
+    report = layer_report(graph, args.batch, args.dtype)
+    report["source"] = args.model
+    if args.json or not sys.stdout.isatty():
+        print(_dump_json(report))
+    else:
+        _render_layers_table(report)
+    return 0
+
+
+# -- entry point ---------------------------------------------------------------------
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog=PROG, description="Plan per-layer sharding of CNN training.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    lay = sub.add_parser(
+        "layers",
+        help="print a model's per-layer table",
+        description="Print a model's per-layer table: shapes, parameters, FLOPs and activation bytes.",
+    )
+    lay.add_argument(
+        "model",
+        metavar="MODEL",
+        help="built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory",
+    )
+    lay.add_argument("--batch", type=int, default=1, metavar="B", help="samples per step (default: 1)")
+    lay.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32", help="activation dtype (default: float32)")
+    lay.add_argument("--json", action="store_true", help="print JSON even on a terminal")
+    lay.set_defaults(run=_run_layers)
+    return p
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``shardplan`` command line; returns the exit status."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+        return args.run(args)
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except (ValueError, ImportError) as e:  # UsageError included
+        message = str(e)
+    except OSError as e:
+        if isinstance(e, BrokenPipeError):  # piped into e.g. head: stop quietly
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 1
+        what = f"cannot read {e.filename}: {e.strerror}" if e.filename else str(e)
+        message = f"{what}; {_accepted()}"
+    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
+    return 2
