@@ -7,6 +7,8 @@ Subcommands:
   the per-layer table of a model (shapes, parameters, FLOPs and activation
   bytes at batch B). A rich table on a terminal, JSON otherwise (or with
   ``--json``).
+* ``shardplan hardware`` and ``shardplan evaluate``: see
+  :mod:`planner.cli_cost`.
 
 MODEL is one of (:func:`load_model`): a built-in model name
 (:data:`planner.zoo.MODEL_NAMES`); a ParaDL network file (``.net``,
@@ -280,6 +282,9 @@ def _parser() -> _Parser:
     lay.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32", help="activation dtype (default: float32)")
     lay.add_argument("--json", action="store_true", help="print JSON even on a terminal")
     lay.set_defaults(run=_run_layers)
+    from planner.cli_cost import add_cost_commands
+
+    add_cost_commands(sub)
     return p
 
 

@@ -1,0 +1,166 @@
+"""The cost-model subcommands of the ``shardplan`` command line:
+
+* ``shardplan hardware [NAME|FILE] [--json]``: list the hardware presets, or
+  show one (or a user file);
+* ``shardplan evaluate MODEL --devices P [--mesh DxM] (--strategy NAME |
+  --plan FILE) [--batch B | --batch-per-device b] [--hardware NAME|FILE]
+  [--dtype float32|bfloat16] [--optimizer sgd|momentum|adam]
+  [--calibration FILE] [--json]``: per-layer compute, communication,
+  resharding and memory of one plan, and the totals.
+
+``--plan FILE`` reads any JSON object with a ``"layers"`` list of
+``{"name": ..., "strategy": ...}`` rows (the output of ``evaluate --json``
+is one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_cost_commands", "parse_mesh"]
+
+_MESH = re.compile(r"\s*(\d+)\s*[xX×]\s*(\d+)\s*")
+
+
+def parse_mesh(text: str) -> tuple[int, int]:
+    match = _MESH.fullmatch(text)
+    if not match:
+        raise ValueError(f"--mesh {text!r} is not of the form DxM, e.g. 8x4 (data x model)")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _read_plan(path: str) -> dict[str, str]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: malformed JSON: {e}; expected a plan with a layers list") from None
+    rows = data.get("layers") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("strategy"), str) for r in rows
+    ):
+        raise ValueError(f'{path}: expected an object with "layers": [{{"name": ..., "strategy": ...}}, ...]')
+    return {r["name"]: r["strategy"] for r in rows}
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=1))
+
+
+def _run_hardware(args: argparse.Namespace) -> int:
+    from costmodels import load_hardware, preset_names
+
+    if args.name is None:
+        rows = []
+        for n in preset_names():
+            hw = load_hardware(n)
+            rows.append({
+                "name": n,
+                "devices_per_node": hw.devices_per_node,
+                "memory_bytes": hw.device.memory_bytes,
+                "peak_flops_per_s": hw.device.peak_flops_per_s,
+                "tiers": [t.name for t in hw.tiers],
+                "description": hw.description,
+            })
+        if args.json or not sys.stdout.isatty():
+            _print_json({"presets": rows})
+            return 0
+        from rich.console import Console
+        from rich.table import Table
+
+        from planner._format import format_bytes, format_count
+
+        table = Table(title="hardware presets")
+        for col in ("name", "per node", "memory", "peak bf16 FLOP/s", "tiers", "description"):
+            table.add_column(col, overflow="fold")
+        for r in rows:
+            peak = r["peak_flops_per_s"].get("bfloat16", r["peak_flops_per_s"]["float32"])
+            table.add_row(r["name"], str(r["devices_per_node"]), format_bytes(r["memory_bytes"]),
+                          format_count(peak), ", ".join(r["tiers"]), r["description"])
+        Console().print(table)
+        return 0
+    hw = load_hardware(args.name)
+    _print_json(hw.to_dict())
+    return 0
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    from costmodels import load_calibration, load_hardware
+    from planner.cli import load_model
+    from planner.evaluate import evaluate
+
+    if (args.strategy is None) == (args.plan is None):
+        raise ValueError("give exactly one of --strategy NAME or --plan FILE")
+    graph = load_model(args.model)
+    hw = load_hardware(args.hardware)
+    ev = evaluate(
+        graph, hw, args.devices,
+        mesh=parse_mesh(args.mesh) if args.mesh else None,
+        strategy=args.strategy,
+        plan=_read_plan(args.plan) if args.plan else None,
+        batch=args.batch, batch_per_device=args.batch_per_device,
+        dtype=args.dtype, optimizer=args.optimizer,
+        calibration=load_calibration(args.calibration) if args.calibration else None,
+    )
+    data = ev.to_dict()
+    if args.json or not sys.stdout.isatty():
+        _print_json(data)
+        return 0
+    _render_evaluation(data)
+    return 0
+
+
+def _render_evaluation(data: dict[str, Any]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from planner._format import format_bytes
+
+    d, m = data["mesh"]
+    fits = "fits" if data["fits_memory"] else "DOES NOT FIT"
+    title = (
+        f"{data['model']} on {data['devices']} x {data['hardware']} (mesh {d}x{m}), batch {data['batch']}, "
+        f"{data['dtype']}, {data['optimizer']}: {data['iteration_s'] * 1e3:.3f} ms/iteration, "
+        f"{format_bytes(data['memory_bytes_per_device'])} per device ({fits} in {format_bytes(data['memory_capacity_bytes'])})"
+    )
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False)
+    for col, just in (("name", "left"), ("kind", "left"), ("strategy", "left"), ("compute ms", "right"),
+                      ("comm ms", "right"), ("reshard ms", "right"), ("memory", "right")):
+        table.add_column(col, justify=just, overflow="fold")
+    for r in data["layers"]:
+        table.add_row(r["name"], r["kind"], r["strategy"], f"{r['compute_s'] * 1e3:.4f}", f"{r['comm_s'] * 1e3:.4f}",
+                      f"{r['reshard_s'] * 1e3:.4f}", format_bytes(r["memory_bytes"]))
+    Console().print(table)
+
+
+def add_cost_commands(sub: Any) -> None:
+    """Register ``hardware`` and ``evaluate`` on an argparse subparsers object."""
+    hw = sub.add_parser("hardware", help="list hardware presets or show one",
+                        description="List the hardware presets, or show one preset or hardware JSON file.")
+    hw.add_argument("name", nargs="?", metavar="NAME|FILE", help="a preset name or a hardware JSON file")
+    hw.add_argument("--json", action="store_true", help="print JSON even on a terminal")
+    hw.set_defaults(run=_run_hardware)
+
+    ev = sub.add_parser("evaluate", help="cost of one plan: per-layer time and memory",
+                        description="Per-layer compute, communication, resharding and memory of one plan, and totals.")
+    ev.add_argument("model", metavar="MODEL",
+                    help="built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory")
+    ev.add_argument("--devices", type=int, required=True, metavar="P", help="number of devices")
+    ev.add_argument("--mesh", metavar="DxM", help="data x model mesh (default: the model axis is one node)")
+    ev.add_argument("--strategy", metavar="NAME",
+                    help="data | filter | channel | spatial | replicated, for every layer that can run it")
+    ev.add_argument("--plan", metavar="FILE", help="JSON with a layers list of {name, strategy}")
+    batch = ev.add_mutually_exclusive_group()
+    batch.add_argument("--batch", type=int, metavar="B", help="global batch")
+    batch.add_argument("--batch-per-device", type=int, metavar="b", help="samples per device (default 32)")
+    ev.add_argument("--hardware", default="abci-v100", metavar="NAME|FILE", help="preset or JSON file (default abci-v100)")
+    ev.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    ev.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="adam")
+    ev.add_argument("--calibration", metavar="FILE", help="measured per-layer times (shardplan profile)")
+    ev.add_argument("--json", action="store_true", help="print JSON even on a terminal")
+    ev.set_defaults(run=_run_evaluate)

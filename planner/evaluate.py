@@ -1,0 +1,208 @@
+"""Evaluate one discrete plan of a model on a mesh: per-layer compute,
+communication, resharding and memory, the totals, and the collectives it
+issues. Backs ``shardplan evaluate``.
+
+A plan is one strategy per layer, given as a single strategy name for every
+layer (:func:`uniform_choice`: the strategy where the layer can run it,
+``replicated`` where it cannot, as ParaDL replicates the layers a strategy
+does not apply to, paradl.md §2) or as a mapping from layer names to
+strategy names (every layer named).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from costmodels import (
+    STRATEGY_NAMES,
+    CollectiveRecord,
+    CostSettings,
+    Hardware,
+    Strategy,
+    cost_table,
+    hardware_arrays,
+    iteration_time,
+    memory_per_device,
+    one_hot,
+    parse_strategy,
+    plan_collectives,
+)
+from costmodels.calibration import Calibration, calibration_arrays
+from costmodels.evaluate import reshard_per_edge
+from planner.graph import LayerGraph
+
+__all__ = ["LayerCost", "Evaluation", "resolve_batch", "resolve_mesh", "uniform_choice", "evaluate"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCost:
+    name: str
+    kind: str
+    strategy: str
+    compute_s: float  # forward + backward compute per iteration on one device
+    comm_s: float  # gradient sync + halo exchange + output gathering
+    reshard_s: float  # converting the layer's inputs into its layout (incoming edges), fwd + bwd
+    memory_bytes: float  # weights, gradients, optimizer state and saved activations on one device
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    model: str
+    hardware: str
+    devices: int
+    mesh: tuple[int, int]  # (d, m): data x model
+    batch: int  # global
+    dtype: str
+    optimizer: str
+    iteration_s: float
+    memory_bytes_per_device: float
+    memory_capacity_bytes: float
+    layers: tuple[LayerCost, ...]
+    collectives: tuple[CollectiveRecord, ...]
+
+    @property
+    def fits_memory(self) -> bool:
+        return self.memory_bytes_per_device <= self.memory_capacity_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "hardware": self.hardware,
+            "devices": self.devices,
+            "mesh": list(self.mesh),
+            "batch": self.batch,
+            "dtype": self.dtype,
+            "optimizer": self.optimizer,
+            "iteration_s": self.iteration_s,
+            "memory_bytes_per_device": self.memory_bytes_per_device,
+            "memory_capacity_bytes": self.memory_capacity_bytes,
+            "fits_memory": self.fits_memory,
+            "layers": [dataclasses.asdict(r) for r in self.layers],
+            "collectives": [
+                {**dataclasses.asdict(c), "axes": list(c.axes)} for c in self.collectives
+            ],
+        }
+
+
+def resolve_batch(devices: int, batch: int | None, batch_per_device: int | None) -> int:
+    """The global batch from ``batch`` or ``batch_per_device`` (exactly one, or
+    neither for 32 per device)."""
+    if batch is not None and batch_per_device is not None:
+        raise ValueError("give either batch or batch_per_device, not both")
+    if batch is None:
+        b = 32 if batch_per_device is None else batch_per_device
+        if b < 1:
+            raise ValueError(f"batch per device must be a positive integer, got {b}")
+        return b * devices
+    if batch < 1:
+        raise ValueError(f"batch must be a positive integer, got {batch}")
+    return batch
+
+
+def resolve_mesh(devices: int, mesh: tuple[int, int] | None, hardware: Hardware) -> tuple[int, int]:
+    """``mesh`` checked against ``devices``; by default the model axis is one
+    node (``min(devices, devices_per_node)``), SplitBrain's groups."""
+    if devices < 1:
+        raise ValueError(f"devices must be a positive integer, got {devices}")
+    if mesh is None:
+        m = min(devices, hardware.devices_per_node)
+        if devices % m:
+            m = 1
+        return devices // m, m
+    d, m = (int(x) for x in mesh)
+    if d < 1 or m < 1 or d * m != devices:
+        raise ValueError(f"mesh {d}x{m} has {d * m} devices, but {devices} were asked for; give D x M = {devices}")
+    return d, m
+
+
+def uniform_choice(feasible: np.ndarray, strategy: str | Strategy) -> np.ndarray:
+    """Every layer on ``strategy`` where it can run it, else ``replicated``."""
+    s = parse_strategy(strategy) if isinstance(strategy, str) else Strategy(strategy)
+    feasible = np.asarray(feasible)
+    return np.where(feasible[:, s], int(s), int(Strategy.REPLICATED))
+
+
+def _choice_from_mapping(graph: LayerGraph, feasible: np.ndarray, plan: Mapping[str, str]) -> np.ndarray:
+    missing = [n for n in graph.names if n not in plan]
+    unknown = sorted(set(plan) - set(graph.names))
+    if unknown:
+        raise ValueError(f"plan names layers the model {graph.model_name!r} does not have, e.g. {unknown[:3]}")
+    if missing:
+        raise ValueError(f"plan gives no strategy for {len(missing)} layer(s), e.g. {missing[:3]}")
+    choice = np.full(feasible.shape[0], int(Strategy.REPLICATED))
+    for i, name in enumerate(graph.names):
+        s = parse_strategy(plan[name])
+        if not feasible[i, s]:
+            raise ValueError(f"layer {name!r} cannot run strategy {s.name.lower()} on this mesh and batch")
+        choice[i] = int(s)
+    return choice
+
+
+def evaluate(
+    graph: LayerGraph,
+    hardware: Hardware,
+    devices: int,
+    *,
+    mesh: tuple[int, int] | None = None,
+    strategy: str | None = None,
+    plan: Mapping[str, str] | None = None,
+    batch: int | None = None,
+    batch_per_device: int | None = None,
+    dtype: str = "float32",
+    optimizer: str = "adam",
+    calibration: Calibration | None = None,
+) -> Evaluation:
+    """Cost of one plan: ``strategy`` for every layer that can run it, or
+    ``plan`` (layer name -> strategy name)."""
+    if (strategy is None) == (plan is None):
+        raise ValueError("give exactly one of strategy (a name) or plan (layer -> strategy)")
+    d, m = resolve_mesh(devices, mesh, hardware)
+    B = resolve_batch(devices, batch, batch_per_device)
+    if B % d:
+        raise ValueError(f"batch {B} is not divisible by the data-parallel degree {d}; use a multiple of {d}")
+    if strategy is not None and parse_strategy(strategy) is Strategy.DATA and B % (d * m):
+        raise ValueError(f"batch {B} is not divisible by {d * m} devices, which data parallelism needs")
+    settings = CostSettings(dtype=dtype, optimizer=optimizer)
+    cal = calibration_arrays(calibration, graph) if calibration is not None else None
+    table = cost_table(graph.arrays, hardware_arrays(hardware, dtype), float(B), float(d), float(m), settings, cal)
+    feasible = np.asarray(table.feasible)
+    if strategy is not None:
+        choice = uniform_choice(feasible, strategy)
+    else:
+        choice = _choice_from_mapping(graph, feasible, plan)
+    if B % (d * m) and np.any(choice[: graph.num_layers] == Strategy.DATA):
+        raise ValueError(f"batch {B} is not divisible by {d * m} devices, which data-parallel layers need")
+    probs = one_hot(choice, len(Strategy))
+    rows = np.arange(graph.num_layers)
+    c = choice[: graph.num_layers]
+    compute = np.asarray(table.compute_s)[rows, c]
+    comm = np.asarray(table.grad_sync_s + table.halo_s + table.output_s)[rows, c]
+    memory = np.asarray(table.state_bytes + table.activation_bytes)[rows, c]
+    per_edge = np.asarray(reshard_per_edge(table, probs))
+    reshard = np.zeros(feasible.shape[0])
+    np.add.at(reshard, np.asarray(table.edge_dst), per_edge)
+    layers = tuple(
+        LayerCost(
+            name=n, kind=k, strategy=STRATEGY_NAMES[int(c[i])], compute_s=float(compute[i]),
+            comm_s=float(comm[i]), reshard_s=float(reshard[i]), memory_bytes=float(memory[i]),
+        )
+        for i, (n, k) in enumerate(zip(graph.names, graph.kind_names, strict=True))
+    )
+    return Evaluation(
+        model=graph.model_name,
+        hardware=hardware.name,
+        devices=devices,
+        mesh=(d, m),
+        batch=B,
+        dtype=dtype,
+        optimizer=optimizer,
+        iteration_s=float(iteration_time(table, probs)),
+        memory_bytes_per_device=float(memory_per_device(table, probs)),
+        memory_capacity_bytes=hardware.device.memory_bytes,
+        layers=layers,
+        collectives=plan_collectives(graph, choice, B, d, m, settings),
+    )
