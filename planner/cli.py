@@ -283,8 +283,12 @@ def _parser() -> _Parser:
     lay.add_argument("--json", action="store_true", help="print JSON even on a terminal")
     lay.set_defaults(run=_run_layers)
     from planner.cli_cost import add_cost_commands
+    from planner.cli_oracle import add_oracle_commands
+    from planner.cli_plan import add_plan_commands
 
     add_cost_commands(sub)
+    add_oracle_commands(sub)
+    add_plan_commands(sub)
     return p
 
 
