@@ -1,0 +1,579 @@
+"""The jaxpr walk behind :func:`planner.extract.extract`: turns a traced
+forward pass, whose equations carry module-path markers in their name
+stacks, into layers added through :class:`~planner.builder.GraphBuilder`
+(jax-notes.md §1). Private: the documented behaviour is in
+:mod:`planner.extract`."""
+
+from __future__ import annotations
+import dataclasses
+import itertools
+import math
+import re
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+import jax.extend.core as jex
+import numpy as np
+from planner.builder import GraphBuilder
+
+_REPLICATE_HINT = (
+    'pass on_unsupported="replicate" to keep it as a replicated layer whose cost is '
+    "estimated from its FLOPs"
+)
+
+# -- primitive tables ---------------------------------------------------------------
+_CALL_PRIMITIVES = frozenset(
+    {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+     "custom_vjp_call_jaxpr", "checkpoint", "remat", "remat2"}
+)
+# Ops that never change values in a way the cost model cares about (0 FLOPs).
+_FREE = frozenset(
+    {"convert_element_type", "copy", "copy_p", "reduce_precision", "stop_gradient",
+     "optimization_barrier", "bitcast_convert_type"}
+)
+_SHAPE_OPS = frozenset({"reshape", "broadcast_in_dim", "squeeze", "expand_dims"})
+_ELEMENTWISE = frozenset(
+    {
+        # unary
+        "neg", "sign", "floor", "ceil", "round", "is_finite", "exp", "exp2", "log",
+        "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos",
+        "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "sqrt", "rsqrt", "cbrt",
+        "abs", "square", "integer_pow", "erf", "erfc", "erf_inv", "lgamma", "digamma",
+        "not", "real", "imag", "conj", "population_count", "clz",
+        # binary / ternary
+        "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2",
+        "nextafter", "and", "or", "xor", "eq", "ne", "ge", "gt", "le", "lt",
+        "shift_left", "shift_right_logical", "shift_right_arithmetic", "select_n", "clamp",
+    }
+)
+# Element-wise ops that, with exactly one activation operand and constants
+# otherwise, only rescale / shift / select it: folded into its producer.
+_RESCALE = frozenset({"mul", "div", "add", "sub", "neg", "select_n"})
+_CUMULATIVE = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "argmax", "argmin"})
+
+_MARK = "shardplan:"
+_MARK_RE = re.compile(r"shardplan:(\d+):([^/()\s]*)")
+
+
+# -- module metadata ------------------------------------------------------------------
+class _ModuleInfo(NamedTuple):
+    path: str
+    type_name: str  # e.g. "nnx.Embed" or "MyBlock"
+    kind: str | None  # "conv" | "dense" | "batch_norm" | "opaque" | None (transparent)
+    bias: bool  # has a bias parameter (conv / dense / batch norm)
+    scale: bool  # has a scale parameter (batch norm)
+    params: int  # trainable parameters of the module and its submodules
+    direct_params: int  # trainable parameters owned by the module itself
+
+
+def _size(aval: Any) -> int:
+    return math.prod(getattr(aval, "shape", ()))
+
+
+def _jaxpr_flops(jaxpr: jex.Jaxpr) -> float:
+    return float(sum(_eqn_flops(e) for e in jaxpr.eqns))
+
+
+def _eqn_flops(eqn: jex.JaxprEqn) -> float:
+    """Forward FLOPs of one equation, counted the XLA way (jax-notes.md §1)."""
+    p = eqn.primitive.name
+    params = eqn.params
+    if p == "cond":
+        return max((_jaxpr_flops(b.jaxpr) for b in params["branches"]), default=0.0)
+    if p == "scan":
+        return float(params["length"]) * _jaxpr_flops(params["jaxpr"].jaxpr)
+    subs = list(jex.jaxprs_in_params(params))
+    if subs:  # calls; a while loop counts one trip
+        return float(sum(_jaxpr_flops(s) for s in subs))
+    out = _size(eqn.outvars[0].aval) if eqn.outvars else 0
+    if p == "conv_general_dilated":
+        rhs = eqn.invars[1].aval.shape
+        out_features = rhs[params["dimension_numbers"].rhs_spec[0]]
+        return 2.0 * out * math.prod(rhs) / out_features / params["feature_group_count"]
+    if p == "dot_general":
+        (lc, _), _ = params["dimension_numbers"]
+        lhs = eqn.invars[0].aval.shape
+        return 2.0 * out * math.prod(lhs[i] for i in lc)
+    if p in _ELEMENTWISE:
+        return float(out)
+    if p.startswith("reduce_window"):
+        return float(out * math.prod(params.get("window_dimensions", (1,))))
+    if p.startswith("reduce_") or p in _CUMULATIVE:
+        return float(_size(eqn.invars[0].aval))
+    return 0.0
+
+
+# -- the walk ---------------------------------------------------------------------------
+@dataclasses.dataclass(eq=False)
+class _Region:
+    """An in-progress call of a module that becomes one layer."""
+
+    key: tuple[str, int]
+    info: _ModuleInfo
+    inputs: list[int] = dataclasses.field(default_factory=list)
+    key_eqn: Any = None  # the conv_general_dilated / dot_general of a Conv / Linear
+    repeated: bool = False  # more than one of them
+    out_aval: Any = None
+    flops: float = 0.0
+    node: int | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class _Chain:
+    """Element-wise ops of one activation function applied to one producer's
+    output, not yet a layer."""
+
+    root: int  # the producing node
+    scope: str
+    shape: tuple[int, ...]
+    unit: tuple  # identifies the activation function call the ops belong to
+    name: str
+    flops_per_element: int = 0
+    node: int | None = None  # once materialised
+    alias: _Chain | None = None  # merged into another chain
+
+
+def _is_zero_literal(a: Any) -> bool:
+    return isinstance(a, jex.Literal) and np.size(a.val) == 1 and float(np.asarray(a.val)) == 0.0
+
+
+def _nn_function(eqn: Any) -> tuple[str, tuple] | None:
+    """The ``jax.nn`` / flax activation function an inlined op was traced in
+    (``gelu``), and its call site, from the equation's traceback."""
+    tb = eqn.source_info.traceback
+    if tb is None:
+        return None
+    frames = tb.frames  # innermost first
+    for i, fr in enumerate(frames):
+        f = fr.file_name.replace("\\", "/")
+        if f.endswith("jax/_src/nn/functions.py") or ("/flax/" in f and "activation" in f):
+            site = (frames[i + 1].file_name, frames[i + 1].line_num) if i + 1 < len(frames) else ()
+            return fr.function_name, site
+    return None
+
+
+class _Walker:
+    """Walks a forward jaxpr in execution order and adds its layers to a builder."""
+
+    def __init__(
+        self, builder: GraphBuilder, infos: Mapping[str, _ModuleInfo], batch: int, on_unsupported: str
+    ) -> None:
+        self.b = builder
+        self.infos = infos
+        self.batch = batch
+        self.replicate = on_unsupported == "replicate"
+        self.open: _Region | None = None
+        self.names: list[str] = []  # of the layers added so far
+        self._marks: dict[str, tuple[tuple[str, int], ...]] = {}
+        self._ew: dict[int, bool] = {}
+        self._ids = itertools.count()
+
+    # -- helpers -------------------------------------------------------------------
+    def markers(self, name_stack: Any) -> tuple[tuple[str, int], ...]:
+        s = str(name_stack)
+        got = self._marks.get(s)
+        if got is None:
+            got = tuple((urllib.parse.unquote(p), int(k)) for k, p in _MARK_RE.findall(s)) if _MARK in s else ()
+            self._marks[s] = got
+        return got
+
+    def emit(self, add_layer: Callable[..., int], name: str, *args: Any, **kwargs: Any) -> int:
+        """Add a layer through a GraphBuilder method, remembering its name."""
+        node = add_layer(name, *args, **kwargs)
+        self.names.append(name)
+        return node
+
+    def node_name(self, node: int) -> str:
+        return "<model input>" if node == GraphBuilder.input else self.names[node]
+
+    def check(self, node: int, shape: Sequence[int], what: str) -> None:
+        """An activation of ``shape`` (batch first, channels last) must be ``node``'s output."""
+        c, sp = self.b.shape(node)
+        expect = (self.batch, *sp, c)
+        if tuple(shape) != expect:
+            raise ValueError(
+                f"extract: internal error at {what}: the jaxpr has an activation of shape "
+                f"{tuple(shape)} where the layer graph expects {expect} (output of "
+                f"{self.node_name(node)!r}, batch {self.batch}, channels last). This is an "
+                "extractor bug or an unsupported activation layout."
+            )
+
+    def per_sample(self, aval: Any) -> tuple[int, tuple[int, ...]]:
+        shape = tuple(getattr(aval, "shape", ()))
+        if shape and shape[0] == self.batch:
+            if len(shape) == 1:
+                return 1, ()
+            if len(shape) <= 5:
+                return shape[-1], shape[1:-1]
+            return math.prod(shape[1:]), ()
+        return max(1, -(-math.prod(shape) // self.batch)), ()
+
+    def unsupported_error(self, what: str, where: str) -> ValueError:
+        return ValueError(
+            f"extract: {what} {where} cannot be mapped onto a layer kind of the planner; "
+            f"{_REPLICATE_HINT}."
+        )
+
+    # -- values ----------------------------------------------------------------------
+    def find(self, c: _Chain) -> _Chain:
+        while c.alias is not None:
+            c = c.alias
+        return c
+
+    def root(self, v: Any) -> int:
+        if isinstance(v, _Chain):
+            c = self.find(v)
+            return c.node if c.node is not None else c.root
+        return self.resolve(v)
+
+    def resolve(self, v: Any) -> int:
+        if isinstance(v, int):
+            return v
+        if isinstance(v, _Region):
+            if v.node is None and v is self.open:
+                self.close()
+            if v.node is None:
+                raise ValueError(f"extract: internal error: module {v.info.path!r} produced no layer")
+            return v.node
+        return self.materialize(v)
+
+    def materialize(self, c: _Chain) -> int:
+        c = self.find(c)
+        if c.node is None:
+            self.check(c.root, c.shape, f"element-wise op {c.name!r}")
+            c.node = self.emit(self.b.elementwise, self.b.auto_name(c.scope, c.name), c.root,
+                                        flops_per_element=float(max(1, c.flops_per_element)))
+        return c.node
+
+    def unit(self, eqn: Any, calls: tuple) -> tuple[tuple, str]:
+        """Which activation function an element-wise op belongs to, and its name:
+        the outermost element-wise jitted / custom_jvp function around it
+        (``relu``, ``silu``), else the inlined ``jax.nn`` function (``gelu``),
+        else the op itself (``relu`` for ``max(x, 0)``)."""
+        if calls:
+            return ("call", calls[0][0]), calls[0][1]
+        fn = _nn_function(eqn)
+        if fn is not None:
+            return ("fn", *fn), fn[0]
+        p = eqn.primitive.name
+        zero = p == "max" and any(_is_zero_literal(a) for a in eqn.invars)
+        return ("op", id(eqn)), "relu" if zero else p
+
+    # -- walking ---------------------------------------------------------------------
+    def call_jaxpr(self, eqn: Any) -> jex.Jaxpr | None:
+        if eqn.primitive.name not in _CALL_PRIMITIVES:
+            return None
+        subs = list(jex.jaxprs_in_params(eqn.params))
+        if len(subs) != 1:
+            return None
+        (sub,) = subs
+        if len(sub.invars) != len(eqn.invars) or len(sub.outvars) != len(eqn.outvars):
+            return None
+        return sub
+
+    def call_name(self, eqn: Any) -> str | None:
+        p = eqn.primitive.name
+        if p in ("jit", "pjit"):
+            return eqn.params.get("name")
+        if p in ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"):
+            cj = eqn.params.get("call_jaxpr") or eqn.params.get("fun_jaxpr")
+            dbg = getattr(getattr(cj, "jaxpr", cj), "debug_info", None)
+            return getattr(dbg, "func_name", None)
+        return None
+
+    def is_elementwise(self, jaxpr: jex.Jaxpr) -> bool:
+        got = self._ew.get(id(jaxpr))
+        if got is None:
+            got = True
+            for e in jaxpr.eqns:
+                p = e.primitive.name
+                if p in _ELEMENTWISE or p in _FREE or p in ("broadcast_in_dim", "iota"):
+                    continue
+                sub = self.call_jaxpr(e)
+                if sub is None or not self.is_elementwise(sub):
+                    got = False
+                    break
+            self._ew[id(jaxpr)] = got
+        return got
+
+    def walk(self, jaxpr: jex.Jaxpr, invals: Sequence[Any], prefix: tuple, calls: tuple) -> list[Any]:
+        env: dict[Any, Any] = dict(zip(jaxpr.invars, invals, strict=True))
+
+        def read(a: Any) -> Any:
+            return None if isinstance(a, jex.Literal) else env.get(a)
+
+        for eqn in jaxpr.eqns:
+            marks = prefix + self.markers(eqn.source_info.name_stack)
+            sub = self.call_jaxpr(eqn)
+            if sub is not None:
+                name = self.call_name(eqn)
+                inner = calls
+                if name and self.is_elementwise(sub):
+                    inner = calls + ((next(self._ids), name),)
+                outs = self.walk(sub, [read(a) for a in eqn.invars], marks, inner)
+            else:
+                outs = self.equation(eqn, [read(a) for a in eqn.invars], marks, calls)
+            env.update(zip(eqn.outvars, outs, strict=True))
+        return [read(a) for a in jaxpr.outvars]
+
+    def equation(self, eqn: Any, vals: list[Any], marks: tuple, calls: tuple) -> list[Any]:
+        region = None
+        for path, k in marks:  # outermost modelled / opaque module call wins
+            info = self.infos.get(path)
+            if info is not None and info.kind is not None:
+                region = ((path, k), info)
+                break
+        if region is None and all(v is None for v in vals):
+            return [None] * len(eqn.outvars)  # no activation involved: nothing to do
+        if self.open is not None and (region is None or region[0] != self.open.key):
+            self.close()
+        if region is not None:
+            return self.region_equation(eqn, vals, *region)
+        scope = marks[-1][0] if marks else ""
+        return self.functional(eqn, vals, scope, calls)
+
+    # -- module layers ---------------------------------------------------------------------
+    def region_equation(self, eqn: Any, vals: list[Any], key: tuple[str, int], info: _ModuleInfo) -> list[Any]:
+        reg = self.open
+        if reg is None:
+            if info.kind == "opaque" and not self.replicate:
+                owns = f" (it owns {info.direct_params} parameters directly)" if info.direct_params else ""
+                raise self.unsupported_error(
+                    f"module type {info.type_name}", f"at module path {info.path or '<root>'!r}{owns}"
+                )
+            reg = self.open = _Region(key, info)
+        acts = False
+        for v in vals:
+            if v is None:
+                continue
+            acts = True
+            if v is not reg:
+                n = self.resolve(v)
+                if n not in reg.inputs:
+                    reg.inputs.append(n)
+        reg.flops += _eqn_flops(eqn)
+        if not acts:
+            return [None] * len(eqn.outvars)
+        p = eqn.primitive.name
+        want = {"conv": "conv_general_dilated", "dense": "dot_general"}.get(info.kind)
+        if p == want and vals[0] is not None:
+            reg.repeated = reg.key_eqn is not None
+            reg.key_eqn = eqn
+        if eqn.outvars:  # the module's output: its last batch-shaped activation
+            aval = eqn.outvars[0].aval
+            shape = tuple(getattr(aval, "shape", ()))
+            if reg.out_aval is None or (shape and shape[0] == self.batch):
+                reg.out_aval = aval
+        return [reg] * len(eqn.outvars)
+
+    def close(self) -> None:
+        reg, self.open = self.open, None
+        if reg is None or not reg.inputs:
+            return
+        info = reg.info
+        label = info.path or {"opaque": info.type_name}.get(info.kind, info.kind)
+        name = self.b.auto_name("", label)
+        where = f"module {info.path or '<root>'!r} ({info.type_name})"
+        problem = None if info.kind == "opaque" else self.module_problem(reg)
+        if info.kind == "opaque" or problem is not None:
+            if problem is not None and not self.replicate:
+                raise self.unsupported_error(f"{info.type_name} {problem}", f"at module path {info.path!r}")
+            c, sp = self.per_sample(reg.out_aval)
+            reg.node = self.emit(self.b.other, name, reg.inputs, c, sp, params=float(info.params),
+                                    flops_fwd=reg.flops / self.batch)
+            return
+        (x,) = reg.inputs
+        if info.kind == "batch_norm":
+            reg.node = self.emit(self.b.batch_norm, name, x, affine=info.scale)
+            self.check(reg.node, reg.out_aval.shape, f"the output of {where}")
+            expect = 2 * self.b.shape(x)[0] if info.scale else 0
+        else:
+            e = reg.key_eqn
+            rhs = e.invars[1].aval.shape
+            if info.kind == "conv":
+                p = e.params
+                dn = p["dimension_numbers"]
+                features = rhs[dn.rhs_spec[0]]
+                reg.node = self.emit(
+                    self.b.conv, name, x, features, tuple(rhs[d] for d in dn.rhs_spec[2:]),
+                    stride=tuple(p["window_strides"]), padding=tuple(tuple(q) for q in p["padding"]),
+                    dilation=tuple(p["rhs_dilation"]), groups=int(p["feature_group_count"]), bias=info.bias,
+                )
+            else:
+                features = rhs[1]
+                reg.node = self.emit(self.b.dense, name, x, features, bias=info.bias)
+            self.check(reg.node, e.outvars[0].aval.shape, f"the output of {where}")
+            expect = math.prod(rhs) + (features if info.bias else 0)
+        if info.direct_params != expect:
+            raise ValueError(
+                f"extract: internal error: {where} has {info.direct_params} parameters, "
+                f"the layer graph {expect}"
+            )
+
+    def module_problem(self, reg: _Region) -> str | None:
+        """Why a Conv / Linear / BatchNorm call cannot be the planner's layer, or None."""
+        info = reg.info
+        if len(reg.inputs) != 1:
+            return f"called on {len(reg.inputs)} activations"
+        if info.kind == "batch_norm":
+            return "with only one of scale / bias" if info.scale != info.bias else None
+        e = reg.key_eqn
+        want = "conv_general_dilated" if info.kind == "conv" else "dot_general"
+        if e is None or reg.repeated:
+            return f"that does not apply exactly one {want} to its input"
+        lhs, rhs = tuple(e.invars[0].aval.shape), tuple(e.invars[1].aval.shape)
+        c, sp = self.b.shape(reg.inputs[0])
+        if lhs != (self.batch, *sp, c):
+            return f"whose input is transformed before its {want} (e.g. circular padding)"
+        if info.kind == "conv":
+            p = e.params
+            dn = p["dimension_numbers"]
+            r = len(lhs) - 2
+            nhwc = (0, r + 1, *range(1, r + 1))
+            if tuple(dn.lhs_spec) != nhwc or tuple(dn.out_spec) != nhwc:
+                return f"with a layout other than channels-last ({dn})"
+            if any(d != 1 for d in p["lhs_dilation"]) or p["batch_group_count"] != 1:
+                return "with input dilation (transposed) or batch groups"
+            return None
+        (lc, rc), (lb, rb) = e.params["dimension_numbers"]
+        if tuple(lb) or tuple(rb) or tuple(lc) != (len(lhs) - 1,) or len(rhs) != 2 or tuple(rc) != (0,):
+            return f"contracting {e.params['dimension_numbers']} instead of the last dim"
+        return None
+
+    # -- functional ops ----------------------------------------------------------------------
+    def functional(self, eqn: Any, vals: list[Any], scope: str, calls: tuple) -> list[Any]:
+        p = eqn.primitive.name
+        nout = len(eqn.outvars)
+        acts = [(a, v) for a, v in zip(eqn.invars, vals, strict=True) if v is not None]
+        out_shape = tuple(eqn.outvars[0].aval.shape) if nout else ()
+        same = all(tuple(a.aval.shape) == out_shape for a, _ in acts)
+
+        if p in _FREE:
+            if nout == len(vals) and all(
+                tuple(a.aval.shape) == tuple(o.aval.shape) for a, o in zip(eqn.invars, eqn.outvars, strict=True)
+            ):
+                return list(vals)
+            return self.unsupported(eqn, vals, scope)
+        if p in _SHAPE_OPS and len(acts) == 1:
+            (a, v), = acts
+            if tuple(a.aval.shape) == out_shape:
+                return [v]
+            if p == "reshape":
+                x = self.resolve(v)
+                c, sp = self.b.shape(x)
+                if sp and out_shape == (self.batch, c * math.prod(sp)):
+                    self.check(x, a.aval.shape, "flatten")
+                    return [self.emit(self.b.flatten, self.b.auto_name(scope, "flatten"), x)]
+            return self.unsupported(eqn, vals, scope)
+        if p in _ELEMENTWISE:
+            if not same:
+                return self.unsupported(eqn, vals, scope)
+            return self.elementwise(eqn, vals, acts, scope, calls)
+        if p in ("reduce_window_max", "reduce_window_sum") and len(acts) == 1:
+            node = self.pool(eqn, acts[0], scope)
+            if node is not None:
+                return [node]
+            return self.unsupported(eqn, vals, scope)
+        if p == "reduce_sum" and len(acts) == 1:
+            (a, v), = acts
+            rank = len(a.aval.shape)
+            if rank >= 3 and tuple(eqn.params["axes"]) == tuple(range(1, rank - 1)):
+                x = self.resolve(v)
+                self.check(x, a.aval.shape, "global_avg_pool")
+                node = self.emit(self.b.global_avg_pool, self.b.auto_name(scope, "global_avg_pool"), x)
+                self.check(node, out_shape, "global_avg_pool")
+                return [node]
+            return self.unsupported(eqn, vals, scope)
+        if p == "concatenate" and len(acts) == len(vals) >= 2:
+            if eqn.params["dimension"] == len(out_shape) - 1 and len(out_shape) >= 2:
+                xs = [self.resolve(v) for _, v in acts]
+                for (a, _), n in zip(acts, xs, strict=True):
+                    self.check(n, a.aval.shape, "concat")
+                node = self.emit(self.b.concat, self.b.auto_name(scope, "concat"), xs)
+                self.check(node, out_shape, "concat")
+                return [node]
+        return self.unsupported(eqn, vals, scope)
+
+    def elementwise(self, eqn: Any, vals: list[Any], acts: list, scope: str, calls: tuple) -> list[Any]:
+        p = eqn.primitive.name
+        shape = tuple(eqn.outvars[0].aval.shape)
+        if len(acts) == 1:
+            (_, v), = acts
+            rescale = p in _RESCALE
+            if isinstance(v, _Chain) and self.find(v).node is None:
+                c = self.find(v)
+                unit, _ = self.unit(eqn, calls)
+                if unit == c.unit:  # the same activation function goes on
+                    c.flops_per_element += 0 if rescale or p in _FREE else 1
+                    return [c]
+            x = self.resolve(v)  # a new function starts: the previous one is a layer
+            if rescale:
+                return [x]  # only rescales / shifts / selects: folded into its producer
+            unit, name = self.unit(eqn, calls)
+            return [_Chain(x, scope, shape, unit, name, 0 if p in _FREE else 1)]
+        roots = {self.root(v) for _, v in acts}
+        if len(roots) == 1:  # e.g. x * sigmoid(x): still a function of one producer
+            chains: list[_Chain] = []
+            for _, v in acts:
+                if isinstance(v, _Chain) and self.find(v) not in chains and self.find(v).node is None:
+                    chains.append(self.find(v))
+            if not chains:
+                unit, name = self.unit(eqn, calls)
+                return [_Chain(roots.pop(), scope, shape, unit, name, 1)]
+            c = chains[0]
+            for other in chains[1:]:
+                c.flops_per_element += other.flops_per_element
+                other.alias = c
+            c.flops_per_element += 1
+            return [c]
+        if p in ("add", "add_any") and len(acts) == 2:
+            xs = [self.resolve(v) for _, v in acts]
+            for (a, _), n in zip(acts, xs, strict=True):
+                self.check(n, a.aval.shape, "add")
+            node = self.emit(self.b.add, self.b.auto_name(scope, "add"), xs)
+            self.check(node, shape, "add")
+            return [node]
+        return self.unsupported(eqn, vals, scope)
+
+    def pool(self, eqn: Any, act: tuple, scope: str) -> int | None:
+        a, v = act
+        prm = eqn.params
+        wd, ws, pad = prm["window_dimensions"], prm["window_strides"], prm["padding"]
+        rank = len(wd)
+        ok = (
+            rank >= 3 and wd[0] == wd[-1] == 1 and ws[0] == ws[-1] == 1
+            and tuple(pad[0]) == tuple(pad[-1]) == (0, 0)
+            and all(d == 1 for d in prm["base_dilation"]) and all(d == 1 for d in prm["window_dilation"])
+        )
+        if not ok:
+            return None
+        x = self.resolve(v)
+        op = "max" if eqn.primitive.name == "reduce_window_max" else "avg"
+        self.check(x, a.aval.shape, f"{op}_pool")
+        node = self.emit(
+            self.b.pool, self.b.auto_name(scope, f"{op}_pool"), x, tuple(wd[1:-1]), stride=tuple(ws[1:-1]),
+            padding=tuple(tuple(q) for q in pad[1:-1]), op=op,
+        )
+        self.check(node, eqn.outvars[0].aval.shape, f"{op}_pool")
+        return node
+
+    def unsupported(self, eqn: Any, vals: list[Any], scope: str) -> list[Any]:
+        p = eqn.primitive.name
+        shapes = [tuple(a.aval.shape) for a, v in zip(eqn.invars, vals, strict=True) if v is not None]
+        if not self.replicate:
+            raise self.unsupported_error(
+                f"operation {p!r} on activation(s) of shape {', '.join(map(str, shapes))}",
+                f"in module scope {scope or '<root>'!r}",
+            )
+        xs: list[int] = []
+        for v in vals:
+            if v is not None:
+                n = self.resolve(v)
+                if n not in xs:
+                    xs.append(n)
+        c, sp = self.per_sample(eqn.outvars[0].aval if eqn.outvars else None)
+        node = self.emit(self.b.other, self.b.auto_name(scope, p), xs, c, sp, flops_fwd=_eqn_flops(eqn) / self.batch)
+        return [node] * len(eqn.outvars)
+
+
+# -- entry point -------------------------------------------------------------------------------

@@ -1,0 +1,368 @@
+"""Extract a :class:`~planner.graph.LayerGraph` from a Flax model (nnx or linen).
+
+``extract(model, example_input)`` traces one forward pass abstractly and turns
+it into layers added through :class:`~planner.builder.GraphBuilder`, so shapes,
+parameter counts and FLOPs are computed exactly as for the zoo. No weight is
+ever materialised: an abstract model (``nnx.eval_shape``) or a concrete one
+both work, and linen models are initialised with ``jax.eval_shape``.
+
+Approach (``../shared/reference/jax-notes.md`` §1, "interception +
+named_scope + jaxpr walk"):
+
+1. Every module call pushes a ``jax.named_scope`` marker that names its module
+   path and call ordinal (nnx: ``__call__`` of each module class reachable
+   through ``nnx.iter_modules`` is patched for the duration of the trace and
+   restored in ``finally``; linen: ``flax.linen.intercept_methods``, every
+   method but ``setup``).
+2. ``jax.make_jaxpr`` of the forward pass; the jaxpr is walked recursively
+   (``jax.extend.core.jaxprs_in_params``) through ``jit``, ``custom_jvp_call``,
+   ``custom_vjp_call`` and ``checkpoint``, outer name stacks prefixed to the
+   (relative) inner ones. ``cond``, ``scan`` and ``while`` are opaque.
+3. Data flow decides the edges: every jaxpr variable remembers the layer that
+   produced it.
+
+What becomes a layer
+--------------------
+* **Module layers.** A call of ``nnx.Conv`` / ``nnx.Linear`` /
+  ``nnx.BatchNorm`` (linen: ``nn.Conv`` / ``nn.Dense`` / ``nn.BatchNorm``)
+  is one layer named by its module path joined with ``/`` (nnx:
+  ``features/0``, ``layer1/0/conv1``; linen: the scope path without the
+  top-level class, ``Conv_0``, ``Block_0/Conv_0``). Conv attributes (kernel,
+  strides, explicit padding, kernel dilation, feature groups) come from the
+  ``conv_general_dilated`` primitive, bias/scale presence from the module's
+  parameters; the builder's inferred output shape and parameter count are
+  checked against the jaxpr. Everything inside such a call is absorbed.
+* **Functional ops** outside those modules are named
+  ``GraphBuilder.auto_name(scope, op)``, ``scope`` being the path of the
+  module whose ``__call__`` is running (``""`` at the root):
+  ``relu`` (``jax.nn.relu`` / ``max(x, 0)``), ``max_pool``
+  (``reduce_window_max``), ``avg_pool`` (``reduce_window_sum``; the division
+  that follows is folded), ``global_avg_pool`` (``reduce_sum`` over every
+  spatial dim), ``add`` (two activations of different producers, equal
+  shapes), ``concat`` (channel axis), ``flatten`` (``reshape`` to
+  ``(B, C*H*W)``). Any other element-wise activation function applied to one
+  activation is one ``elementwise`` layer, named after the element-wise
+  jitted / ``custom_jvp`` function holding it (``relu``, ``silu``,
+  ``leaky_relu``, ``relu6``), else the ``jax.nn`` function it was traced in
+  (``gelu``), else its primitive (``tanh``; ``logistic`` for
+  ``jax.nn.sigmoid``, an inlined jit). Its FLOPs per element are its number
+  of element-wise primitives, folded rescales not counted. An element-wise
+  op of several values that all derive from one producer (``x *
+  sigmoid(x)``) joins that producer's activation layer.
+* **Folded, no layer**: ops that only rescale, shift, convert, copy or
+  select one activation against constants (dropout in both modes, the
+  ``1/n`` of a mean, casts) and reshapes/broadcasts that keep the shape.
+* **Unsupported**: a module type with parameters that is not modelled
+  (``nnx.Embed``, ``nnx.LayerNorm``, ``nnx.LinearGeneral``, a user module
+  owning ``nnx.Param`` s directly, ...; a Flax attention module as a whole;
+  a Conv whose input is transformed first, e.g. circular padding), or a
+  primitive on activations with no mapping (``transpose``, ``gather``,
+  ``pad``, ``dot_general`` of two activations, ``cond``/``scan`` on
+  activations, ...). With ``on_unsupported="error"`` (default) a
+  ``ValueError`` names the op or module type and its module path. With
+  ``on_unsupported="replicate"`` it becomes an ``OTHER`` layer:
+  **replicated, cost estimated from FLOPs** (forward FLOPs counted from its
+  primitives: conv ``2*|out|*|rhs|/C_out/groups``, ``dot_general``
+  ``2*M*K*N``, element-wise 1 per element, reductions 1 per input element,
+  ``cond`` = max over branches, ``scan`` x length).
+
+Training mode
+-------------
+nnx models are traced as they are, except that ``nnx.BatchNorm`` is traced
+with its running averages on a private copy (flax's in-trace statistics
+updates cost O(trace size) each, quadratic for deep nets); the layer is the
+same in both modes: ``GraphBuilder.batch_norm`` models training-mode cost.
+Dropout folds away in either mode. linen models are
+called with ``train=True`` / ``training=True`` / ``is_training=True`` /
+``deterministic=False`` / ``use_running_average=False`` when their
+``__call__`` has such a parameter, with every collection mutable
+(``batch_stats``) and ``params`` / ``dropout`` RNG streams.
+
+Limitations
+-----------
+Module calls inside ``nnx.jit`` / ``nnx.remat`` / ``jax.jit`` functions
+within the model are seen (the traced copy's modules carry their path as a
+static attribute, and the markers name module paths, so jit cache hits are
+harmless); but a ``jax.jit`` function that calls modules and was first traced
+outside ``extract`` has no markers in its cached trace, so its modules look
+like functional ops. ``BatchNorm`` with only one of scale/bias is unsupported (the
+builder models affine or not). Activations must be batch-first,
+channels-last. While tracing, ``__call__`` of the model's nnx module classes
+is patched process-wide (restored afterwards): do not run two extractions of
+models sharing classes in parallel threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.extend.core as jex
+import numpy as np
+from flax import nnx
+
+from planner._jaxpr_walk import _MARK, _ModuleInfo, _Walker
+from planner.builder import GraphBuilder
+from planner.graph import LayerGraph
+
+__all__ = ["extract"]
+
+_PATH_ATTR = "_shardplan_path"  # set on the traced (private) copy of an nnx model
+
+
+def _type_name(cls: type) -> str:
+    mod = cls.__module__
+    if mod.startswith("flax.nnx"):
+        return f"nnx.{cls.__name__}"
+    if mod.startswith("flax.linen"):
+        return f"nn.{cls.__name__}"
+    return cls.__qualname__
+
+
+def _classify(module: Any, direct: int, subtree: int) -> str | None:
+    """Layer kind of a module call, ``"opaque"`` for an unmodelled module with
+    parameters, ``None`` for a transparent container."""
+    if isinstance(module, (nnx.Conv, nn.Conv)):
+        return "conv"
+    if isinstance(module, (nnx.Linear, nn.Dense)):
+        return "dense"
+    if isinstance(module, (nnx.BatchNorm, nn.BatchNorm)):
+        return "batch_norm"
+    if isinstance(module, (nnx.Sequential, nnx.List, nnx.Dict, nn.Sequential)):
+        return None
+    if direct > 0:
+        return "opaque"
+    # A Flax-provided composite with parameters (attention, ...): one opaque layer.
+    if subtree > 0 and type(module).__module__.startswith("flax."):
+        return "opaque"
+    return None
+
+
+def _nnx_infos(model: nnx.Module) -> dict[str, _ModuleInfo]:
+    mods = {tuple(p): m for p, m in nnx.iter_modules(model)}
+    direct = dict.fromkeys(mods, 0)
+    subtree = dict.fromkeys(mods, 0)
+    names: dict[tuple, set[str]] = {p: set() for p in mods}
+    transparent = {p for p, m in mods.items() if isinstance(m, (nnx.List, nnx.Dict))}
+    for ppath, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        size = math.prod(var.shape)
+        owner = None
+        for k in range(len(ppath) - 1, -1, -1):
+            pre = tuple(ppath[:k])
+            if pre in mods:
+                subtree[pre] += size
+                if owner is None and pre not in transparent:
+                    owner = pre
+                    direct[pre] += size
+                    names[pre].add("/".join(map(str, ppath[k:])))
+    infos = {}
+    for p, m in mods.items():
+        path = "/".join(map(str, p))
+        infos[path] = _ModuleInfo(
+            path, _type_name(type(m)), _classify(m, direct[p], subtree[p]),
+            "bias" in names[p], "scale" in names[p], subtree[p], direct[p],
+        )
+    return infos
+
+
+def _linen_info(module: nn.Module, path: str) -> _ModuleInfo:
+    params = module.variables.get("params", {}) if module.scope is not None else {}
+    own = {k: v for k, v in params.items() if not isinstance(v, Mapping)}
+    direct = sum(math.prod(np.shape(v)) for v in own.values())
+    subtree = sum(math.prod(np.shape(v)) for v in jax.tree.leaves(params))
+    return _ModuleInfo(
+        path, _type_name(type(module)), _classify(module, direct, subtree),
+        "bias" in own, "scale" in own, subtree, direct,
+    )
+
+
+# -- tracing ---------------------------------------------------------------------------
+def _marker(path: str, ordinal: int) -> str:
+    return f"{_MARK}{ordinal}:{urllib.parse.quote(path, safe='')}"
+
+
+@dataclasses.dataclass
+class _CallTracker:
+    """Per-trace state of the patched module calls."""
+
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)  # calls so far per path
+    stack: list[str] = dataclasses.field(default_factory=list)
+
+    @contextmanager
+    def call(self, path: str) -> Iterator[None]:
+        if self.stack and self.stack[-1] == path:  # super().__call__ or a helper method
+            yield
+            return
+        k = self.counts.get(path, 0)
+        self.counts[path] = k + 1
+        self.stack.append(path)
+        try:
+            with jax.named_scope(_marker(path, k)):
+                yield
+        finally:
+            self.stack.pop()
+
+
+def _nnx_call_wrapper(orig: Callable, tracker: _CallTracker) -> Callable:
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        path = getattr(self, _PATH_ATTR, None)
+        if path is None:
+            return orig(self, *args, **kwargs)
+        with tracker.call(path):
+            return orig(self, *args, **kwargs)
+
+    __call__.__wrapped__ = orig  # type: ignore[attr-defined]
+    __call__.__doc__ = orig.__doc__
+    return __call__
+
+
+@contextmanager
+def _patched_nnx_calls(classes: set[type], tracker: _CallTracker) -> Iterator[None]:
+    owners = []
+    for cls in classes:
+        owner = next((c for c in cls.__mro__ if "__call__" in c.__dict__), None)
+        if owner is not None and owner is not object and owner not in owners:
+            owners.append(owner)
+    originals = [(c, c.__dict__["__call__"]) for c in owners]
+    try:
+        for c, orig in originals:
+            setattr(c, "__call__", _nnx_call_wrapper(orig, tracker))
+        yield
+    finally:
+        for c, orig in originals:
+            setattr(c, "__call__", orig)
+
+
+def _trace_nnx(model: nnx.Module, x: jax.ShapeDtypeStruct) -> tuple[jex.ClosedJaxpr, dict[str, _ModuleInfo]]:
+    infos = _nnx_infos(model)
+    classes = {type(m) for _, m in nnx.iter_modules(model)}
+    graphdef, state = nnx.split(model)
+    tracker = _CallTracker()
+
+    def forward(st: Any, inp: Any) -> Any:
+        m = nnx.merge(graphdef, st)  # a private copy: tag each module with its path
+        for p, mm in nnx.iter_modules(m):
+            # A static attribute survives the split/merge of nnx transforms
+            # (nnx.jit, nnx.remat) inside the model, unlike object identity.
+            object.__setattr__(mm, _PATH_ATTR, "/".join(map(str, p)))
+            if isinstance(mm, nnx.BatchNorm):
+                # Running-statistics updates cost O(trace size) each inside a
+                # trace (flax's Variable.set_value probes ``.sharding``), which
+                # makes deep nets quadratic; the layer is the same either way.
+                mm.use_running_average = True
+        return m(inp)
+
+    with _patched_nnx_calls(classes, tracker):
+        closed = jax.make_jaxpr(forward)(state, x)
+    return closed, infos
+
+
+_LINEN_TRAIN_FLAGS = {
+    "train": True, "training": True, "is_training": True,
+    "deterministic": False, "use_running_average": False,
+}
+
+
+def _linen_train_kwargs(model: nn.Module) -> dict[str, bool]:
+    try:
+        params = inspect.signature(type(model).__call__).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {k: v for k, v in _LINEN_TRAIN_FLAGS.items() if k in params}
+
+
+def _trace_linen(model: nn.Module, x: jax.ShapeDtypeStruct) -> tuple[jex.ClosedJaxpr, dict[str, _ModuleInfo]]:
+    variables = None
+    if model.scope is not None:  # bound: use its variables (abstractly)
+        model, variables = model.unbind()
+    kwargs = _linen_train_kwargs(model)
+
+    def rngs() -> dict[str, Any]:
+        return {"params": jax.random.key(0), "dropout": jax.random.key(1)}
+
+    if variables is None:
+        variables = jax.eval_shape(lambda inp: model.init(rngs(), inp, **kwargs), x)
+    infos: dict[str, _ModuleInfo] = {}
+    tracker = _CallTracker()
+
+    def interceptor(next_fun: Callable, args: Any, kwargs_: Any, context: Any) -> Any:
+        if context.method_name == "setup":
+            return next_fun(*args, **kwargs_)
+        mod = context.module
+        path = "/".join(map(str, mod.path))
+        if path not in infos:
+            infos[path] = _linen_info(mod, path)
+        with tracker.call(path):
+            return next_fun(*args, **kwargs_)
+
+    def forward(v: Any, inp: Any) -> Any:
+        out, _ = model.apply(v, inp, rngs=rngs(), mutable=True, **kwargs)
+        return out
+
+    with nn.intercept_methods(interceptor):
+        closed = jax.make_jaxpr(forward)(variables, x)
+    return closed, infos
+
+
+# -- FLOPs of primitives (for replicated layers) ----------------------------------------
+def _input_spec(example_input: Any) -> jax.ShapeDtypeStruct:
+    if isinstance(example_input, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(tuple(example_input.shape), example_input.dtype)
+    if hasattr(example_input, "shape") and hasattr(example_input, "dtype"):
+        return jax.ShapeDtypeStruct(tuple(example_input.shape), example_input.dtype)
+    arr = np.asarray(example_input)
+    return jax.ShapeDtypeStruct(arr.shape, arr.dtype)
+
+
+def extract(
+    model: Any,
+    example_input: Any,
+    *,
+    name: str | None = None,
+    on_unsupported: str = "error",
+) -> LayerGraph:
+    """The :class:`LayerGraph` of a Flax model's forward pass (see the module docstring).
+
+    ``model`` is a ``flax.nnx.Module`` (concrete, or abstract from
+    ``nnx.eval_shape``) or a ``flax.linen.Module`` (unbound; initialised
+    abstractly). ``example_input`` is an array or ``jax.ShapeDtypeStruct``,
+    batch first, channels last: ``(B, H, W, C)``, ``(B, D, H, W, C)``,
+    ``(B, L, C)`` or ``(B, features)``; the graph is per sample, channels
+    first (``input_shape=(C, H, W)``). ``on_unsupported`` is ``"error"`` or
+    ``"replicate"``.
+    """
+    if on_unsupported not in ("error", "replicate"):
+        raise ValueError(f'on_unsupported must be "error" or "replicate", got {on_unsupported!r}')
+    x = _input_spec(example_input)
+    if not 2 <= len(x.shape) <= 5:
+        raise ValueError(
+            f"example_input must be batch-first and channels-last with 0-3 spatial dims, "
+            f"(B, features) to (B, D, H, W, C); got shape {tuple(x.shape)}"
+        )
+    batch = int(x.shape[0])
+    input_shape = (int(x.shape[-1]), *(int(d) for d in x.shape[1:-1]))
+    if isinstance(model, nnx.Module):
+        closed, infos = _trace_nnx(model, x)
+    elif isinstance(model, nn.Module):
+        closed, infos = _trace_linen(model, x)
+    else:
+        raise ValueError(
+            f"model must be a flax.nnx.Module or a flax.linen.Module, got {type(model).__name__}"
+        )
+    builder = GraphBuilder(name or type(model).__name__, input_shape)
+    walker = _Walker(builder, infos, batch, on_unsupported)
+    jaxpr = closed.jaxpr
+    invals: list[Any] = [None] * (len(jaxpr.invars) - 1) + [GraphBuilder.input]
+    outs = walker.walk(jaxpr, invals, (), ())
+    walker.close()
+    for v in outs:
+        if v is not None:
+            walker.resolve(v)
+    return builder.build()
