@@ -248,3 +248,7 @@ def test_totals_are_exact_beyond_float32():
     b.dense("d", b.input, 4099, bias=True)
     assert float(np.float32(16_801_801)) != 16_801_801
     assert b.build().total("params") == 16_801_801
+
+
+def test_every_test_sees_eight_cpu_devices(devices):
+    assert len(devices) == 8 and {d.platform for d in devices} == {"cpu"}
