@@ -1,0 +1,122 @@
+"""Export to jax.sharding: parameters land with the planned shardings, and
+one training step gives the same loss and parameters under every sharding
+of the same model (sharded against sharded, no batch norm: jax-notes.md §2)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from planner.export import activation_spec, make_mesh, param_spec, partition_specs, shard_training
+
+
+class Tiny(nnx.Module):
+    def __init__(self, rngs):
+        self.convs = nnx.List([nnx.Conv(3, 8, (3, 3), rngs=rngs), nnx.Conv(8, 16, (3, 3), rngs=rngs)])
+        self.fcs = nnx.List([nnx.Linear(16 * 4 * 4, 32, rngs=rngs), nnx.Linear(32, 16, rngs=rngs)])
+
+    def __call__(self, x):
+        for c in self.convs:
+            x = nnx.max_pool(nnx.relu(c(x)), (2, 2), (2, 2))
+        x = x.reshape(x.shape[0], -1)
+        return self.fcs[1](nnx.relu(self.fcs[0](x)))
+
+
+PLANS = {
+    "data": ((8, 1), {}),
+    "splitbrain": ((2, 4), {"fcs/0": "filter", "fcs/1": "filter"}),
+    "megatron": ((2, 4), {"fcs/0": "filter", "fcs/1": "channel"}),
+    "filter-convs": ((1, 8), {"convs/0": "filter", "convs/1": "filter"}),
+    "spatial": ((2, 4), {"convs/0": "spatial", "convs/1": "spatial"}),
+    "replicated": ((4, 2), {"convs/0": "replicated", "fcs/0": "replicated"}),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(devices):
+    model = Tiny(nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (16, 16, 16, 3))
+    y = jax.random.randint(jax.random.key(2), (16,), 0, 16)
+    out = {}
+    for name, (mesh_shape, strategies) in PLANS.items():
+        full = {p: "data" for p in ("convs/0", "convs/1", "fcs/0", "fcs/1")} | strategies
+        mesh = make_mesh(*mesh_shape)
+        step, state = shard_training(model, full, mesh, optax.sgd(0.1))
+        losses = []
+        for _ in range(2):
+            state, loss = step(state, x, y)
+            losses.append(float(loss))
+        out[name] = (state, losses, full)
+    return out
+
+
+@pytest.mark.slow
+def test_every_sharding_trains_the_same(runs):
+    ref_state, ref_losses, _ = runs["data"]
+    ref = jax.tree.leaves(ref_state.params)
+    for name, (state, losses, _) in runs.items():
+        np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, err_msg=name)
+        for a, b in zip(jax.tree.leaves(state.params), ref, strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.slow
+def test_parameters_land_with_planned_shardings(runs):
+    state, _, full = runs["megatron"]
+    p = state.params
+    assert p["fcs"][0]["kernel"].sharding.spec == P(None, "model")
+    assert p["fcs"][0]["bias"].sharding.spec == P("model")
+    assert p["fcs"][1]["kernel"].sharding.spec == P("model", None)
+    assert p["fcs"][1]["bias"].sharding.spec == P()
+    assert p["convs"][0]["kernel"].sharding.spec == P()
+    assert p["fcs"][0]["kernel"].addressable_shards[0].data.shape == (256, 8)
+    state, _, _ = runs["filter-convs"]
+    assert state.params["convs"][1]["kernel"].sharding.spec == P(None, None, None, "model")
+
+
+def test_specs_by_hand():
+    assert param_spec("filter", 4) == P(None, None, None, "model")
+    assert param_spec("channel", 2) == P("model", None)
+    assert param_spec("channel", 1) == P() and param_spec("filter", 1) == P("model")
+    assert param_spec("spatial", 4) == P() and param_spec("data", 2) == P()
+    assert activation_spec("batch", 4) == P(("data", "model"))
+    assert activation_spec("channel", 4) == P("data", None, None, "model")
+    assert activation_spec("spatial", 4) == P("data", "model")
+    assert activation_spec("partial", 2) is None
+    with pytest.raises(ValueError, match="unknown strategy"):
+        param_spec("diagonal", 2)
+
+
+def test_partition_specs_follow_layer_paths():
+    model = nnx.eval_shape(lambda: Tiny(nnx.Rngs(0)))
+    params = nnx.state(model, nnx.Param)
+    specs = partition_specs(params, {"fcs/0": "filter"})
+    assert specs["fcs"][0]["kernel"] == P(None, "model")
+    assert specs["convs"][0]["kernel"] == P()
+
+
+def test_mesh_size_must_match_devices(devices):
+    with pytest.raises(ValueError, match="needs 6 devices"):
+        make_mesh(3, 2)
+
+
+@pytest.mark.slow
+def test_compiled_collectives_follow_the_plan(devices):
+    from planner.hlo import parse_collectives
+
+    model = Tiny(nnx.Rngs(0))
+    x = jnp.zeros((16, 16, 16, 3))
+    y = jnp.zeros((16,), jnp.int32)
+    full = {"convs/0": "data", "convs/1": "data", "fcs/0": "filter", "fcs/1": "filter"}
+    step, state = shard_training(model, full, make_mesh(2, 4), optax.sgd(0.1))
+    colls = parse_collectives(step.lower(state, x, y).compile().as_text(), (2, 4), ("data", "model"))
+    gathers = {(c.axes, c.bytes_per_device) for c in colls if c.kind == "all-gather"}
+    # SplitBrain's L_M: the group's 8 samples x 256 features gathered over the model axis.
+    assert (("model",), 8 * 256 * 4) in gathers
+    # Only the FC shards' gradients are reduced over data alone: fcs/0 kernel + bias
+    # (256 x 8 + 8) and fcs/1 (32 x 4 + 4), split 4 ways; conv gradients over both axes.
+    grads = [c for c in colls if c.kind == "all-reduce" and c.axes == ("data",)]
+    assert sum(c.bytes_per_device for c in grads) >= (256 * 8 + 8 + 32 * 4 + 4) * 4
