@@ -1,8 +1,9 @@
 """shardplan's public API: describe a CNN as a layer graph, and (as the
 project grows) plan how to shard its training over many devices.
 
-``planner.extract`` and ``planner.flax_model`` import flax on first use, so
-``import planner`` stays light for the command line."""
+``planner.extract``, ``planner.flax_model`` and ``planner.oracle`` are
+imported on first use, so ``import planner`` stays light for the command
+line."""
 
 from typing import Any
 
@@ -15,6 +16,7 @@ __all__ = [
     "GRAPH_SCHEMA",
     "GRAPH_VERSION",
     "MODEL_NAMES",
+    "OracleReport",
     "GraphBuilder",
     "LayerArrays",
     "LayerGraph",
@@ -24,10 +26,18 @@ __all__ = [
     "flax_model",
     "get_model",
     "load_net",
+    "oracle",
     "parse_net",
 ]
 
-_LAZY = {"extract": ("planner.extract", "extract"), "flax_model": ("planner.flax_zoo", "flax_model")}
+# Imported on first use: flax is heavy, and the oracle imports costmodels,
+# which itself imports planner.graph (importing it here would be circular).
+_LAZY = {
+    "extract": ("planner.extract", "extract"),
+    "flax_model": ("planner.flax_zoo", "flax_model"),
+    "oracle": ("planner.oracle_report", "oracle"),
+    "OracleReport": ("planner.oracle_report", "OracleReport"),
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,354 @@
+"""The oracle's view of a model: ParaDL's per-layer table (paradl.md §1, §5),
+the ``.lc`` strategy masks, and per-layer compute time (§4.10).
+
+:func:`oracle_layers` turns a :class:`~planner.graph.LayerGraph` into an
+:class:`OracleLayers`: one row per layer of the model, in order, without the
+``flatten`` rows the ``.net`` importer inserts before FC layers (ParaDL's FC
+takes its input unflattened, §1), so the rows correspond one-to-one to the
+lines of a ``.net`` file and of its ``.lc`` masks. Each row carries ParaDL's
+layer type (CONV, FC, MPOOL, APOOL, RELU, BNORM, ADD, DROPOUT, OTHER), its
+input / output / weight element counts per sample, its window, both FLOP
+counts (the graph's, and the original code's quirky ``estimate_layer_flop``)
+and the DAG edges between rows (flattens bridged).
+
+Compute time per layer (§4.10): with a measured whole-network time per
+sample (the ``.net`` files carry one), that time is spread over the layers
+by FLOP share; without one, the hardware roofline
+(:mod:`costmodels.compute`) at the layer's actual work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from costmodels.compute import hardware_arrays, op_class_efficiency, roofline_s
+from costmodels.hardware import Hardware
+from planner.graph import LayerGraph, LayerKind
+from planner.netfile import layer_type
+
+__all__ = [
+    "MASK_FAMILIES",
+    "OracleLayers",
+    "compat_flops",
+    "default_masks",
+    "layer_compute_s",
+    "lc_family",
+    "load_lc",
+    "oracle_layers",
+    "parse_lc",
+    "per_sample_compute_s",
+    "resolve_masks",
+    "weight_update_s",
+]
+
+MASK_FAMILIES = ("filter", "channel", "spatial")  # what a .lc file can configure (§5)
+_INPLACE = ("RELU", "BNORM")  # §4.3: x and y of ReLU / BN are not counted (in-place)
+
+
+@dataclasses.dataclass(frozen=True)
+class OracleLayers:
+    """ParaDL's per-layer table of one model; arrays have one entry per row."""
+
+    model_name: str
+    names: tuple[str, ...]
+    ptypes: tuple[str, ...]  # ParaDL layer type (§5 NAME rule, else from the graph kind)
+    kind: np.ndarray  # LayerKind codes
+    x_elements: np.ndarray  # |x| per sample
+    y_elements: np.ndarray  # |y| per sample
+    params: np.ndarray  # |w|
+    in_channels: np.ndarray  # C (flattened size for a dense layer)
+    out_channels: np.ndarray  # F
+    in_spatial: np.ndarray  # [n, 3] graph order (D,) H, W, padded with 1
+    out_spatial: np.ndarray  # [n, 3]
+    spatial_rank: np.ndarray  # dims of x
+    out_spatial_rank: np.ndarray
+    kernel: np.ndarray  # [n, 3]
+    stride: np.ndarray  # [n, 3]
+    dilation: np.ndarray  # [n, 3]
+    flops: np.ndarray  # forward + backward FLOPs per sample (the graph's, XLA's counting)
+    flops_compat: np.ndarray  # the original's 2 FW + prod(w) (§4.10, quirks of §9.8 kept)
+    inplace: np.ndarray  # bool: ReLU / BN rows, left out of ParaDL's Σ|x|, Σ|y| (§4.3)
+    source: np.ndarray  # bool: fed only by the model input (no input gradient needed)
+    sink: np.ndarray  # bool: no consumer (the model output)
+    last_consumer: np.ndarray  # int: the last row reading this row's output (-1 if none)
+    measured_time_per_sample_s: float | None
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    def width(self) -> np.ndarray:
+        """ParaDL's x[1] / y[1] of a CONV row: the W extent, the last graph
+        spatial dim (1 for a flat input) — pairs of (x, y)."""
+        return _last_dim(self.in_spatial, self.spatial_rank), _last_dim(self.out_spatial, self.out_spatial_rank)
+
+    def kernel_w(self) -> np.ndarray:
+        """ParaDL's w[2]: the kernel along W (0-size windows count as 1)."""
+        return _last_dim(self.kernel, self.spatial_rank)
+
+
+def _last_dim(a: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    idx = np.maximum(rank.astype(int) - 1, 0)
+    v = a[np.arange(a.shape[0]), idx]
+    return np.where(rank > 0, v, 1.0)
+
+
+def _ptype(name: str, kind: int) -> str:
+    named = layer_type(name)
+    if kind == LayerKind.CONV:
+        return "CONV"
+    if kind == LayerKind.DENSE:
+        return "FC"
+    if kind == LayerKind.POOL:
+        return named if named in ("MPOOL", "APOOL") else "MPOOL"
+    if kind == LayerKind.BATCH_NORM:
+        return "BNORM"
+    if kind == LayerKind.ADD:
+        return "ADD"
+    if kind == LayerKind.ELEMENTWISE:
+        return named if named in ("RELU", "DROPOUT", "ADD") else "RELU"
+    return "OTHER"
+
+
+def compat_flops(kind, in_c, out_c, kernel, out_spatial, x_el, y_el, ptypes) -> np.ndarray:
+    """The original ``estimate_layer_flop`` (§4.10): ``2·FW + prod(w)``, with
+    CONV FW = 2·C·F·prod(K·Y), pooling C_x·F_y·prod(K·Y) (C², §9.8), RELU and
+    ADD prod(y), FC prod(w) (no factor 2, §9.8), BNORM 4·prod(x), others 0."""
+    k = np.prod(kernel, axis=-1)
+    y_sp = np.prod(out_spatial, axis=-1)
+    conv_w = in_c * out_c * k
+    fw = np.zeros(len(ptypes))
+    w = np.zeros(len(ptypes))
+    for i, t in enumerate(ptypes):
+        if t == "CONV":
+            fw[i], w[i] = 2.0 * conv_w[i] * y_sp[i], conv_w[i]
+        elif t in ("MPOOL", "APOOL"):
+            fw[i] = in_c[i] * out_c[i] * k[i] * y_sp[i]
+        elif t in ("RELU", "ADD"):
+            fw[i] = y_el[i]
+        elif t == "FC":
+            fw[i] = w[i] = in_c[i] * out_c[i]
+        elif t == "BNORM":
+            fw[i] = 4.0 * x_el[i]
+    return 2.0 * fw + w
+
+
+def oracle_layers(graph: LayerGraph) -> OracleLayers:
+    """ParaDL's per-layer table of ``graph`` (flatten rows bridged)."""
+    a = graph.unpadded()
+    n = graph.num_layers
+    kind = np.asarray(a.kind, dtype=int)
+    keep = np.flatnonzero(kind != LayerKind.FLATTEN)
+    if keep.size == 0:
+        raise ValueError(f"model {graph.model_name!r} has no layers besides flattens")
+    row_of = np.full(n, -1)
+    row_of[keep] = np.arange(keep.size)
+    # A flatten stands for its producer: edges through it are bridged.
+    producer = {}
+    for s, d in graph.edges:
+        if kind[d] == LayerKind.FLATTEN:
+            producer[d] = s
+    def resolve(i: int) -> int:
+        while i in producer:
+            i = producer[i]
+        return int(row_of[i])
+    edges = sorted({(resolve(s), int(row_of[d])) for s, d in graph.edges if kind[d] != LayerKind.FLATTEN})
+    edges = [(s, d) for s, d in edges if s >= 0]
+    m = keep.size
+    has_input = np.zeros(m, bool)
+    last = np.full(m, -1)
+    for s, d in edges:
+        has_input[d] = True
+        last[s] = max(last[s], d)
+    names = tuple(graph.names[i] for i in keep)
+    ptypes = tuple(_ptype(graph.names[i], kind[i]) for i in keep)
+    pick = lambda v: np.asarray(v, dtype=np.float64)[keep]
+    in_c, out_c = pick(a.in_channels), pick(a.out_channels)
+    in_sp, out_sp = pick(a.in_spatial), pick(a.out_spatial)
+    x_el, y_el = in_c * np.prod(in_sp, axis=-1), out_c * np.prod(out_sp, axis=-1)
+    k = pick(a.kernel)
+    return OracleLayers(
+        model_name=graph.model_name,
+        names=names,
+        ptypes=ptypes,
+        kind=kind[keep],
+        x_elements=x_el,
+        y_elements=y_el,
+        params=pick(a.params),
+        in_channels=in_c,
+        out_channels=out_c,
+        in_spatial=in_sp,
+        out_spatial=out_sp,
+        spatial_rank=pick(a.spatial_rank),
+        out_spatial_rank=pick(a.out_spatial_rank),
+        kernel=k,
+        stride=pick(a.stride),
+        dilation=pick(a.dilation),
+        flops=pick(a.flops_fwd) + pick(a.flops_bwd_data) + pick(a.flops_bwd_weight),
+        flops_compat=compat_flops(kind[keep], in_c, out_c, k, out_sp, x_el, y_el, ptypes),
+        inplace=np.array([t in _INPLACE for t in ptypes]),
+        source=~has_input,
+        sink=last < 0,
+        last_consumer=last,
+        measured_time_per_sample_s=graph.measured_time_per_sample_s,
+    )
+
+
+# -- .lc masks (§5) ------------------------------------------------------------------
+
+_LC_NAME = re.compile(r"^\s*(?:\d+\s+)?(\S*)\s*$")
+
+
+def parse_lc(text: str, layers: OracleLayers, *, source: str = "<lc>") -> np.ndarray:
+    """A ParaDL ``.lc`` mask (``IDX NAME |0`` or ``|1``, one line per ``.net``
+    layer, §5) as a bool array over ``layers``. The names must match the rows
+    (``RELU`` matches ``RELU_3``, the importer's numbering)."""
+    values, lines = [], []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        fields = line.split("|")
+        if len(fields) < 2:
+            raise ValueError(f"{source}:{lineno}: {line.strip()!r} has no '|'; expected 'IDX NAME |0' or '|1'")
+        v = fields[1].strip()
+        if v not in ("0", "1", ""):
+            raise ValueError(f"{source}:{lineno}: value {v!r} is not 0 or 1; expected 'IDX NAME |0' or '|1'")
+        match = _LC_NAME.match(fields[0])
+        values.append(v == "1")
+        lines.append((lineno, match.group(1) if match else ""))
+    if len(values) != layers.n:
+        raise ValueError(
+            f"{source}: {len(values)} mask lines for {layers.n} layers of {layers.model_name!r}; "
+            "expected one line per layer of the .net file, in order"
+        )
+    for k, ((lineno, name), have) in enumerate(zip(lines, layers.names, strict=True)):
+        if name and not (have == name or have.startswith(name + "_")):
+            raise ValueError(
+                f"{source}:{lineno}: mask entry {k} names {name!r} but layer {k} of the model is {have!r}; "
+                "expected the .net file's layer names, in order"
+            )
+    return np.asarray(values, dtype=bool)
+
+
+def load_lc(path: str | os.PathLike[str], layers: OracleLayers) -> np.ndarray:
+    """Read a ``.lc`` file (:func:`parse_lc`)."""
+    source = os.fspath(path)
+    with open(source, encoding="utf-8") as f:
+        return parse_lc(f.read(), layers, source=source)
+
+
+def lc_family(path: str | os.PathLike[str]) -> str:
+    """Which strategies a ``.lc`` file configures, from its name's prefix
+    (``filter_vgg.lc`` -> ``filter``), as the shipped files are named."""
+    base = os.path.basename(os.fspath(path)).lower()
+    for fam in MASK_FAMILIES:
+        if base.startswith(fam):
+            return fam
+    raise ValueError(
+        f"cannot tell which strategy {os.fspath(path)!r} configures; name it filter_*.lc, channel_*.lc or "
+        "spatial_*.lc, or pass FAMILY=FILE (e.g. filter=my.lc)"
+    )
+
+
+def default_masks(layers: OracleLayers, compat: bool) -> dict[str, np.ndarray]:
+    """Masks when no ``.lc`` is given. Compat: every layer (the original's
+    behaviour without ``--lc``). Default: filter = the convs (as the shipped
+    masks); channel = the convs not fed by the model input (§2: channel
+    parallelism starts at layer 2); spatial = every layer with spatial input
+    and output (split dim > 1) from the start to the first one without
+    (flatten, dense, global pool)."""
+    if compat:
+        ones = np.ones(layers.n, bool)
+        return {f: ones for f in MASK_FAMILIES}
+    conv = layers.kind == LayerKind.CONV
+    spatial_rows = (
+        (layers.spatial_rank > 0) & (layers.out_spatial_rank > 0) & (layers.kind != LayerKind.DENSE)
+        & (layers.in_spatial[:, 0] > 1) & (layers.out_spatial[:, 0] > 1)
+    )
+    stop = np.flatnonzero(~spatial_rows)
+    end = stop[0] if stop.size else layers.n
+    spatial = np.zeros(layers.n, bool)
+    spatial[:end] = spatial_rows[:end]
+    return {"filter": conv, "channel": conv & ~layers.source, "spatial": spatial}
+
+
+def resolve_masks(
+    layers: OracleLayers, compat: bool, given: Mapping[str, Sequence[bool] | np.ndarray] | None
+) -> dict[str, np.ndarray]:
+    """The default masks overridden by ``given``; a filter mask also serves
+    channel when no channel mask is given (ParaDL ran channel with
+    ``filter_vgg.lc``, §7.2)."""
+    masks = default_masks(layers, compat)
+    given = dict(given or {})
+    unknown = sorted(set(given) - set(MASK_FAMILIES))
+    if unknown:
+        raise ValueError(f"unknown mask family {unknown[0]!r}; expected one of {', '.join(MASK_FAMILIES)}")
+    for fam, m in given.items():
+        m = np.asarray(m, dtype=bool)
+        if m.shape != (layers.n,):
+            raise ValueError(f"{fam} mask has {m.size} entries for {layers.n} layers; expected one per layer")
+        masks[fam] = m
+    if "filter" in given and "channel" not in given:
+        masks["channel"] = masks["filter"]
+    return masks
+
+
+# -- compute time (§4.10) --------------------------------------------------------------
+
+
+def per_sample_compute_s(layers: OracleLayers, compat: bool, node_speed_flops_per_s: float) -> np.ndarray | None:
+    """Per-layer FW+BW seconds per sample, or ``None`` when it has to come from
+    the roofline. Measured: t_sample · flop_l / Σ flop (§4.10; compat uses the
+    original's FLOP formula, the default the graph's). Compat without a
+    measurement: flop_l / NODE_SPEED, as the original."""
+    fl = layers.flops_compat if compat else layers.flops
+    t = layers.measured_time_per_sample_s
+    if t:
+        total = float(np.sum(fl))
+        if total <= 0:
+            raise ValueError(f"model {layers.model_name!r} has no FLOPs to spread its measured time over")
+        return t * fl / total
+    if compat:
+        return fl / node_speed_flops_per_s
+    return None
+
+
+def layer_compute_s(
+    layers: OracleLayers,
+    hw: Hardware,
+    per_sample: np.ndarray | None,
+    samples: float,
+    split: np.ndarray | float,
+    bytes_per_item: float = 4.0,
+) -> np.ndarray:
+    """Seconds per iteration of each layer on one device that runs ``samples``
+    samples of it split ``split`` ways (channels, filters or rows).
+    Calibrated: linear in the work; roofline otherwise (weights read three
+    times and their gradient written once, activations moved 3δ(|x|+|y|))."""
+    split = np.broadcast_to(np.asarray(split, dtype=np.float64), (layers.n,))
+    if per_sample is not None:
+        return per_sample * samples / split
+    hwa = hardware_arrays(hw, "float32")
+    work = samples / split
+    acts = 3.0 * bytes_per_item * (layers.x_elements + layers.y_elements) * work
+    moved = acts + 4.0 * bytes_per_item * layers.params / split
+    eff = op_class_efficiency(hwa, jnp.asarray(layers.kind))
+    t = roofline_s(hwa, jnp.asarray(layers.flops * work, jnp.float32), jnp.asarray(moved, jnp.float32), eff)
+    return np.asarray(t, dtype=np.float64)
+
+
+def weight_update_s(hw: Hardware, params: float, optimizer_slots: int, bytes_per_item: float = 4.0) -> float:
+    """An optimizer step is memory-bound: read w and dL/dw, write w, and read
+    and write each optimizer slot: (3 + 2·slots)·δ·|w| bytes at the
+    attained HBM bandwidth (the WU term of §4.1, which the original drops)."""
+    if params <= 0:
+        return 0.0
+    bw = hw.device.memory_bandwidth_bytes_per_s * hw.device.efficiency["memory"]
+    return (3.0 + 2.0 * optimizer_slots) * bytes_per_item * params / bw
+
