@@ -17,7 +17,7 @@ from planner.cli import main
 from planner.netfile import parse_net
 
 REPO = Path(__file__).resolve().parents[1]
-MODELS = REPO.parent / "shared" / "reference" / "paradl" / "models"
+from reference_files import PARADL_MODELS as MODELS  # noqa: E402
 
 LAYER_KEYS = {
     "name", "kind", "input_shape", "output_shape", "params", "flops_forward", "flops_backward", "activation_bytes",

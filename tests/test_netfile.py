@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +11,8 @@ import pytest
 from planner.graph import LayerGraph, LayerKind
 from planner.netfile import layer_type, load_net, paradl_totals, parse_net
 
-MODELS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "paradl" / "models"
+from reference_files import MISSING_REASON
+from reference_files import PARADL_MODELS as MODELS
 
 # paradl.md §5 "Shipped networks" (per sample, elements; Σx and Σy exclude
 # ReLU/BN) and §4.10 (measured FW+BW time per sample, seconds): the
@@ -27,9 +27,7 @@ TABLE = {
     "COSMOFLOW.net_256": (25, (4, 256, 256, 256), 464_228_736, 397_119_876, 2_128_064, 0.263517898),
 }
 
-needs_models = pytest.mark.skipif(
-    not MODELS.is_dir(), reason=f"ParaDL model files not found at {MODELS} (../shared next to the repo)"
-)
+needs_models = pytest.mark.skipif(not MODELS.is_dir(), reason=MISSING_REASON)
 
 TINY = """Dataset|Tiny
 Input|100x3x8x8

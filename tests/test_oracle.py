@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,15 +32,8 @@ from planner.cli import main
 from planner.oracle_report import net_dataset_size, oracle
 
 
-def _reference() -> Path:
-    here = Path(__file__).resolve()
-    for root in (here.parents[2] / "shared" / "reference", here.parents[1] / "shared" / "reference"):
-        if root.is_dir():
-            return root
-    return here.parents[2] / "shared" / "reference"
+from reference_files import PARADL_MODELS as MODELS  # noqa: E402
 
-
-MODELS = _reference() / "paradl" / "models"
 RESNET = MODELS / "RESNET50_ImageNet_profall.net_sc"
 VGG = MODELS / "VGG_ImageNet_profall.net_sc"
 needs_models = pytest.mark.skipif(

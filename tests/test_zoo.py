@@ -162,12 +162,11 @@ def test_forward_flops_match_xla(name):
 
 
 def _paradl_models_dir() -> Path:
-    repo = Path(__file__).resolve().parents[1]
-    for root in (repo / "shared", repo.parent / "shared"):
-        d = root / "reference" / "paradl" / "models"
-        if d.is_dir():
-            return d
-    pytest.skip("ParaDL reference files (../shared/reference/paradl/models) not found")
+    from reference_files import MISSING_REASON, PARADL_MODELS
+
+    if not PARADL_MODELS.is_dir():
+        pytest.skip(MISSING_REASON)
+    return PARADL_MODELS
 
 
 def _net_rows(path: Path) -> list[tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
