@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import json
 import math
 from typing import Any, NamedTuple
@@ -241,6 +242,16 @@ class LayerGraph:
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of what the plan depends on: every layer's name, kind,
+        shapes, counts and the edges (not the model name, the measured time or
+        the padding). Plans record it; applying a plan to a model whose graph
+        has another fingerprint is an error."""
+        d = self.to_dict()
+        body = json.dumps({"input_shape": d["input_shape"], "layers": d["layers"], "edges": d["edges"]}, sort_keys=True)
+        return "sha256:" + hashlib.sha256(body.encode()).hexdigest()[:32]
 
     @classmethod
     def from_dict(cls, data: Any) -> LayerGraph:

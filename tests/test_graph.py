@@ -252,3 +252,11 @@ def test_totals_are_exact_beyond_float32():
 
 def test_every_test_sees_eight_cpu_devices(devices):
     assert len(devices) == 8 and {d.platform for d in devices} == {"cpu"}
+
+
+def test_fingerprint_tracks_structure_not_names_of_the_model():
+    a, b = _chain(3, 8, "one"), _chain(3, 8, "two")
+    assert a.fingerprint == b.fingerprint and a.fingerprint.startswith("sha256:")
+    assert _chain(3, 16, "one").fingerprint != a.fingerprint
+    assert a.padded(layers=64).fingerprint == a.fingerprint
+    assert LayerGraph.from_json(a.to_json()).fingerprint == a.fingerprint
