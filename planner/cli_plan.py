@@ -1,11 +1,148 @@
-"""``shardplan plan``: per-layer planning on the command line (issue 5; not yet available)."""
+"""``shardplan plan``: search the fastest per-layer sharding of a model.
+
+``shardplan plan MODEL --devices P [--memory-limit 16GiB] [--hardware NAME|FILE]
+[--batch B | --batch-per-device b] [--method auto|gradient|dp|milp] [--seed S]
+[--dtype float32|bfloat16] [--optimizer sgd|momentum|adam] [--calibration FILE]
+[--allow-cross-node-model-axis] [--json] [-o plan.json]``
+
+Prints the per-layer plan (strategy, compute, communication, resharding,
+memory), the mesh, the predicted iteration time and its speed-up over pure
+data parallelism: a rich table on a terminal, JSON otherwise (or with
+``--json``; the keys of ``shardplan evaluate --json`` plus ``mesh``,
+``method``, ``seconds`` and the search's own). ``-o FILE`` writes the plan
+JSON as well (``shardplan evaluate --plan FILE`` reads it back). Same inputs
+and seed give the same plan. When no plan fits the memory limit the command
+prints one line saying the smallest limit that would fit and exits with 1;
+usage errors exit with 2.
+"""
 
 from __future__ import annotations
 
+import argparse
+import sys
 from typing import Any
 
 __all__ = ["add_plan_commands"]
 
 
+def _progress(console: Any):
+    """A callback that shows the search's stages on a terminal (stderr)."""
+    status = console.status("planning ...")
+    status.start()
+
+    def callback(event) -> None:
+        status.update(f"{event.stage}: {event.message}")
+        if event.stage == "done":
+            status.stop()
+
+    return callback, status
+
+
+def _render(data: dict[str, Any], output: str | None) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from planner._format import format_bytes
+
+    d, m = data["mesh"]
+    speedup = data["speedup_over_data_parallel"]
+    vs_dp = (
+        f", {speedup:.3f}x pure data parallelism ({data['data_parallel_iteration_s'] * 1e3:.3f} ms)"
+        if speedup is not None else ""
+    )
+    title = (
+        f"{data['model']} on {data['devices']} x {data['hardware']}, mesh {d}x{m} (data x model), "
+        f"batch {data['batch']}, {data['dtype']}, {data['optimizer']}: "
+        f"{data['iteration_s'] * 1e3:.3f} ms/iteration{vs_dp}"
+    )
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False)
+    for col, just in (("name", "left"), ("kind", "left"), ("strategy", "left"), ("compute ms", "right"),
+                      ("comm ms", "right"), ("reshard ms", "right"), ("memory", "right")):
+        table.add_column(col, justify=just, overflow="fold")
+    for r in data["layers"]:
+        table.add_row(r["name"], r["kind"], r["strategy"], f"{r['compute_s'] * 1e3:.4f}", f"{r['comm_s'] * 1e3:.4f}",
+                      f"{r['reshard_s'] * 1e3:.4f}", format_bytes(r["memory_bytes"]))
+    console = Console()
+    console.print(table)
+    gap = data["optimality_gap"]
+    gap_text = "optimal" if gap == 0 else (f"within {gap:.2%} of optimal" if gap is not None else "no optimality bound")
+    console.print(
+        f"memory {format_bytes(data['memory_bytes_per_device'])} per device (limit "
+        f"{format_bytes(data['memory_limit_bytes'])}, device {format_bytes(data['memory_capacity_bytes'])}); "
+        f"method {data['method']} ({gap_text}), seed {data['seed']}, searched {len(data['meshes'])} mesh shape(s) "
+        f"in {data['seconds']:.2f} s" + (f"; written to {output}" if output else ""),
+        highlight=False,
+    )
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from costmodels import load_calibration, load_hardware
+    from planner.cli import PROG, _one_line, load_model
+    from planner.plan import InfeasibleMemoryError, parse_memory_limit, plan
+
+    limit = parse_memory_limit(args.memory_limit) if args.memory_limit is not None else None
+    graph = load_model(args.model)
+    hw = load_hardware(args.hardware)
+    calibration = load_calibration(args.calibration) if args.calibration else None
+    as_json = args.json or not sys.stdout.isatty()
+    callback, status = None, None
+    if not as_json and sys.stderr.isatty():
+        from rich.console import Console
+
+        callback, status = _progress(Console(stderr=True))
+    try:
+        result = plan(
+            graph, devices=args.devices, hardware=hw, memory_limit=limit, batch=args.batch,
+            batch_per_device=args.batch_per_device, method=args.method, seed=args.seed, dtype=args.dtype,
+            optimizer=args.optimizer, allow_cross_node_model_axis=args.allow_cross_node_model_axis,
+            calibration=calibration, callback=callback,
+        )
+    except InfeasibleMemoryError as e:
+        print(f"{PROG}: error: {_one_line(str(e))}", file=sys.stderr)
+        return 1
+    finally:
+        if status is not None:
+            status.stop()
+    if args.output:
+        try:
+            result.write(args.output)
+        except OSError as e:
+            raise ValueError(f"cannot write {args.output}: {e.strerror or e}; give a writable path to -o") from None
+    data = result.to_dict()
+    if as_json:
+        print(result.to_json())
+    else:
+        _render(data, args.output)
+    return 0
+
+
 def add_plan_commands(sub: Any) -> None:
-    """Register ``plan`` on an argparse subparsers object (nothing yet)."""
+    """Register ``plan`` on an argparse subparsers object."""
+    from search import METHODS
+
+    pl = sub.add_parser(
+        "plan", help="search the fastest per-layer sharding within a memory limit",
+        description="Search the fastest per-layer sharding of a model on P devices within a memory limit, "
+                    "over every data x model mesh shape; print it and optionally write it.",
+    )
+    pl.add_argument("model", metavar="MODEL",
+                    help="built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory")
+    pl.add_argument("--devices", type=int, required=True, metavar="P", help="number of devices")
+    pl.add_argument("--memory-limit", metavar="SIZE",
+                    help="per device, e.g. 16GiB, 16GB, 500MiB or bytes (default: the device's memory)")
+    pl.add_argument("--hardware", default="abci-v100", metavar="NAME|FILE", help="preset or JSON file (default abci-v100)")
+    batch = pl.add_mutually_exclusive_group()
+    batch.add_argument("--batch", type=int, metavar="B", help="global batch")
+    batch.add_argument("--batch-per-device", type=int, metavar="b", help="samples per device (default 32)")
+    pl.add_argument("--method", choices=METHODS, default="auto",
+                    help="auto (DP on chains, else gradient), gradient, dp (chains) or milp (default auto)")
+    pl.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the gradient search (default 0)")
+    pl.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    pl.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="adam")
+    pl.add_argument("--calibration", metavar="FILE", help="measured per-layer times (shardplan profile)")
+    pl.add_argument("--allow-cross-node-model-axis", action="store_true",
+                    help="also try model axes larger than one node")
+    pl.add_argument("--json", action="store_true", help="print JSON even on a terminal")
+    pl.add_argument("-o", "--output", metavar="FILE", help="write the plan as JSON to FILE")
+    pl.set_defaults(run=_run_plan)

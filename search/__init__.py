@@ -1,4 +1,56 @@
 """Search over per-layer shardings: relaxation, gradient search, discrete
-refinement and exact solvers (issue 5). Never imports flax."""
+refinement and exact solvers (issue 5). Never imports flax.
 
-__all__: list[str] = []
+``solve(table, memory_limit, method="auto"|"gradient"|"dp"|"milp", seed,
+callback) -> Solution`` is the entry point; ``solve_many`` plans several
+same-shaped tables (mesh shapes) together. See ``docs/search.md``.
+
+Note: the package attribute ``search.solve`` is the function; the module is
+``sys.modules["search.solve"]`` (``from search.solve import ...`` works as
+usual)."""
+
+from search.brute import solve_brute
+from search.dp import DPResult, solve_dp
+from search.gradient import GradientConfig, RelaxedResult, relaxed_search
+from search.milp import MILPResult, solve_milp
+from search.problem import (
+    DiscreteProblem,
+    MinimumMemory,
+    chain_order,
+    discrete_problem,
+    minimum_memory,
+    plan_memory,
+    plan_time,
+)
+from search.refine import local_search, repair
+from search.relax import relaxed_probs, round_probs
+from search.solution import HistoryEntry, SearchEvent, Solution
+from search.solve import METHODS, solve, solve_many
+
+__all__ = [
+    "METHODS",
+    "DPResult",
+    "DiscreteProblem",
+    "GradientConfig",
+    "HistoryEntry",
+    "MILPResult",
+    "MinimumMemory",
+    "RelaxedResult",
+    "SearchEvent",
+    "Solution",
+    "chain_order",
+    "discrete_problem",
+    "local_search",
+    "minimum_memory",
+    "plan_memory",
+    "plan_time",
+    "relaxed_probs",
+    "relaxed_search",
+    "repair",
+    "round_probs",
+    "solve",
+    "solve_brute",
+    "solve_dp",
+    "solve_milp",
+    "solve_many",
+]

@@ -1,0 +1,239 @@
+"""Search quality and speed: the gradient method (relaxed search + discrete
+refinement) against the exact optimum (DP on chains, MILP on DAGs), and the
+wall time of each method side by side.
+
+Instances: VGG16, ResNet-50, ResNet-152, AlexNet, CosmoFlow-256 and a
+1,000-layer synthetic chain; P in {8, 64, 256, 1024}; two hardware presets;
+three memory limits each: loose (the device's memory, or twice the smallest
+feasible limit if that is larger), tight (0.1 % above the smallest limit
+any plan needs, exact) and infeasible (1 % below it). Every instance
+searches every mesh shape d x m = P with the model axis inside a node, at
+32 samples per device (CosmoFlow: 1, as one 256^3 volume already needs ~6 GB). Times are after compilation (each model's shapes are
+compiled once before the timed runs; the first, compiling, runs are
+reported separately).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/search_quality.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from costmodels import (  # noqa: E402
+    CostSettings,
+    Strategy,
+    cost_table,
+    hardware_arrays,
+    load_hardware,
+)
+from planner import GraphBuilder  # noqa: E402
+from planner.plan import mesh_shapes, plan  # noqa: E402
+from planner.zoo import get_model  # noqa: E402
+from search import (  # noqa: E402
+    chain_order,
+    discrete_problem,
+    minimum_memory,
+    solve_dp,
+    solve_many,
+    solve_milp,
+)
+from search.problem import plan_memory, plan_time  # noqa: E402
+
+MODELS = ("vgg16", "resnet50", "resnet152", "alexnet", "cosmoflow-256", "chain1000")
+DEVICES = (8, 64, 256, 1024)
+HARDWARE = ("abci-v100", "dgx-a100")
+PER_DEVICE = {"cosmoflow-256": 1}  # samples per device; 32 for the others (a 256^3 volume needs ~6 GB)
+MILP_TIME_LIMIT_S = 300.0
+
+
+def synthetic_chain(layers: int = 1000):
+    """A 1,000-layer sequential CNN: four stages of conv3x3-BN-ReLU blocks
+    (64/128/256/512 channels on 32/16/8/4 pixels) with max pools between,
+    then flatten, dense 1024, ReLU, dense 10."""
+    b = GraphBuilder(f"chain{layers}", (3, 32, 32))
+    blocks = [83, 83, 83, 82]
+    x = b.input
+    for stage, (n, width) in enumerate(zip(blocks, (64, 128, 256, 512), strict=True)):
+        for i in range(n):
+            x = b.conv(f"s{stage}/b{i}/conv", x, width, 3, padding="SAME")
+            x = b.batch_norm(f"s{stage}/b{i}/bn", x)
+            x = b.relu(f"s{stage}/b{i}/relu", x)
+        if stage < 3:
+            x = b.max_pool(f"s{stage}/pool", x, 2)
+    x = b.flatten("flatten", x)
+    x = b.relu("fc/relu", b.dense("fc/0", x, 1024))
+    b.dense("fc/1", x, 10)
+    g = b.build()
+    assert g.num_layers == layers, g.num_layers
+    return g
+
+
+def tables_for(graph, hw, P):
+    B = PER_DEVICE.get(graph.model_name, 32) * P
+    meshes = mesh_shapes(P, B, hw.devices_per_node)
+    hwa = hardware_arrays(hw)
+    tables = []
+    for d, m in meshes:
+        t = cost_table(graph.arrays, hwa, float(B), float(d), float(m), CostSettings())
+        if B % (d * m):
+            t = t._replace(feasible=t.feasible.at[:, int(Strategy.DATA)].set(
+                t.feasible[:, int(Strategy.DATA)] & (t.layer_mask <= 0)))
+        tables.append(t)
+    jax.block_until_ready(tables)
+    return meshes, tables
+
+
+def exact_per_mesh(problems, limit, chain: bool):
+    """Best exact plan over the meshes with DP (chains) and MILP; times of each."""
+    out = {"dp_s": None, "milp_s": 0.0, "dp": None, "milp": None}
+    if chain:
+        t0 = time.perf_counter()
+        res = [solve_dp(p, limit) for p in problems]
+        out["dp_s"] = time.perf_counter() - t0
+        out["dp"] = res
+    t0 = time.perf_counter()
+    out["milp"] = [solve_milp(p, limit, time_limit_s=MILP_TIME_LIMIT_S) for p in problems]
+    out["milp_s"] = time.perf_counter() - t0
+    return out
+
+
+def best(results):
+    """(time, index, exact) of the fastest feasible result, or None."""
+    fits = [(r.time_s, i) for i, r in enumerate(results) if r.feasible]
+    if not fits:
+        return None
+    t, i = min(fits)
+    return t, i, bool(results[i].exact)
+
+
+def run(models, devices, hardware, quick: bool):
+    rows = []
+    header = (f"{'model':14s} {'hardware':9s} {'P':>5s} {'limit':>11s} {'GB':>8s} {'exact':>9s} {'mesh':>6s} "
+              f"{'gradient':>9s} {'mesh':>6s} {'ratio':>8s} {'grad s':>7s} {'dp s':>7s} {'milp s':>8s}")
+    print(header)
+    print("-" * len(header))
+    for name in models:
+        graph = synthetic_chain() if name == "chain1000" else get_model(name)
+        for hw_name in hardware:
+            hw = load_hardware(hw_name)
+            for P in devices:
+                meshes, tables = tables_for(graph, hw, P)
+                problems = [discrete_problem(t) for t in tables]
+                chain = chain_order(problems[0]) is not None
+                need = min(minimum_memory(p).memory_bytes for p in problems)
+                limits = {
+                    "loose": max(hw.device.memory_bytes, 2.0 * need),
+                    "tight": need * 1.001,
+                    "infeasible": need * 0.99,
+                }
+                solve_many(tables, limits["loose"], "gradient")  # compile (cached after the first)
+                for kind, limit in limits.items():
+                    t0 = time.perf_counter()
+                    grad = solve_many(tables, limit, "gradient")
+                    grad_s = time.perf_counter() - t0
+                    ex = exact_per_mesh(problems, limit, chain)
+                    ref = ex["dp"] if chain else ex["milp"]
+                    b_ex, b_gr = best(ref), best([_R(s) for s in grad])
+                    milp_b = best(ex["milp"])
+                    if b_ex and milp_b and chain and abs(milp_b[0] / b_ex[0] - 1) > 1e-5:
+                        print(f"  ! DP and MILP disagree: {b_ex[0]} vs {milp_b[0]}")
+                    ratio = b_gr[0] / b_ex[0] if (b_ex and b_gr) else None
+                    row = dict(model=name, hardware=hw_name, P=P, kind=kind, limit=limit,
+                               exact_feasible=b_ex is not None, grad_feasible=b_gr is not None,
+                               exact_time=b_ex[0] if b_ex else None, exact_proven=b_ex[2] if b_ex else None,
+                               exact_mesh=meshes[b_ex[1]] if b_ex else None,
+                               grad_time=b_gr[0] if b_gr else None, grad_mesh=meshes[b_gr[1]] if b_gr else None,
+                               ratio=ratio, grad_s=grad_s, dp_s=ex["dp_s"], milp_s=ex["milp_s"], dag=not chain)
+                    # every gradient plan must really fit
+                    for s, p in zip(grad, problems, strict=True):
+                        if s.feasible:
+                            assert plan_memory(p, s.choice) <= limit and abs(plan_time(p, s.choice) - s.time_s) < 1e-12
+                    rows.append(row)
+                    fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+                    mesh_txt = lambda m: "-" if m is None else f"{m[0]}x{m[1]}"  # noqa: E731
+                    print(f"{name:14s} {hw_name:9s} {P:5d} {kind:>11s} {limit / 1e9:8.3f} "
+                          f"{fmt(row['exact_time'] and row['exact_time'] * 1e3, '9.3f')} {mesh_txt(row['exact_mesh']):>6s} "
+                          f"{fmt(row['grad_time'] and row['grad_time'] * 1e3, '9.3f')} {mesh_txt(row['grad_mesh']):>6s} "
+                          f"{fmt(ratio, '8.5f')} {grad_s:7.3f} {fmt(ex['dp_s'], '7.3f')} {ex['milp_s']:8.3f}"
+                          + ("" if row["exact_proven"] in (None, True) else "  (exact solver not proven optimal)"),
+                          flush=True)
+    return rows
+
+
+class _R:
+    """A Solution seen as the exact results are (time_s, feasible, exact)."""
+
+    def __init__(self, s):
+        self.time_s, self.feasible, self.exact = s.time_s, s.feasible, False
+
+
+def summary(rows, timings):
+    feas = [r for r in rows if r["exact_feasible"]]
+    infeas = [r for r in rows if not r["exact_feasible"]]
+    ratios = np.array([r["ratio"] for r in feas if r["ratio"] is not None])
+    solved = sum(r["grad_feasible"] for r in feas)
+    reported = sum(not r["grad_feasible"] for r in infeas)
+    dag = [r for r in feas if r["dag"]]
+    speed = np.array([r["milp_s"] / r["grad_s"] for r in dag])
+    agg = sum(r["milp_s"] for r in dag) / max(sum(r["grad_s"] for r in dag), 1e-12)
+    by_kind = {k: np.array([r["milp_s"] / r["grad_s"] for r in dag if r["kind"] == k]) for k in ("loose", "tight")}
+    print()
+    print(f"instances {len(rows)} ({len(feas)} feasible, {len(infeas)} infeasible)")
+    print(f"gradient / exact time: median {np.median(ratios):.5f}, mean {ratios.mean():.5f}, worst {ratios.max():.5f} "
+          f"({sum(ratios <= 1.005)} of {ratios.size} within 0.5 %, {sum(ratios <= 1.02)} within 2 %)")
+    worst = feas[int(np.argmax([r["ratio"] for r in feas]))]
+    print(f"worst instance: {worst['model']} {worst['hardware']} P={worst['P']} {worst['kind']}")
+    print(f"feasible instances solved feasibly by the gradient method: {solved} of {len(feas)}")
+    print(f"infeasible instances reported infeasible: {reported} of {len(infeas)}")
+    print(f"DAG models (feasible instances), MILP time / gradient time: median {np.median(speed):.1f}x, "
+          f"min {speed.min():.1f}x, max {speed.max():.1f}x, aggregate {agg:.1f}x over {len(dag)} instances; "
+          + ", ".join(f"{k}: median {np.median(v):.1f}x (min {v.min():.1f}x)" for k, v in by_kind.items()))
+    for k, v in timings.items():
+        print(f"{k}: {v}")
+    print("SUMMARY median_ratio={:.5f} worst_ratio={:.5f} feasible_solved={}/{} infeasible_reported={}/{} "
+          "milp_over_gradient_median={:.1f}x aggregate={:.1f}x".format(
+              np.median(ratios), ratios.max(), solved, len(feas), reported, len(infeas), np.median(speed), agg))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="two models, two device counts")
+    args = ap.parse_args()
+    print(f"jax {jax.__version__}, {jax.device_count()} {jax.devices()[0].platform} device(s), "
+          f"{os.cpu_count()} cpu(s)")
+    timings = {}
+    # the 1,000-layer chain first, in a fresh process: compilation included
+    t0 = time.perf_counter()
+    chain = synthetic_chain()
+    p = plan(chain, devices=64, hardware="dgx-a100", method="gradient")
+    timings["chain1000 on 64 x dgx-a100, gradient, incl. compilation"] = f"{time.perf_counter() - t0:.2f} s (mesh {p.mesh[0]}x{p.mesh[1]})"
+    t0 = time.perf_counter()
+    plan(chain, devices=64, hardware="dgx-a100", method="gradient")
+    timings["chain1000 on 64 x dgx-a100, gradient, compiled"] = f"{time.perf_counter() - t0:.2f} s"
+    t0 = time.perf_counter()
+    plan(chain, devices=64, hardware="dgx-a100", method="dp")
+    timings["chain1000 on 64 x dgx-a100, dp"] = f"{time.perf_counter() - t0:.2f} s"
+    t0 = time.perf_counter()
+    plan("resnet50", devices=256, hardware="dgx-a100")
+    timings["resnet50 on 256 x dgx-a100, auto (gradient), incl. compilation"] = f"{time.perf_counter() - t0:.2f} s"
+    runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        plan("resnet50", devices=256, hardware="dgx-a100")
+        runs.append(time.perf_counter() - t0)
+    timings["resnet50 on 256 x dgx-a100, auto (gradient), compiled, best of 3"] = f"{min(runs):.3f} s"
+    models = ("vgg16", "resnet50") if args.quick else MODELS
+    devices = (8, 256) if args.quick else DEVICES
+    rows = run(models, devices, HARDWARE, args.quick)
+    summary(rows, timings)
+
+
+if __name__ == "__main__":
+    main()

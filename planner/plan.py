@@ -1,0 +1,348 @@
+"""``plan``: the fastest per-layer sharding of a model on ``P`` devices
+within a memory limit, over every mesh shape ``d x m = P``.
+
+For each factorisation (the model axis within one node unless allowed
+otherwise, the data axis dividing the global batch) the cost model builds a
+:class:`~costmodels.CostTable` (one compilation serves every mesh: ``d`` and
+``m`` are traced), and :func:`search.solve_many` plans all meshes together
+(the gradient search vmapped over them). The fastest plan that fits wins
+(ties: the smaller model axis). A :class:`Plan` is plain data: the mesh, the
+per-layer strategies and predicted costs (from :func:`planner.evaluate.evaluate`,
+so ``shardplan evaluate --plan`` on the written file reproduces them), the
+speed-up over pure data parallelism, and how the search went.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import time as _time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from costmodels import (
+    CollectiveRecord,
+    CostSettings,
+    Hardware,
+    Strategy,
+    cost_table,
+    hardware_arrays,
+    load_hardware,
+)
+from costmodels.calibration import Calibration, calibration_arrays
+from planner.evaluate import LayerCost, evaluate, resolve_batch
+from planner.graph import LayerGraph
+from search import (
+    GradientConfig,
+    SearchEvent,
+    Solution,
+    discrete_problem,
+    minimum_memory,
+    solve_many,
+)
+
+__all__ = [
+    "PLAN_SCHEMA",
+    "PLAN_VERSION",
+    "AXIS_NAMES",
+    "InfeasibleMemoryError",
+    "MeshResult",
+    "Plan",
+    "mesh_shapes",
+    "parse_memory_limit",
+    "plan",
+]
+
+PLAN_SCHEMA = "shardplan/plan"
+PLAN_VERSION = 1
+AXIS_NAMES = ("data", "model")
+
+_UNITS = {
+    "": 1.0, "b": 1.0,
+    "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+    "kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30, "tib": 2.0**40,
+}
+_MEMORY = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*")
+
+
+class InfeasibleMemoryError(ValueError):
+    """No plan on any mesh fits the memory limit. ``required_bytes`` is the
+    smallest limit under which some plan fits."""
+
+    def __init__(self, message: str, required_bytes: float) -> None:
+        super().__init__(message)
+        self.required_bytes = required_bytes
+
+
+def parse_memory_limit(value: float | int | str) -> float:
+    """Bytes from a number of bytes or a string with a unit: ``"16GiB"``,
+    ``"16GB"``, ``"500MiB"``, ``"1.5e9"`` (units B, kB, MB, GB, TB, KiB, MiB,
+    GiB, TiB; decimal units are powers of 1000, binary ones of 1024)."""
+    if isinstance(value, bool):
+        raise ValueError(f"memory limit must be bytes or a size like '16GiB', got {value!r}")
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        nbytes = float(value)
+    elif isinstance(value, str):
+        match = _MEMORY.fullmatch(value)
+        if not match:
+            raise ValueError(f"memory limit {value!r} is not a size; write e.g. 16GiB, 16GB, 500MiB or 17179869184")
+        unit = match.group(2).lower()
+        if unit not in _UNITS:
+            raise ValueError(
+                f"unknown unit {match.group(2)!r} in memory limit {value!r}; use B, kB, MB, GB, TB, KiB, MiB, GiB or TiB"
+            )
+        nbytes = float(match.group(1)) * _UNITS[unit]
+    else:
+        raise ValueError(f"memory limit must be bytes or a size like '16GiB', got {type(value).__name__}")
+    if not (nbytes > 0 and math.isfinite(nbytes)):
+        raise ValueError(f"memory limit must be a positive size, got {value!r}")
+    return nbytes
+
+
+def mesh_shapes(devices: int, batch: int, devices_per_node: int, allow_cross_node_model_axis: bool = False
+                ) -> list[tuple[int, int]]:
+    """Every ``(d, m)`` with ``d * m = devices`` whose data axis divides the
+    batch and (unless allowed) whose model axis fits in one node; by ``m``."""
+    if devices < 1:
+        raise ValueError(f"devices must be a positive integer, got {devices}")
+    shapes = []
+    for m in range(1, devices + 1):
+        if devices % m:
+            continue
+        d = devices // m
+        if batch % d:
+            continue
+        if m > devices_per_node and not allow_cross_node_model_axis:
+            continue
+        shapes.append((d, m))
+    if not shapes:
+        raise ValueError(
+            f"batch {batch} is not divisible by any data-parallel degree d of {devices} devices with a model axis "
+            f"of at most {devices_per_node} (one node); use a batch that is a multiple of {devices // max(1, min(devices, devices_per_node))}"
+            " or allow a cross-node model axis"
+        )
+    return shapes
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshResult:
+    """The best plan found on one mesh shape."""
+
+    mesh: tuple[int, int]
+    feasible: bool
+    iteration_s: float | None  # None when nothing fits on this mesh
+    memory_bytes_per_device: float
+    min_memory_bytes: float  # the smallest memory any plan needs on this mesh
+    method: str
+    optimality_gap: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "mesh": list(self.mesh)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A per-layer sharding plan and its predicted costs (plain data)."""
+
+    model: str
+    hardware: str
+    devices: int
+    mesh: tuple[int, int]  # (d, m)
+    axis_names: tuple[str, str]
+    batch: int  # global
+    dtype: str
+    optimizer: str
+    layers: tuple[LayerCost, ...]  # name, kind, strategy and predicted costs per layer
+    collectives: tuple[CollectiveRecord, ...]
+    iteration_s: float  # predicted seconds per iteration
+    memory_bytes_per_device: float
+    memory_capacity_bytes: float
+    memory_limit_bytes: float
+    data_parallel_iteration_s: float | None  # pure data parallelism on all devices (None if the batch does not split)
+    data_parallel_memory_bytes: float | None
+    speedup_over_data_parallel: float | None
+    method: str  # the method that produced the plan
+    seed: int
+    seconds: float  # search wall time
+    optimality_gap: float | None  # relative, when an exact bound is known (0 = optimal)
+    meshes: tuple[MeshResult, ...]  # every mesh shape searched
+
+    @property
+    def strategies(self) -> dict[str, str]:
+        """Layer name -> strategy name."""
+        return {r.name: r.strategy for r in self.layers}
+
+    @property
+    def fits_memory(self) -> bool:
+        return self.memory_bytes_per_device <= self.memory_capacity_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the keys of ``shardplan evaluate --json`` plus the search's."""
+        return {
+            "schema": PLAN_SCHEMA,
+            "version": PLAN_VERSION,
+            "model": self.model,
+            "hardware": self.hardware,
+            "devices": self.devices,
+            "mesh": list(self.mesh),
+            "axis_names": list(self.axis_names),
+            "batch": self.batch,
+            "dtype": self.dtype,
+            "optimizer": self.optimizer,
+            "iteration_s": self.iteration_s,
+            "memory_bytes_per_device": self.memory_bytes_per_device,
+            "memory_capacity_bytes": self.memory_capacity_bytes,
+            "memory_limit_bytes": self.memory_limit_bytes,
+            "fits_memory": self.fits_memory,
+            "data_parallel_iteration_s": self.data_parallel_iteration_s,
+            "data_parallel_memory_bytes": self.data_parallel_memory_bytes,
+            "speedup_over_data_parallel": self.speedup_over_data_parallel,
+            "method": self.method,
+            "seed": self.seed,
+            "seconds": self.seconds,
+            "optimality_gap": self.optimality_gap,
+            "layers": [dataclasses.asdict(r) for r in self.layers],
+            "collectives": [{**dataclasses.asdict(c), "axes": list(c.axes)} for c in self.collectives],
+            "meshes": [m.to_dict() for m in self.meshes],
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+
+def _format_up(nbytes: float) -> str:
+    """Decimal units, rounded up so that the printed size is enough."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{math.ceil(nbytes / scale * 100) / 100:.2f} {unit}"
+    return f"{math.ceil(nbytes):.0f} B"
+
+
+def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshes) -> tuple[str, float]:
+    mins = [minimum_memory(p) for p in problems]
+    k = int(np.argmin([m.memory_bytes for m in mins]))
+    p, mm = problems[k], mins[k]
+    rows = np.arange(p.num_layers)
+    persistent = p.persistent_bytes[rows, mm.choice]
+    state = p.state_bytes[rows, mm.choice]
+    top = np.argsort(-persistent, kind="stable")[:3]
+    parts = ", ".join(
+        f"{graph.names[i]} {_format_up(persistent[i])} ({_format_up(state[i])} weights and optimizer state, "
+        f"{_format_up(persistent[i] - state[i])} activations)"
+        for i in top
+    )
+    ws = p.workspace_bytes[rows, mm.choice]
+    w = int(np.argmax(ws))
+    d, m = meshes[k]
+    need = _format_up(mm.memory_bytes)
+    message = (
+        f"no plan of {graph.model_name} on {P} devices fits {_format_up(limit)} per device: the smallest memory "
+        f"limit any plan needs is {need} ({mm.memory_bytes:,.0f} bytes, on mesh {d}x{m}), of which "
+        f"{_format_up(float(persistent.sum()))} are weights, optimizer state and activations kept for the backward "
+        f"pass (largest: {parts}) and {_format_up(ws[w])} the largest transient workspace (at {graph.names[w]}); "
+        f"raise the memory limit to at least {need}, use more devices or a smaller batch"
+    )
+    return message, mm.memory_bytes
+
+
+def plan(
+    model: str | LayerGraph,
+    *,
+    devices: int,
+    hardware: str | Path | Hardware = "abci-v100",
+    memory_limit: float | int | str | None = None,
+    batch: int | None = None,
+    batch_per_device: int | None = None,
+    method: str = "auto",
+    seed: int = 0,
+    dtype: str = "float32",
+    optimizer: str = "adam",
+    allow_cross_node_model_axis: bool = False,
+    calibration: Calibration | None = None,
+    callback: Callable[[SearchEvent], None] | None = None,
+    config: GradientConfig = GradientConfig(),
+) -> Plan:
+    """The fastest plan of ``model`` (a zoo name or a :class:`LayerGraph`) on
+    ``devices`` devices of ``hardware`` within ``memory_limit`` per device
+    (default: the device's memory), searching every mesh shape. Raises
+    :class:`InfeasibleMemoryError` (a ``ValueError``) when nothing fits."""
+    start = _time.perf_counter()
+    if isinstance(model, str):
+        from planner.zoo import get_model
+
+        graph = get_model(model)
+    elif isinstance(model, LayerGraph):
+        graph = model
+    else:
+        raise ValueError(f"model must be a built-in model name or a LayerGraph, got {type(model).__name__}")
+    hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
+    P = int(devices)
+    B = resolve_batch(P, batch, batch_per_device)
+    limit = hw.device.memory_bytes if memory_limit is None else parse_memory_limit(memory_limit)
+    meshes = mesh_shapes(P, B, hw.devices_per_node, allow_cross_node_model_axis)
+    settings = CostSettings(dtype=dtype, optimizer=optimizer)
+    hwa = hardware_arrays(hw, dtype)
+    cal = calibration_arrays(calibration, graph) if calibration is not None else None
+    if callback is not None:
+        callback(SearchEvent("tables", f"{graph.model_name}: {len(meshes)} mesh shape(s) on {P} devices, batch {B}"))
+    tables = []
+    for d, m in meshes:
+        t = cost_table(graph.arrays, hwa, float(B), float(d), float(m), settings, cal)
+        if B % (d * m):  # data parallelism needs whole samples on every device
+            t = t._replace(feasible=t.feasible.at[:, int(Strategy.DATA)].set(t.feasible[:, int(Strategy.DATA)]
+                                                                               & (t.layer_mask <= 0)))
+        tables.append(t)
+    solutions: list[Solution] = solve_many(tables, limit, method, seed, callback, config=config)
+    results = tuple(
+        MeshResult(mesh, s.feasible, s.time_s if s.feasible else None, s.memory_bytes, s.min_memory_bytes,
+                   s.method, s.optimality_gap)
+        for mesh, s in zip(meshes, solutions, strict=True)
+    )
+    fitting = [i for i, s in enumerate(solutions) if s.feasible]
+    if not fitting:
+        message, required = _infeasible_message(graph, P, limit, [discrete_problem(t) for t in tables], meshes)
+        raise InfeasibleMemoryError(message, required)
+    best = min(fitting, key=lambda i: (solutions[i].time_s, i))
+    sol = solutions[best]
+    d, m = meshes[best]
+    mapping = dict(zip(graph.names, sol.strategies, strict=True))
+    ev = evaluate(graph, hw, P, mesh=(d, m), plan=mapping, batch=B, dtype=dtype, optimizer=optimizer,
+                  calibration=calibration)
+    dp_time = dp_memory = speedup = None
+    if B % P == 0:
+        base = evaluate(graph, hw, P, mesh=(P, 1), strategy="data", batch=B, dtype=dtype, optimizer=optimizer,
+                        calibration=calibration)
+        dp_time, dp_memory = base.iteration_s, base.memory_bytes_per_device
+        speedup = dp_time / ev.iteration_s if ev.iteration_s > 0 else None
+    return Plan(
+        model=graph.model_name,
+        hardware=hw.name,
+        devices=P,
+        mesh=(d, m),
+        axis_names=AXIS_NAMES,
+        batch=B,
+        dtype=dtype,
+        optimizer=optimizer,
+        layers=ev.layers,
+        collectives=ev.collectives,
+        iteration_s=ev.iteration_s,
+        memory_bytes_per_device=ev.memory_bytes_per_device,
+        memory_capacity_bytes=ev.memory_capacity_bytes,
+        memory_limit_bytes=limit,
+        data_parallel_iteration_s=dp_time,
+        data_parallel_memory_bytes=dp_memory,
+        speedup_over_data_parallel=speedup,
+        method=sol.method,
+        seed=seed,
+        seconds=_time.perf_counter() - start,
+        optimality_gap=sol.optimality_gap,
+        meshes=results,
+    )

@@ -1,0 +1,266 @@
+"""The discrete planning problem of one :class:`~costmodels.CostTable`, on
+the host in float64: the exact cost of a plan (one strategy per layer), the
+exact smallest memory any plan needs, and chain detection.
+
+Every discrete solver (:mod:`search.refine`, :mod:`search.dp`,
+:mod:`search.milp`, :mod:`search.brute`) scores plans with these functions,
+so they all optimise the same objective: for a plan ``c``
+
+``time(c) = sum_l layer_time[l, c_l] + sum_e reshard[e, c_src, c_dst]
+          - overlap * min(sum_l grad_sync[l, c_l], sum_l backward[l, c_l])``
+
+``memory(c) = sum_l (state + activations)[l, c_l] + max_l workspace[l, c_l]``
+
+which is :func:`costmodels.iteration_time` and
+:func:`costmodels.memory_per_device` at one-hot probabilities, summed in
+float64 instead of float32 (the table's values themselves are float32).
+
+Only real layers are kept (padding rows are dropped; they must come last,
+as :meth:`planner.LayerGraph.padded` puts them) and parallel edges between
+the same two layers are merged by summing their resharding tables.
+Infeasible strategies cost ``+inf`` time and memory.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import scipy.sparse
+
+__all__ = [
+    "DiscreteProblem",
+    "MinimumMemory",
+    "discrete_problem",
+    "plan_time",
+    "plan_memory",
+    "plan_times",
+    "plan_memories",
+    "minimum_memory",
+    "memory_by_workspace_cap",
+    "chain_order",
+]
+
+
+class DiscreteProblem(NamedTuple):
+    """One table's costs over its ``n`` real layers and ``e`` distinct edges."""
+
+    layer_time_s: np.ndarray  # [n, S] float64, +inf where the strategy cannot run the layer
+    persistent_bytes: np.ndarray  # [n, S] state + activations, +inf where infeasible
+    workspace_bytes: np.ndarray  # [n, S] transient, +inf where infeasible
+    state_bytes: np.ndarray  # [n, S] weights, gradients, optimizer state (for messages)
+    grad_sync_s: np.ndarray  # [n, S] (0 where infeasible)
+    backward_s: np.ndarray  # [n, S] (0 where infeasible)
+    feasible: np.ndarray  # [n, S] bool
+    edge_src: np.ndarray  # [e] int64
+    edge_dst: np.ndarray  # [e] int64
+    reshard_s: np.ndarray  # [e, S, S] float64
+    src_incidence: scipy.sparse.csr_matrix  # [n, e]: 1 where layer is the edge's source
+    dst_incidence: scipy.sparse.csr_matrix  # [n, e]: 1 where layer is the edge's destination
+    neighbor_ptr: np.ndarray  # [n + 1] CSR row pointers of the undirected adjacency
+    neighbor_idx: np.ndarray  # [...] neighbours of each layer
+    gradient_overlap: float
+    memory_capacity_bytes: float
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.layer_time_s.shape[0])
+
+    @property
+    def num_strategies(self) -> int:
+        return int(self.layer_time_s.shape[1])
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edge_src.shape[0])
+
+
+class MinimumMemory(NamedTuple):
+    """The smallest peak memory per device any plan needs, and one such plan."""
+
+    memory_bytes: float
+    choice: np.ndarray  # [n] int: a plan reaching it (ties: the faster layer strategy)
+    workspace_cap_bytes: float  # its largest workspace
+
+
+def _f64(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+def discrete_problem(table) -> DiscreteProblem:
+    """The :class:`DiscreteProblem` of one (unbatched) ``CostTable``."""
+    mask = _f64(table.layer_mask)
+    if mask.ndim != 1:
+        raise ValueError(f"expected one cost table, got a batch of shape {mask.shape}; index it first")
+    n = int(np.sum(mask > 0))
+    if np.any(mask[:n] <= 0) or np.any(mask[n:] > 0):
+        raise ValueError("the table's real layers must come first and its padding rows last")
+    feasible = np.asarray(table.feasible, dtype=bool)[:n]
+    no_option = np.flatnonzero(~feasible.any(axis=1))
+    if no_option.size:
+        raise ValueError(
+            f"layer(s) {no_option[:5].tolist()} can run no strategy on this mesh and batch; "
+            "choose a mesh whose data axis divides the batch"
+        )
+    inf = np.inf
+    layer_time = np.where(feasible, _f64(table.layer_time_s)[:n], inf)
+    state = _f64(table.state_bytes)[:n]
+    persistent = np.where(feasible, state + _f64(table.activation_bytes)[:n], inf)
+    workspace = np.where(feasible, _f64(table.workspace_bytes)[:n], inf)
+    grad = np.where(feasible, _f64(table.grad_sync_s)[:n], 0.0)
+    bwd = np.where(feasible, _f64(table.backward_compute_s)[:n], 0.0)
+
+    emask = _f64(table.edge_mask) > 0
+    src = np.asarray(table.edge_src, dtype=np.int64)[emask]
+    dst = np.asarray(table.edge_dst, dtype=np.int64)[emask]
+    reshard = _f64(table.reshard_s)[emask]
+    if src.size and (src.max() >= n or dst.max() >= n or np.any(src == dst)):
+        raise ValueError("edges must join two different real layers")
+    # merge parallel edges (same source and destination): their costs add up
+    key = src * max(n, 1) + dst
+    uniq, inverse = np.unique(key, return_inverse=True)
+    merged = np.zeros((uniq.size,) + reshard.shape[1:])
+    np.add.at(merged, inverse, reshard)
+    src, dst = uniq // max(n, 1), uniq % max(n, 1)
+    e = src.size
+    ones = np.ones(e)
+    src_inc = scipy.sparse.csr_matrix((ones, (src, np.arange(e))), shape=(n, e))
+    dst_inc = scipy.sparse.csr_matrix((ones, (dst, np.arange(e))), shape=(n, e))
+    adj = scipy.sparse.csr_matrix((np.ones(2 * e), (np.r_[src, dst], np.r_[dst, src])), shape=(n, n))
+    adj.sum_duplicates()
+    return DiscreteProblem(
+        layer_time_s=layer_time,
+        persistent_bytes=persistent,
+        workspace_bytes=workspace,
+        state_bytes=state,
+        grad_sync_s=grad,
+        backward_s=bwd,
+        feasible=feasible,
+        edge_src=src,
+        edge_dst=dst,
+        reshard_s=merged,
+        src_incidence=src_inc,
+        dst_incidence=dst_inc,
+        neighbor_ptr=np.asarray(adj.indptr, dtype=np.int64),
+        neighbor_idx=np.asarray(adj.indices, dtype=np.int64),
+        gradient_overlap=float(np.asarray(table.gradient_overlap)),
+        memory_capacity_bytes=float(np.asarray(table.memory_capacity_bytes)),
+    )
+
+
+# -- exact cost of plans ----------------------------------------------------------------
+
+
+def plan_times(p: DiscreteProblem, choices: np.ndarray) -> np.ndarray:
+    """Iteration seconds of plans ``choices`` [N, n] (``inf`` if any layer is infeasible)."""
+    c = np.asarray(choices, dtype=np.int64)
+    rows = np.arange(p.num_layers)
+    layer = p.layer_time_s[rows, c].sum(axis=-1)
+    edges = p.reshard_s[np.arange(p.num_edges), c[..., p.edge_src], c[..., p.edge_dst]].sum(axis=-1)
+    if p.gradient_overlap:
+        grad = p.grad_sync_s[rows, c].sum(axis=-1)
+        bwd = p.backward_s[rows, c].sum(axis=-1)
+        return layer + edges - p.gradient_overlap * np.minimum(grad, bwd)
+    return layer + edges
+
+
+def plan_memories(p: DiscreteProblem, choices: np.ndarray) -> np.ndarray:
+    """Peak bytes per device of plans ``choices`` [N, n]."""
+    c = np.asarray(choices, dtype=np.int64)
+    rows = np.arange(p.num_layers)
+    if p.num_layers == 0:
+        return np.zeros(c.shape[:-1])
+    return p.persistent_bytes[rows, c].sum(axis=-1) + p.workspace_bytes[rows, c].max(axis=-1)
+
+
+def plan_time(p: DiscreteProblem, choice) -> float:
+    """Iteration seconds of one plan ``choice`` [n]."""
+    return float(plan_times(p, np.asarray(choice)[None])[0])
+
+
+def plan_memory(p: DiscreteProblem, choice) -> float:
+    """Peak bytes per device of one plan ``choice`` [n]."""
+    return float(plan_memories(p, np.asarray(choice)[None])[0])
+
+
+# -- the smallest memory any plan needs ---------------------------------------------------
+
+
+def memory_by_workspace_cap(p: DiscreteProblem) -> tuple[np.ndarray, np.ndarray]:
+    """For every workspace cap ``w`` worth trying (every distinct workspace
+    value at which each layer has a strategy within the cap), the least
+    ``w + sum_l min{persistent[l, s] : workspace[l, s] <= w}``: the smallest
+    memory of any plan whose largest workspace is at most ``w``.
+
+    Returns ``(caps, memory)``, both ascending in ``caps``. Exact, and
+    separable over layers because memory does not depend on edges: each
+    layer's best persistent bytes is a step function of the cap, and the sum
+    of step functions is accumulated from sorted events."""
+    n = p.num_layers
+    if n == 0:
+        return np.zeros(1), np.zeros(1)
+    W = p.workspace_bytes
+    order = np.argsort(W, axis=1, kind="stable")  # infeasible (inf) last
+    Ws = np.take_along_axis(W, order, axis=1)
+    As = np.take_along_axis(p.persistent_bytes, order, axis=1)
+    best = np.minimum.accumulate(As, axis=1)
+    prev = np.concatenate([np.full((n, 1), np.inf), best[:, :-1]], axis=1)
+    changed = (best < prev) & np.isfinite(Ws)
+    first = changed & np.isinf(prev)
+    delta = np.where(first, best, best - np.where(np.isinf(prev), 0.0, prev))
+    ev_w, ev_delta, ev_first = Ws[changed], delta[changed], first[changed].astype(np.int64)
+    idx = np.argsort(ev_w, kind="stable")
+    ev_w, ev_delta, ev_first = ev_w[idx], ev_delta[idx], ev_first[idx]
+    total, covered = np.cumsum(ev_delta), np.cumsum(ev_first)
+    last = np.r_[ev_w[1:] != ev_w[:-1], True]  # the last event of each distinct cap
+    ev_w, total, covered = ev_w[last], total[last], covered[last]
+    caps = np.unique(W[np.isfinite(W)])  # every cap that changes which strategies are allowed
+    at = np.searchsorted(ev_w, caps, side="right") - 1  # the last event at or below each cap
+    ok = (at >= 0) & (covered[np.maximum(at, 0)] == n)
+    caps, at = caps[ok], at[ok]
+    return caps, caps + total[at]
+
+
+def _plan_within_cap(p: DiscreteProblem, cap: float) -> np.ndarray:
+    within = p.feasible & (p.workspace_bytes <= cap)
+    A = np.where(within, p.persistent_bytes, np.inf)
+    lowest = A.min(axis=1, keepdims=True)
+    tied = within & (A == lowest)
+    return np.argmin(np.where(tied, p.layer_time_s, np.inf), axis=1)
+
+
+def minimum_memory(p: DiscreteProblem) -> MinimumMemory:
+    """The exact smallest peak memory per device over all plans (for any
+    graph: memory has no edge terms), with a plan that reaches it."""
+    if p.num_layers == 0:
+        return MinimumMemory(0.0, np.zeros(0, dtype=np.int64), 0.0)
+    caps, mem = memory_by_workspace_cap(p)
+    k = int(np.argmin(mem))
+    choice = _plan_within_cap(p, float(caps[k]))
+    return MinimumMemory(plan_memory(p, choice), choice, float(caps[k]))
+
+
+# -- chains ---------------------------------------------------------------------------------
+
+
+def chain_order(p: DiscreteProblem) -> np.ndarray | None:
+    """An order of the layers in which every edge joins consecutive layers
+    (source first), or ``None`` if the graph is not a union of disjoint
+    paths. Sequential CNNs (VGG, AlexNet, CosmoFlow) are chains; residual
+    networks are not."""
+    n = p.num_layers
+    out_deg = np.bincount(p.edge_src, minlength=n)
+    in_deg = np.bincount(p.edge_dst, minlength=n)
+    if n and (out_deg.max(initial=0) > 1 or in_deg.max(initial=0) > 1):
+        return None
+    nxt = np.full(n, -1, dtype=np.int64)
+    nxt[p.edge_src] = p.edge_dst
+    order = []
+    for start in np.flatnonzero(in_deg == 0):  # path heads, in index order
+        v = int(start)
+        while v >= 0:
+            order.append(v)
+            v = int(nxt[v])
+    if len(order) != n:  # a cycle: not a DAG
+        return None
+    return np.asarray(order, dtype=np.int64)

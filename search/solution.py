@@ -1,0 +1,52 @@
+"""What a search returns (:class:`Solution`) and what it reports on the way
+(:class:`SearchEvent`, passed to the optional callback)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from costmodels.strategies import STRATEGY_NAMES
+
+__all__ = ["HistoryEntry", "SearchEvent", "Solution"]
+
+
+@dataclasses.dataclass(frozen=True)
+class HistoryEntry:
+    """One step of a search: a relaxed iterate or a discrete plan."""
+
+    stage: str  # relaxed | rounded | repaired | local_search | dp | milp | minimum_memory
+    time_s: float  # iteration time (relaxed or exact, as the stage says)
+    memory_bytes: float
+    fits: bool  # memory_bytes <= the limit
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchEvent:
+    """Progress, for a callback to render (library code never prints)."""
+
+    stage: str  # start | gradient | refine | dp | milp | done, or the planner's own stages
+    message: str
+    table: int | None = None  # which table of a batch (e.g. which mesh shape)
+    time_s: float | None = None  # best iteration time so far, if any
+
+
+@dataclasses.dataclass(frozen=True)
+class Solution:
+    """One strategy per real layer of a cost table, with its exact cost."""
+
+    choice: tuple[int, ...]  # Strategy code per real layer
+    time_s: float  # exact iteration time of the plan
+    memory_bytes: float  # exact peak memory per device of the plan
+    memory_limit_bytes: float
+    feasible: bool  # memory_bytes <= memory_limit_bytes (else: the smallest-memory plan)
+    min_memory_bytes: float  # the smallest memory any plan needs (exact)
+    method: str  # the method that produced the plan (gradient, dp, milp)
+    seed: int
+    lower_bound_s: float | None  # no plan within the limit is faster (exact methods)
+    optimality_gap: float | None  # (time - bound) / bound when a bound is known; 0 = optimal
+    seconds: float  # wall time of the search
+    history: tuple[HistoryEntry, ...] = ()
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        return tuple(STRATEGY_NAMES[s] for s in self.choice)

@@ -1,0 +1,192 @@
+"""``solve``: the fastest plan of a cost table within a memory limit.
+
+Methods:
+
+* ``"gradient"``: the relaxed gradient search (:mod:`search.gradient`),
+  whose rounded restarts, together with three simple plans (data parallel
+  where possible, each layer's fastest strategy, the smallest-memory plan),
+  are repaired and improved by local search (:mod:`search.refine`);
+* ``"dp"``: the exact dynamic programme, chain graphs only (:mod:`search.dp`);
+* ``"milp"``: the exact MILP, any DAG (:mod:`search.milp`);
+* ``"auto"``: ``dp`` on chains; otherwise ``gradient``, and on small graphs
+  (at most :data:`MILP_AUTO_MAX_LAYERS` layers) also the MILP, keeping the
+  better plan and the MILP's bound.
+
+:func:`solve_many` does the same for a batch of same-shaped tables (e.g. one
+model on every mesh shape), running the gradient search for all of them in
+one vmapped call.
+"""
+
+from __future__ import annotations
+
+import time as _time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from costmodels.strategies import Strategy
+from search.dp import solve_dp
+from search.gradient import GradientConfig, relaxed_search
+from search.milp import solve_milp
+from search.problem import (
+    DiscreteProblem,
+    chain_order,
+    discrete_problem,
+    minimum_memory,
+    plan_time,
+)
+from search.refine import refine
+from search.solution import HistoryEntry, SearchEvent, Solution
+
+__all__ = ["METHODS", "MILP_AUTO_MAX_LAYERS", "solve", "solve_many", "heuristic_plans"]
+
+METHODS = ("auto", "gradient", "dp", "milp")
+MILP_AUTO_MAX_LAYERS = 64
+
+Callback = Callable[[SearchEvent], None] | None
+
+
+def _limit(memory_limit, p: DiscreteProblem) -> float:
+    if memory_limit is None:
+        return p.memory_capacity_bytes
+    limit = float(memory_limit)
+    if not limit > 0:
+        raise ValueError(f"memory limit must be a positive number of bytes, got {memory_limit!r}")
+    return limit
+
+
+def heuristic_plans(p: DiscreteProblem) -> np.ndarray:
+    """Three plans ``[3, n]``: data parallel wherever possible (else
+    replicated, else the fastest), each layer's fastest strategy, and the
+    smallest-memory plan."""
+    fastest = np.argmin(p.layer_time_s, axis=1)
+    data = np.where(p.feasible[:, Strategy.DATA], int(Strategy.DATA),
+                    np.where(p.feasible[:, Strategy.REPLICATED], int(Strategy.REPLICATED), fastest))
+    return np.stack([data, fastest, minimum_memory(p).choice])
+
+
+def _gap(time_s: float, bound: float | None) -> float | None:
+    if bound is None or not np.isfinite(bound) or bound <= 0:
+        return None
+    return max(0.0, time_s / bound - 1.0)
+
+
+def _stack(tables: Sequence) -> object:
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *tables)
+
+
+def _emit(callback: Callback, stage: str, message: str, table: int | None = None, time_s: float | None = None):
+    if callback is not None:
+        callback(SearchEvent(stage, message, table, time_s))
+
+
+def solve(table, memory_limit=None, method: str = "auto", seed: int = 0, callback: Callback = None, *,
+          config: GradientConfig = GradientConfig(), milp_time_limit_s: float | None = None) -> Solution:
+    """The fastest plan of one ``CostTable`` within ``memory_limit`` bytes per
+    device (default: the device's capacity). If no plan fits, the returned
+    :class:`Solution` has ``feasible=False`` and is the smallest-memory plan."""
+    return solve_many([table], memory_limit, method, seed, callback, config=config,
+                      milp_time_limit_s=milp_time_limit_s)[0]
+
+
+def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: int = 0, callback: Callback = None,
+               *, config: GradientConfig = GradientConfig(), milp_time_limit_s: float | None = None) -> list[Solution]:
+    """:func:`solve` for several cost tables of the same shapes (one model on
+    several meshes); the gradient search runs for all of them in one call."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    tables = list(tables)
+    if not tables:
+        return []
+    start = _time.perf_counter()
+    problems = [discrete_problem(t) for t in tables]
+    limits = [_limit(memory_limit, p) for p in problems]
+    mins = [minimum_memory(p) for p in problems]
+    chains = [chain_order(p) is not None for p in problems]
+    if method == "dp" and not all(chains):
+        raise ValueError("method 'dp' needs a chain graph (every layer feeds only the next); "
+                         "use 'milp', 'gradient' or 'auto' for graphs with branches")
+    _emit(callback, "start", f"{len(tables)} table(s), {problems[0].num_layers} layers, method {method}")
+    out: list[Solution | None] = [None] * len(tables)
+    seconds = [0.0] * len(tables)
+    for i, (p, lim, mm) in enumerate(zip(problems, limits, mins, strict=True)):
+        if mm.memory_bytes > lim:
+            out[i] = Solution(
+                choice=tuple(int(s) for s in mm.choice), time_s=plan_time(p, mm.choice), memory_bytes=mm.memory_bytes,
+                memory_limit_bytes=lim, feasible=False, min_memory_bytes=mm.memory_bytes, method=method, seed=seed,
+                lower_bound_s=None, optimality_gap=None, seconds=0.0,
+                history=(HistoryEntry("minimum_memory", plan_time(p, mm.choice), mm.memory_bytes, False),),
+            )
+    todo = [i for i in range(len(tables)) if out[i] is None]
+    plan_of = {i: ("dp" if chains[i] else "gradient") if method == "auto" else method for i in todo}
+
+    # -- exact solvers ------------------------------------------------------------------
+    for i in [i for i in todo if plan_of[i] in ("dp", "milp")]:
+        t = _time.perf_counter()
+        p = problems[i]
+        if plan_of[i] == "dp":
+            r = solve_dp(p, limits[i])
+        else:
+            r = solve_milp(p, limits[i], time_limit_s=milp_time_limit_s)
+        seconds[i] = _time.perf_counter() - t
+        out[i] = Solution(
+            choice=tuple(int(s) for s in r.choice), time_s=r.time_s, memory_bytes=r.memory_bytes,
+            memory_limit_bytes=limits[i], feasible=bool(r.feasible), min_memory_bytes=mins[i].memory_bytes,
+            method=plan_of[i], seed=seed, lower_bound_s=r.lower_bound_s, optimality_gap=_gap(r.time_s, r.lower_bound_s),
+            seconds=seconds[i], history=(HistoryEntry(plan_of[i], r.time_s, r.memory_bytes, bool(r.feasible)),),
+        )
+        _emit(callback, plan_of[i], f"{plan_of[i]} done in {seconds[i]:.3f} s", i, r.time_s)
+
+    # -- gradient search, all remaining tables in one call ---------------------------------
+    grad_idx = [i for i in todo if plan_of[i] == "gradient"]
+    if grad_idx:
+        t = _time.perf_counter()
+        K = len(grad_idx)
+        # All tables go in (those that need no gradient search inactive), padded to a
+        # power of two: the compiled shape depends only on the batch, not on which fit.
+        Kp = 1 << (len(tables) - 1).bit_length()
+        order = grad_idx + [i for i in range(len(tables)) if i not in grad_idx]
+        order += [grad_idx[0]] * (Kp - len(order))
+        lims = jnp.asarray([limits[i] if np.isfinite(limits[i]) else np.inf for i in order], jnp.float32)
+        active = jnp.asarray([k < K for k in range(Kp)])
+        key = jax.random.key(seed)
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.asarray(order))
+        res = relaxed_search(_stack([tables[i] for i in order]), lims, keys, config, active)
+        res = jax.tree.map(np.asarray, res)
+        share = (_time.perf_counter() - t) / K
+        _emit(callback, "gradient", f"gradient search on {K} table(s) in {share * K:.3f} s")
+        for k, i in enumerate(grad_idx):
+            t = _time.perf_counter()
+            p, lim = problems[i], limits[i]
+            n = p.num_layers
+            cands = np.concatenate([res.choice[k][:, :n], heuristic_plans(p)], axis=0)
+            ref = refine(p, cands, lim)
+            fits_relaxed = res.memory_bytes[k] <= lim
+            r_best = int(np.argmin(np.where(fits_relaxed, res.time_s[k], np.inf))) if fits_relaxed.any() else \
+                int(np.argmin(res.memory_bytes[k]))
+            history = [HistoryEntry("relaxed", float(a), float(b), bool(b <= lim))
+                       for a, b in zip(res.trace_time_s[k][:, r_best], res.trace_memory_bytes[k][:, r_best], strict=True)]
+            history += [
+                HistoryEntry("rounded", ref.rounded_time_s, np.nan, bool(np.isfinite(ref.rounded_time_s))),
+                HistoryEntry("repaired", ref.repaired_time_s, np.nan, bool(np.isfinite(ref.repaired_time_s))),
+                HistoryEntry("local_search", ref.time_s, ref.memory_bytes, ref.feasible),
+            ]
+            choice, time_s, mem, bound, used = ref.choice, ref.time_s, ref.memory_bytes, None, "gradient"
+            if method == "auto" and n <= MILP_AUTO_MAX_LAYERS:
+                m = solve_milp(p, lim, time_limit_s=milp_time_limit_s)
+                history.append(HistoryEntry("milp", m.time_s, m.memory_bytes, m.feasible))
+                bound = m.lower_bound_s
+                if m.feasible and m.time_s < time_s:
+                    choice, time_s, mem, used = m.choice, m.time_s, m.memory_bytes, "milp"
+            seconds[i] = share + _time.perf_counter() - t
+            out[i] = Solution(
+                choice=tuple(int(s) for s in choice), time_s=float(time_s), memory_bytes=float(mem),
+                memory_limit_bytes=lim, feasible=bool(mem <= lim), min_memory_bytes=mins[i].memory_bytes,
+                method=used, seed=seed, lower_bound_s=bound, optimality_gap=_gap(time_s, bound),
+                seconds=seconds[i], history=tuple(history),
+            )
+            _emit(callback, "refine", f"table {i}: {time_s * 1e3:.3f} ms/iteration", i, float(time_s))
+    _emit(callback, "done", f"searched in {_time.perf_counter() - start:.3f} s")
+    return [s for s in out if s is not None]

@@ -1,0 +1,160 @@
+"""``planner.plan`` and ``shardplan plan``: SplitBrain's finding coming out of
+the search, the mesh search, the infeasible-memory error, memory-limit
+parsing, determinism, and the command line's JSON and exit codes."""
+
+import json
+
+import numpy as np
+import pytest
+
+from costmodels import CostSettings, cost_table, hardware_arrays, load_hardware
+from planner.cli import main
+from planner.evaluate import evaluate
+from planner.plan import InfeasibleMemoryError, mesh_shapes, parse_memory_limit, plan
+from planner.zoo import get_model
+from search import discrete_problem, minimum_memory
+
+GB = 1e9
+
+
+def test_splitbrain_conv_data_parallel_fc_sharded_in_groups():
+    """VGG16 (ImageNet) on 64 V100s under 7 GB per device, where pure data
+    parallelism (7.54 GB) does not fit: the exact search keeps every conv
+    layer data-parallel and shards every fully-connected layer over the
+    model axis, i.e. within groups of m devices of one node (SplitBrain,
+    splitbrain.md §1.2). Nothing in the search knows about layer types."""
+    hw = load_hardware("abci-v100")
+    p = plan("vgg16", devices=64, hardware=hw, memory_limit="7GB")
+    assert p.data_parallel_memory_bytes > 7 * GB >= p.memory_bytes_per_device
+    d, m = p.mesh
+    assert 1 < m <= hw.devices_per_node and d * m == 64
+    kinds = {r.name: r.kind for r in p.layers}
+    convs = [r for r in p.layers if kinds[r.name] == "conv2d"]
+    fcs = [r for r in p.layers if kinds[r.name] == "dense"]
+    assert len(convs) == 13 and len(fcs) == 3
+    assert all(r.strategy == "data" for r in convs)
+    assert all(r.strategy in ("filter", "channel") for r in fcs)
+    assert p.method == "dp" and p.optimality_gap == 0.0
+    assert p.speedup_over_data_parallel > 1.0
+
+
+def test_plan_is_the_best_mesh_and_matches_exact_solvers():
+    p = plan("alexnet", devices=16, hardware="dgx-a100", memory_limit="3GB", method="gradient", seed=1)
+    by_mesh = {m.mesh: m for m in p.meshes}
+    assert set(by_mesh) == {(16, 1), (8, 2), (4, 4), (2, 8)}
+    fitting = [m.iteration_s for m in p.meshes if m.feasible]
+    assert by_mesh[p.mesh].iteration_s == min(fitting)
+    exact = plan("alexnet", devices=16, hardware="dgx-a100", memory_limit="3GB", method="milp")
+    dp = plan("alexnet", devices=16, hardware="dgx-a100", memory_limit="3GB", method="dp")
+    assert exact.iteration_s == pytest.approx(dp.iteration_s, rel=1e-6)
+    assert p.iteration_s >= exact.iteration_s * (1 - 1e-6)
+    assert p.memory_bytes_per_device <= 3 * GB
+    # the per-layer rows add up to the total (no overlap on this preset)
+    parts = sum(r.compute_s + r.comm_s + r.reshard_s for r in p.layers)
+    assert p.iteration_s == pytest.approx(parts, rel=1e-5)
+
+
+def test_same_inputs_and_seed_give_the_same_plan():
+    kw = dict(devices=32, hardware="dgx-a100", memory_limit="2.5GB", method="gradient", seed=7)
+    a, b = plan("alexnet", **kw).to_dict(), plan("alexnet", **kw).to_dict()
+    a.pop("seconds"), b.pop("seconds")
+    assert a == b
+
+
+def test_infeasible_memory_says_the_smallest_limit_that_fits():
+    with pytest.raises(InfeasibleMemoryError) as err:
+        plan("vgg16", devices=64, hardware="abci-v100", memory_limit="2GB")
+    e = err.value
+    assert isinstance(e, ValueError)
+    msg = str(e)
+    assert "smallest memory limit" in msg and "classifier/0" in msg and "workspace" in msg
+    # the required size is the exact minimum over the mesh shapes searched ...
+    g, hw = get_model("vgg16"), load_hardware("abci-v100")
+    mins = [minimum_memory(discrete_problem(cost_table(g.arrays, hardware_arrays(hw), 2048.0, float(d), float(m),
+                                                         CostSettings()))).memory_bytes
+            for d, m in mesh_shapes(64, 2048, 4)]
+    assert e.required_bytes == min(mins)
+    assert f"{e.required_bytes:,.0f} bytes" in msg
+    # ... so a plan fits exactly there, and not just below
+    assert plan("vgg16", devices=64, hardware=hw, memory_limit=e.required_bytes).memory_bytes_per_device \
+        <= e.required_bytes * (1 + 1e-6)
+    with pytest.raises(InfeasibleMemoryError):
+        plan("vgg16", devices=64, hardware=hw, memory_limit=e.required_bytes * 0.999)
+
+
+def test_memory_limit_units():
+    assert parse_memory_limit("16GiB") == 16 * 2**30
+    assert parse_memory_limit("16GB") == 16e9
+    assert parse_memory_limit("16 gb") == 16e9
+    assert parse_memory_limit("500MiB") == 500 * 2**20
+    assert parse_memory_limit("1.5e9") == 1.5e9
+    assert parse_memory_limit(123) == 123.0
+    for bad, match in (("16GX", "unknown unit"), ("lots", "not a size"), ("0GB", "positive"), (-5, "positive")):
+        with pytest.raises(ValueError, match=match):
+            parse_memory_limit(bad)
+
+
+def test_mesh_shapes():
+    assert mesh_shapes(64, 2048, 8) == [(64, 1), (32, 2), (16, 4), (8, 8)]
+    assert mesh_shapes(64, 2048, 8, allow_cross_node_model_axis=True)[-1] == (1, 64)
+    assert mesh_shapes(12, 20, 8) == [(4, 3), (2, 6)]  # d must divide the batch: not 12, 6 or 3
+    with pytest.raises(ValueError, match="divisible"):
+        mesh_shapes(64, 100, 8)
+
+
+def test_batch_not_split_by_all_devices_masks_data_parallelism():
+    # 24 samples on 16 devices: meshes (8, 2), (4, 4), (2, 8) split it over d; no layer can be data-parallel
+    p = plan("alexnet", devices=16, hardware="dgx-a100", batch=24)
+    assert p.mesh[0] in (8, 4, 2) and all(r.strategy != "data" for r in p.layers)
+    assert p.speedup_over_data_parallel is None
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def test_cli_json_has_evaluate_keys_plus_mesh_method_seconds(capsys, tmp_path):
+    assert main(["evaluate", "vgg16", "--devices", "64", "--strategy", "data", "--json"]) == 0
+    eval_keys = set(json.loads(capsys.readouterr().out))
+    out = tmp_path / "plan.json"
+    assert main(["plan", "vgg16", "--devices", "64", "--memory-limit", "7GB", "--json", "-o", str(out)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert eval_keys | {"mesh", "method", "seconds"} <= set(data)
+    assert data["schema"] == "shardplan/plan" and data["version"] == 1
+    assert data["mesh"] == [16, 4] and data["method"] == "dp" and data["seconds"] > 0
+    assert json.loads(out.read_text())["layers"] == data["layers"]
+    # the written plan evaluates to the same prediction
+    assert main(["evaluate", "vgg16", "--devices", "64", "--mesh", "16x4", "--plan", str(out), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["iteration_s"] == data["iteration_s"]
+    assert again["memory_bytes_per_device"] == data["memory_bytes_per_device"]
+
+
+def test_cli_infeasible_exits_1_with_one_line(capsys):
+    assert main(["plan", "vgg16", "--devices", "64", "--memory-limit", "2GB"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("shardplan: error: no plan") and "GB" in err
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["plan", "vgg16", "--devices", "64", "--memory-limit", "2GX"], "unknown unit"),
+        (["plan", "vgg16", "--devices", "64", "--method", "annealing"], "invalid choice"),
+        (["plan", "vgg16", "--devices", "64", "--batch", "64", "--batch-per-device", "2"], "not allowed"),
+        (["plan", "vgg17", "--devices", "64"], "unknown model"),
+        (["plan", "vgg16"], "required"),
+        (["plan", "resnet50", "--devices", "8", "--method", "dp"], "chain"),
+    ],
+)
+def test_cli_usage_errors_exit_2(capsys, argv, match):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and match in err
+
+
+def test_plan_predictions_equal_evaluate():
+    p = plan("alexnet", devices=8, hardware="dgx-h100")
+    mapping = {r.name: r.strategy for r in p.layers}
+    ev = evaluate(get_model("alexnet"), load_hardware("dgx-h100"), 8, mesh=p.mesh, plan=mapping, batch=p.batch)
+    assert ev.iteration_s == p.iteration_s and ev.memory_bytes_per_device == p.memory_bytes_per_device
+    assert np.isclose(p.speedup_over_data_parallel, p.data_parallel_iteration_s / p.iteration_s)

@@ -1,0 +1,414 @@
+"""Search: exact solvers against brute force, the gradient + discrete search
+against brute force (never infeasible when a plan fits, never better than
+the optimum), refinement moves against full re-evaluation, the discrete
+objective against the cost model (one-hot identity) and its plain-Python
+reference, one compilation per bucket, determinism.
+
+Random problems are synthetic cost tables (arbitrary costs, feasibility and
+graphs) padded to one bucket; memory sizes are small integers so every
+plan's memory is exact in float64 and limits sit half a byte away from any
+plan's memory (no ties at the boundary)."""
+
+import itertools
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodels import (
+    CostSettings,
+    CostTable,
+    cost_table,
+    hardware_arrays,
+    iteration_time,
+    load_hardware,
+    memory_per_device,
+    one_hot,
+)
+from costmodels.reference import reference_iteration_time, reference_memory
+from planner import GraphBuilder
+from planner.zoo import get_model
+from search import (
+    GradientConfig,
+    chain_order,
+    discrete_problem,
+    minimum_memory,
+    plan_memory,
+    plan_time,
+    relaxed_search,
+    solve,
+    solve_brute,
+    solve_dp,
+    solve_milp,
+)
+from search.problem import memory_by_workspace_cap
+from search.refine import pair_moves, repair, single_moves
+
+S = 5
+L_PAD, E_PAD = 8, 16
+FAST = GradientConfig(restarts=8, outer_steps=4, inner_steps=10)
+
+
+def synthetic_table(seed: int, n: int, edges, *, overlap: float = 0.0, p_feasible: float = 0.7) -> CostTable:
+    """A random cost table of ``n`` layers with the given edges, padded to
+    (L_PAD, E_PAD). Times are positive floats; bytes are integers."""
+    rng = np.random.default_rng(seed)
+    feas = rng.random((n, S)) < p_feasible
+    feas[np.arange(n), rng.integers(0, S, n)] = True
+    compute = rng.uniform(1e-3, 1e-2, (n, S))
+    grad = rng.uniform(0, 5e-3, (n, S)) if overlap else np.zeros((n, S))
+    state = rng.integers(0, 300, (n, S)).astype(float)
+    act = rng.integers(0, 300, (n, S)).astype(float)
+    work = rng.integers(1, 400, (n, S)).astype(float)
+    e = len(edges)
+    reshard = rng.uniform(0, 4e-3, (e, S, S)) * (rng.random((e, S, S)) < 0.8)
+
+    def pad(x, rows, fill=0.0):
+        x = np.asarray(x)
+        return np.concatenate([x, np.full((rows - x.shape[0],) + x.shape[1:], fill, dtype=x.dtype)])
+
+    src = np.array([u for u, _ in edges], dtype=np.int32).reshape(-1)
+    dst = np.array([v for _, v in edges], dtype=np.int32).reshape(-1)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    return CostTable(
+        feasible=jnp.asarray(pad(feas, L_PAD, True)),
+        compute_s=f32(pad(compute, L_PAD)),
+        backward_compute_s=f32(pad(compute * 0.6, L_PAD)),
+        grad_sync_s=f32(pad(grad, L_PAD)),
+        halo_s=f32(np.zeros((L_PAD, S))),
+        output_s=f32(np.zeros((L_PAD, S))),
+        state_bytes=f32(pad(state, L_PAD)),
+        activation_bytes=f32(pad(act, L_PAD)),
+        workspace_bytes=f32(pad(work, L_PAD)),
+        reshard_s=f32(pad(reshard, E_PAD)),
+        layer_mask=f32(pad(np.ones(n), L_PAD)),
+        edge_src=jnp.asarray(pad(src, E_PAD, 0), jnp.int32),
+        edge_dst=jnp.asarray(pad(dst, E_PAD, 0), jnp.int32),
+        edge_mask=f32(pad(np.ones(e), E_PAD)),
+        gradient_overlap=f32(overlap),
+        memory_capacity_bytes=f32(1e12),
+    )
+
+
+def chain_edges(n: int, seed: int, shuffle: bool):
+    order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
+    return [(int(order[i]), int(order[i + 1])) for i in range(n - 1)]
+
+
+def dag_edges(n: int, seed: int):
+    rng = np.random.default_rng(seed + 1)
+    pairs = [(i, j) for i, j in itertools.combinations(range(n), 2) if rng.random() < 0.5]
+    rng.shuffle(pairs)
+    return pairs[:E_PAD]
+
+
+def limit_between(p, seed: int) -> float:
+    """A limit between 0.9 x the smallest memory and the largest, half a byte off any integer."""
+    lo = minimum_memory(p).memory_bytes
+    hi = float(np.sum(np.max(np.where(p.feasible, p.persistent_bytes, 0), axis=1)) + np.max(
+        np.where(p.feasible, p.workspace_bytes, 0)))
+    frac = np.random.default_rng(seed + 2).uniform(-0.1, 1.0)
+    return float(np.floor(lo + frac * (hi - lo))) + 0.5
+
+
+problem_seeds = st.integers(0, 2**31 - 1)
+layer_counts = st.integers(1, 6)
+
+
+# -- the exact solvers agree with brute force ---------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=problem_seeds, n=layer_counts, shuffle=st.booleans())
+def test_dp_milp_and_brute_force_agree_on_chains(seed, n, shuffle):
+    table = synthetic_table(seed, n, chain_edges(n, seed, shuffle))
+    p = discrete_problem(table)
+    assert chain_order(p) is not None
+    limit = limit_between(p, seed)
+    brute = solve_brute(p, limit)
+    dp = solve_dp(p, limit)
+    milp = solve_milp(p, limit)
+    assert dp.feasible == milp.feasible == brute.feasible
+    assert brute.min_memory_bytes == pytest.approx(minimum_memory(p).memory_bytes, rel=1e-12)
+    if brute.feasible:
+        assert dp.exact
+        assert dp.time_s == pytest.approx(brute.time_s, rel=1e-9)
+        assert dp.lower_bound_s <= brute.time_s * (1 + 1e-9)
+        assert milp.time_s == pytest.approx(brute.time_s, rel=1e-6)
+        for r in (dp, milp):
+            assert plan_memory(p, r.choice) <= limit
+            assert plan_time(p, r.choice) == pytest.approx(r.time_s, rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=problem_seeds, n=st.integers(2, 6))
+def test_milp_and_brute_force_agree_on_dags(seed, n):
+    table = synthetic_table(seed, n, dag_edges(n, seed))
+    p = discrete_problem(table)
+    limit = limit_between(p, seed)
+    brute, milp = solve_brute(p, limit), solve_milp(p, limit)
+    assert milp.feasible == brute.feasible
+    if brute.feasible:
+        assert milp.exact
+        assert milp.time_s == pytest.approx(brute.time_s, rel=1e-6)
+        assert milp.lower_bound_s <= brute.time_s * (1 + 1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=problem_seeds, n=st.integers(2, 6), chain=st.booleans())
+def test_overlap_term_exact_in_milp_and_bounded_in_dp(seed, n, chain):
+    edges = chain_edges(n, seed, False) if chain else dag_edges(n, seed)
+    p = discrete_problem(synthetic_table(seed, n, edges, overlap=0.7))
+    limit = limit_between(p, seed)
+    brute = solve_brute(p, limit)
+    milp = solve_milp(p, limit)
+    assert milp.feasible == brute.feasible
+    if brute.feasible:
+        assert milp.time_s == pytest.approx(brute.time_s, rel=1e-6)
+        if chain:  # the DP optimises both additive bounds of max(f0, f1): a plan and a valid bound
+            dp = solve_dp(p, limit)
+            assert dp.lower_bound_s <= brute.time_s * (1 + 1e-9) <= dp.time_s * (1 + 2e-9)
+
+
+def test_dp_closes_a_lagrangian_duality_gap():
+    # Two independent layers, each fast-and-heavy (0 s, 6 B) or slow-and-light
+    # (10 s, 0 B); the budget of 10 B fits one heavy layer. No multiplier makes
+    # the Lagrangian pick exactly one (both heavy below 10/6 s/B, both light
+    # above), so the exact completion must find 10 s by itself.
+    n = 2
+    t = synthetic_table(0, n, [(0, 1)], p_feasible=1.0)
+    feas = np.zeros((L_PAD, S), bool)
+    feas[:, :2] = True
+    lt = np.zeros((L_PAD, S), np.float32)
+    lt[:n, 1] = 10.0
+    state = np.zeros((L_PAD, S), np.float32)
+    state[:n, 0] = 6.0
+    t = t._replace(feasible=jnp.asarray(feas), compute_s=jnp.asarray(lt), backward_compute_s=jnp.zeros_like(lt),
+                   state_bytes=jnp.asarray(state), activation_bytes=jnp.zeros_like(lt),
+                   workspace_bytes=jnp.zeros_like(lt), reshard_s=jnp.zeros((E_PAD, S, S)))
+    p = discrete_problem(t)
+    dp = solve_dp(p, 10.0)
+    assert dp.exact and dp.time_s == 10.0 and sorted(dp.choice.tolist()) == [0, 1]
+    assert dp.labels > 0  # it took the label search, not the Lagrangian
+
+
+def test_dp_refuses_graphs_with_branches():
+    p = discrete_problem(synthetic_table(1, 3, [(0, 1), (0, 2)]))
+    assert chain_order(p) is None
+    with pytest.raises(ValueError, match="chain"):
+        solve_dp(p)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=problem_seeds, n=layer_counts)
+def test_minimum_memory_is_exact(seed, n):
+    p = discrete_problem(synthetic_table(seed, n, dag_edges(n, seed)))
+    mm = minimum_memory(p)
+    assert mm.memory_bytes == solve_brute(p).min_memory_bytes
+    assert plan_memory(p, mm.choice) == mm.memory_bytes
+    caps, mem = memory_by_workspace_cap(p)
+    assert np.all(np.diff(caps) > 0) and mem.min() == mm.memory_bytes
+
+
+# -- the gradient + discrete search ----------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=problem_seeds, n=layer_counts, chain=st.booleans(), gumbel=st.booleans())
+def test_gradient_search_fits_whenever_a_plan_fits_and_never_beats_brute_force(seed, n, chain, gumbel):
+    edges = chain_edges(n, seed, True) if chain else dag_edges(n, seed)
+    table = synthetic_table(seed, n, edges)
+    p = discrete_problem(table)
+    limit = limit_between(p, seed)
+    brute = solve_brute(p, limit)
+    config = GradientConfig(restarts=8, outer_steps=4, inner_steps=10, gumbel=gumbel)
+    sol = solve(table, limit, method="gradient", seed=seed % 7, config=config)
+    assert sol.feasible == brute.feasible
+    assert sol.min_memory_bytes == brute.min_memory_bytes
+    if brute.feasible:
+        assert sol.memory_bytes <= limit
+        assert plan_memory(p, sol.choice) == sol.memory_bytes
+        assert sol.time_s == pytest.approx(plan_time(p, sol.choice), rel=1e-12)
+        assert sol.time_s >= brute.time_s * (1 - 1e-9)  # better than the optimum = a cost bug
+    else:
+        assert sol.memory_bytes == brute.min_memory_bytes
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=problem_seeds, n=st.integers(2, 6), overlap=st.sampled_from([0.0, 0.5]))
+def test_move_scores_equal_full_re_evaluation(seed, n, overlap):
+    p = discrete_problem(synthetic_table(seed, n, dag_edges(n, seed), overlap=overlap, p_feasible=1.0))
+    rng = np.random.default_rng(seed)
+    c = rng.integers(0, S, n)
+    single = single_moves(p, c)
+    for lay, s in itertools.product(range(n), range(S)):
+        x = c.copy()
+        x[lay] = s
+        assert single.time_s[lay, s] == pytest.approx(plan_time(p, x), rel=1e-12, abs=1e-15)
+        assert single.memory_bytes[lay, s] == plan_memory(p, x)
+    if p.num_edges:
+        pair = pair_moves(p, c)
+        for k in range(p.num_edges):
+            for s, t in itertools.product(range(S), range(S)):
+                x = c.copy()
+                x[p.edge_src[k]], x[p.edge_dst[k]] = s, t
+                assert pair.time_s[k, s, t] == pytest.approx(plan_time(p, x), rel=1e-12, abs=1e-15)
+                assert pair.memory_bytes[k, s, t] == plan_memory(p, x)
+
+
+def test_repair_reaches_the_limit_from_the_worst_plan():
+    p = discrete_problem(synthetic_table(3, 6, chain_edges(6, 3, False), p_feasible=1.0))
+    heaviest = np.argmax(p.persistent_bytes, axis=1)
+    limit = minimum_memory(p).memory_bytes + 0.5
+    fixed, ok = repair(p, heaviest, limit)
+    assert ok and plan_memory(p, fixed) <= limit
+
+
+def test_parallel_edges_are_merged_and_both_counted():
+    t = synthetic_table(5, 3, [(0, 1), (0, 1), (1, 2)], p_feasible=1.0)
+    p = discrete_problem(t)
+    assert p.num_edges == 2
+    c = np.array([1, 2, 3])
+    assert plan_time(p, c) == pytest.approx(float(iteration_time(t, one_hot(np.r_[c, [0] * 5], S))), rel=1e-6)
+
+
+# -- the discrete objective is the cost model's ----------------------------------------------------
+
+
+def test_discrete_objective_is_the_cost_model_at_one_hot():
+    g = get_model("alexnet")
+    hw = load_hardware("dgx-a100")
+    rng = np.random.default_rng(0)
+    for d, m in ((16, 4), (8, 8)):
+        t = cost_table(g.arrays, hardware_arrays(hw), 1024.0, float(d), float(m), CostSettings())
+        p = discrete_problem(t)
+        feas = np.asarray(t.feasible)[: g.num_layers]
+        for _ in range(5):
+            c = np.array([rng.choice(np.flatnonzero(f)) for f in feas])
+            probs = one_hot(np.r_[c, np.zeros(t.feasible.shape[0] - g.num_layers, int)], S)
+            assert plan_time(p, c) == pytest.approx(float(iteration_time(t, probs)), rel=1e-5)
+            assert plan_memory(p, c) == pytest.approx(float(memory_per_device(t, probs)), rel=1e-5)
+            # and against the independent plain-Python evaluator
+            assert plan_time(p, c) == pytest.approx(reference_iteration_time(g, c, hw, 1024.0, d, m), rel=1e-4)
+            assert plan_memory(p, c) == pytest.approx(reference_memory(g, c, 1024.0, d, m), rel=1e-4)
+
+
+# -- compilation, determinism, real models ---------------------------------------------------------
+
+
+def _chain_graph(n_convs: int, width: int, name: str):
+    b = GraphBuilder(name, (8, 16, 16))
+    x = b.input
+    for i in range(n_convs):
+        x = b.conv(f"conv{i}", x, width, 3, padding="SAME")
+        x = b.relu(f"relu{i}", x)
+    x = b.flatten("flatten", x)
+    b.dense("fc", x, 10)
+    return b.build()
+
+
+def test_gradient_search_compiles_once_per_bucket():
+    hw = hardware_arrays(load_hardware("dgx-a100"))
+    a, b, c = _chain_graph(5, 16, "a"), _chain_graph(6, 32, "b"), _chain_graph(9, 16, "c")
+    assert a.arrays.mask.shape == b.arrays.mask.shape == (16,) and c.arrays.mask.shape == (32,)
+    tables = [cost_table(g.arrays, hw, 64.0, 4.0, 2.0, CostSettings()) for g in (a, b, c)]
+    solve(tables[0], method="gradient", config=FAST)
+    size = relaxed_search._cache_size()
+    solve(tables[1], method="gradient", config=FAST)  # another model, same bucket: no compilation
+    assert relaxed_search._cache_size() == size
+    solve(tables[2], method="gradient", config=FAST)  # next bucket: one more
+    assert relaxed_search._cache_size() == size + 1
+
+
+def test_same_seed_same_solution_and_history():
+    t = synthetic_table(11, 6, dag_edges(6, 11))
+    p = discrete_problem(t)
+    limit = limit_between(p, 11)
+    first = solve(t, limit, method="gradient", seed=3, config=FAST)
+    second = solve(t, limit, method="gradient", seed=3, config=FAST)
+    assert first.choice == second.choice and first.time_s == second.time_s
+    assert [h.time_s for h in first.history] == [h.time_s for h in second.history]
+
+
+def test_auto_uses_dp_on_chains_and_certifies_small_dags():
+    chain = synthetic_table(2, 5, chain_edges(5, 2, False))
+    assert solve(chain, method="auto").method == "dp"
+    dag = synthetic_table(2, 5, dag_edges(5, 2))
+    sol = solve(dag, limit_between(discrete_problem(dag), 2), method="auto", config=FAST)
+    assert sol.method in ("gradient", "milp") and sol.optimality_gap is not None and sol.optimality_gap < 1e-6
+
+
+def test_solve_reports_infeasible_with_the_smallest_memory_plan():
+    t = synthetic_table(4, 4, chain_edges(4, 4, False))
+    p = discrete_problem(t)
+    mm = minimum_memory(p)
+    for method in ("auto", "gradient", "dp", "milp"):
+        sol = solve(t, mm.memory_bytes - 0.5, method=method, config=FAST)
+        assert not sol.feasible and sol.memory_bytes == mm.memory_bytes == sol.min_memory_bytes
+
+
+def test_solve_rejects_bad_arguments():
+    t = synthetic_table(4, 3, [(0, 1), (0, 2)])
+    with pytest.raises(ValueError, match="unknown method"):
+        solve(t, method="annealing")
+    with pytest.raises(ValueError, match="chain"):
+        solve(t, method="dp")
+    with pytest.raises(ValueError, match="positive"):
+        solve(t, -1.0)
+    with pytest.raises(ValueError, match="restarts"):
+        GradientConfig(restarts=0)
+
+
+def test_gradient_matches_exact_optimum_on_a_residual_network():
+    """A small ResNet-style DAG on 2 nodes: the gradient search (with
+    refinement) against the MILP, with and without a binding limit."""
+    b = GraphBuilder("tiny-res", (16, 16, 16))
+    x = b.conv("stem", b.input, 32, 3, padding="SAME")
+    for i in range(3):
+        y = b.conv(f"b{i}/conv1", x, 32, 3, padding="SAME")
+        y = b.batch_norm(f"b{i}/bn", y)
+        y = b.relu(f"b{i}/relu", y)
+        y = b.conv(f"b{i}/conv2", y, 32, 3, padding="SAME")
+        x = b.relu(f"b{i}/out", b.add(f"b{i}/add", [x, y]))
+    x = b.flatten("flatten", b.global_avg_pool("pool", x))
+    g = b.build()
+    t = cost_table(g.arrays, hardware_arrays(load_hardware("dgx-a100")), 256.0, 4.0, 4.0, CostSettings())
+    p = discrete_problem(t)
+    assert chain_order(p) is None
+    for limit in (None, minimum_memory(p).memory_bytes * 1.05):
+        exact = solve(t, limit, method="milp")
+        grad = solve(t, limit, method="gradient", config=FAST)
+        assert exact.optimality_gap is not None and exact.optimality_gap < 1e-6
+        assert grad.feasible and grad.time_s >= exact.time_s * (1 - 1e-6)
+        assert grad.time_s <= exact.time_s * 1.02
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=problem_seeds, n=st.integers(2, 6), overlap=st.sampled_from([0.0, 0.5]))
+def test_segment_candidates_are_scored_exactly(seed, n, overlap):
+    """Every re-planned chain segment's time and memory equal a full
+    evaluation of the plan it makes, and segment moves only improve."""
+    from search.refine import (
+        apply_segment,
+        chain_segments,
+        segment_candidates,
+        segment_moves,
+    )
+
+    p = discrete_problem(synthetic_table(seed, n, chain_edges(n, seed, True) if seed % 2 else dag_edges(n, seed),
+                                         overlap=overlap))
+    rng = np.random.default_rng(seed)
+    c = np.array([rng.choice(np.flatnonzero(f)) for f in p.feasible])
+    seg = chain_segments(p)
+    assert sorted(seg.nodes[seg.nodes >= 0].tolist()) == list(range(n))
+    cand = segment_candidates(p, c, seg)
+    for i in range(len(cand.segment)):
+        x = apply_segment(c, seg, cand, i)
+        assert cand.time_s[i] == pytest.approx(plan_time(p, x), rel=1e-12, abs=1e-15)
+        assert cand.memory_bytes[i] == plan_memory(p, x)
+    limit = plan_memory(p, c) * rng.uniform(0.9, 1.2)
+    x = segment_moves(p, c, seg, limit, tol=0.0)
+    if x is not None:
+        assert plan_memory(p, x) <= limit and plan_time(p, x) < plan_time(p, c)
