@@ -160,7 +160,9 @@ def reference_memory(
     """Peak bytes per device of the discrete plan ``choice``."""
     a = graph.arrays
     delta = DTYPE_BYTES[settings.dtype]
-    per_param = (8.0 if settings.dtype == "float32" else 8.0) + 4.0 * OPTIMIZER_SLOTS[settings.optimizer]
+    # fp32: weights + gradients; mixed precision: bf16 weights + bf16 gradients + fp32 master
+    weights_and_grads = 4.0 + 4.0 if settings.dtype == "float32" else 2.0 + 2.0 + 4.0
+    per_param = weights_and_grads + 4.0 * OPTIMIZER_SLOTS[settings.optimizer]
     gb = batch / d
     persistent, workspace = 0.0, 0.0
     for i in range(graph.num_layers):

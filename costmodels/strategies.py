@@ -106,8 +106,8 @@ def strategy_layouts(kind):
 def strategy_mask(arrays, batch, d, m):
     """Which strategies can run each layer, ``[L, S]`` bool.
 
-    Rules: the local batch is at least one sample (``data`` needs
-    ``batch >= d m``, the others ``batch >= d``); ``filter`` needs ``m`` to
+    Rules: every device gets a whole number of samples, at least one
+    (``data`` needs ``d m`` to divide the batch, the others ``d``); ``filter`` needs ``m`` to
     divide the output channels (and, on a conv, no feature groups);
     ``channel`` is for convs and dense layers whose input channels ``m``
     divides; ``spatial`` needs a spatial input whose first dim, in and out,
@@ -124,11 +124,11 @@ def strategy_mask(arrays, batch, d, m):
     divides = lambda x: jnp.mod(x, m) == 0  # noqa: E731
     channelwise = (kind == LayerKind.POOL) | (kind == LayerKind.BATCH_NORM) | (kind == LayerKind.ELEMENTWISE) | (kind == LayerKind.ADD)
     spatial_kinds = param | channelwise | (kind == LayerKind.CONCAT)
-    data_ok = (batch >= d * m) & (kind != LayerKind.OTHER)
+    data_ok = (batch >= d * m) & (jnp.mod(batch, d * m) == 0) & (kind != LayerKind.OTHER)
     filter_ok = (param & divides(a.out_channels) & (a.groups == 1)) | (channelwise & divides(a.out_channels))
     channel_ok = param & divides(a.in_channels) & (a.groups == 1)
     spatial_ok = spatial_kinds & (a.spatial_rank >= 1) & (a.in_spatial[:, 0] >= m) & (a.out_spatial[:, 0] >= m)
-    model_ok = batch >= d
+    model_ok = (batch >= d) & (jnp.mod(batch, d) == 0)
     mask = jnp.stack(
         [data_ok, filter_ok & model_ok, channel_ok & model_ok, spatial_ok & model_ok, model_ok & jnp.ones_like(real)],
         axis=-1,

@@ -1,9 +1,10 @@
 """shardplan's public API: describe a CNN as a layer graph, and (as the
 project grows) plan how to shard its training over many devices.
 
-``planner.extract``, ``planner.flax_model`` and ``planner.oracle`` are
-imported on first use, so ``import planner`` stays light for the command
-line."""
+``extract``, ``flax_model``, ``oracle``, ``plan`` and ``shard`` are
+imported on first use (from ``planner.extraction``, ``planner.flax_zoo``,
+``planner.oracle_report``, ``planner.planning`` and ``planner.sharding``),
+so ``import planner`` stays light for the command line."""
 
 from typing import Any
 
@@ -17,6 +18,7 @@ __all__ = [
     "GRAPH_VERSION",
     "MODEL_NAMES",
     "OracleReport",
+    "Plan",
     "GraphBuilder",
     "LayerArrays",
     "LayerGraph",
@@ -28,15 +30,20 @@ __all__ = [
     "load_net",
     "oracle",
     "parse_net",
+    "plan",
+    "shard",
 ]
 
 # Imported on first use: flax is heavy, and the oracle imports costmodels,
 # which itself imports planner.graph (importing it here would be circular).
 _LAZY = {
-    "extract": ("planner.extract", "extract"),
+    "extract": ("planner.extraction", "extract"),
     "flax_model": ("planner.flax_zoo", "flax_model"),
     "oracle": ("planner.oracle_report", "oracle"),
     "OracleReport": ("planner.oracle_report", "OracleReport"),
+    "plan": ("planner.planning", "plan"),
+    "Plan": ("planner.planning", "Plan"),
+    "shard": ("planner.sharding", "shard"),
 }
 
 

@@ -1,8 +1,8 @@
-"""The jaxpr walk behind :func:`planner.extract.extract`: turns a traced
+"""The jaxpr walk behind :func:`planner.extract`: turns a traced
 forward pass, whose equations carry module-path markers in their name
 stacks, into layers added through :class:`~planner.builder.GraphBuilder`
 (jax-notes.md §1). Private: the documented behaviour is in
-:mod:`planner.extract`."""
+:mod:`planner.extraction`."""
 
 from __future__ import annotations
 import dataclasses

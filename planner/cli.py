@@ -16,7 +16,7 @@ MODEL is one of (:func:`load_model`): a built-in model name
 ``Dataset|``; paradl.md §5); a layer-graph ``.json`` file
 (:meth:`LayerGraph.to_json`); or ``package.module:factory``, a function that
 returns ``(flax_module, example_input)``, extracted with
-:func:`planner.extract.extract`.
+:func:`planner.extract`.
 
 Errors in what the user gave (unknown names, missing or malformed files, a
 bad factory, bad options) exit with status 2 and one line on stderr,
@@ -155,7 +155,7 @@ def _load_factory(spec: str) -> LayerGraph:
     if not (isinstance(result, (tuple, list)) and len(result) == 2):
         raise UsageError(f"{spec}() returned {type(result).__name__}, not a (module, example_input) pair", accepted)
     try:
-        from planner.extract import extract
+        from planner.extraction import extract
     except ImportError as e:
         raise UsageError(f"Flax model extraction is unavailable ({e})", _accepted()) from None
     return extract(*result)

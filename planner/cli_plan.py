@@ -79,7 +79,7 @@ def _render(data: dict[str, Any], output: str | None) -> None:
 def _run_plan(args: argparse.Namespace) -> int:
     from costmodels import load_calibration, load_hardware
     from planner.cli import PROG, _one_line, load_model
-    from planner.plan import InfeasibleMemoryError, parse_memory_limit, plan
+    from planner.planning import InfeasibleMemoryError, parse_memory_limit, plan
 
     limit = parse_memory_limit(args.memory_limit) if args.memory_limit is not None else None
     graph = load_model(args.model)

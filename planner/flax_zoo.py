@@ -6,7 +6,7 @@ padding, so that
 
 * XLA can count its FLOPs (``jax.jit(...).lower(...).compile().cost_analysis()``)
   to validate the graph's analytic counts (:mod:`planner.flops`);
-* the Flax extractor (:mod:`planner.extract`) can be checked to reproduce the
+* the Flax extractor (:mod:`planner.extraction`) can be checked to reproduce the
   zoo graph exactly: module paths are the graph's layer names
   (``features/0``, ``layer1/0/conv1``), functional ops run in the ``__call__``
   whose scope the graph's auto-names use (ReLU / pooling / flatten at the root

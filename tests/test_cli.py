@@ -149,7 +149,7 @@ def make():
 """
 
 
-@pytest.mark.skipif(not _has("planner.extract"), reason="planner.extract is not written yet")
+@pytest.mark.skipif(not _has("planner.extraction"), reason="planner.extract is not written yet")
 def test_factory(tmp_path, capsys, monkeypatch):
     (tmp_path / "tiny_factory_mod.py").write_text(FACTORY)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -168,9 +168,9 @@ def test_factory_wiring_with_a_stub_extractor(tmp_path, capsys, monkeypatch):
         seen.append((module, example_input))
         return parse_net(TINY_NET)
 
-    stub = types.ModuleType("planner.extract")
+    stub = types.ModuleType("planner.extraction")
     stub.extract = fake_extract
-    monkeypatch.setitem(sys.modules, "planner.extract", stub)
+    monkeypatch.setitem(sys.modules, "planner.extraction", stub)
     (tmp_path / "cli_stub_factory.py").write_text("def make():\n    return 'module', 'example'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     report = _run_json(capsys, "cli_stub_factory:make")

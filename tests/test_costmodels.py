@@ -368,3 +368,12 @@ def test_bad_calibration_rejected(tiny, layers, message):
     with pytest.raises(ValueError, match=message):
         data = {"schema": "shardplan/calibration", "version": 1, "hardware": "x", "dtype": "float32", "layers": layers}
         calibration_arrays(Calibration.from_dict(data), g)
+
+
+def test_mask_needs_whole_samples_per_device(tiny):
+    g, _ = tiny
+    f = np.asarray(cost_table(g.arrays, hardware_arrays(ABCI), 12.0, 2.0, 4.0).feasible)
+    assert not f[0, Strategy.DATA]  # 12 samples over 8 devices
+    assert f[0, Strategy.FILTER]  # 6 per data group
+    f = np.asarray(cost_table(g.arrays, hardware_arrays(ABCI), 9.0, 2.0, 1.0).feasible)
+    assert not f[0].any()  # 9 samples cannot split over 2 data groups

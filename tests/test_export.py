@@ -120,3 +120,29 @@ def test_compiled_collectives_follow_the_plan(devices):
     # (256 x 8 + 8) and fcs/1 (32 x 4 + 4), split 4 ways; conv gradients over both axes.
     grads = [c for c in colls if c.kind == "all-reduce" and c.axes == ("data",)]
     assert sum(c.bytes_per_device for c in grads) >= (256 * 8 + 8 + 32 * 4 + 4) * 4
+
+
+@pytest.mark.slow
+def test_shard_applies_a_plan_from_the_planner(devices):
+    """planner.plan on the extracted model, then planner.shard trains it; a plan
+    for another model is refused."""
+    import planner
+
+    model = Tiny(nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (16, 16, 16, 3))
+    y = jax.random.randint(jax.random.key(2), (16,), 0, 16)
+    graph = planner.extract(model, x)
+    p = planner.plan(graph, devices=8, hardware="dgx-a100", batch=16, method="dp")
+    assert p.graph_fingerprint == graph.fingerprint
+    step, state = planner.shard(model, p, optax.sgd(0.1))
+    ref_step, ref_state = shard_training(model, {}, make_mesh(8, 1), optax.sgd(0.1))
+    _, loss = step(state, x, y)
+    _, ref_loss = ref_step(ref_state, x, y)
+    assert float(loss) == pytest.approx(float(ref_loss), rel=2e-5)
+    specs = p.partition_specs(nnx.state(model, nnx.Param))
+    for name, s in p.strategies.items():
+        if name == "fcs/0":
+            assert specs["fcs"][0]["kernel"] == param_spec(s, 2)
+    other = planner.plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=16, method="dp")
+    with pytest.raises(ValueError, match="another model"):
+        planner.shard(model, other, optax.sgd(0.1))

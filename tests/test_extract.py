@@ -1,4 +1,4 @@
-"""The Flax extractor (:mod:`planner.extract`) against independent oracles:
+"""The Flax extractor (:mod:`planner.extraction`) against independent oracles:
 hand-computed shapes and parameter counts, graphs built by hand with
 ``GraphBuilder``, XLA's ``cost_analysis()`` FLOPs of the forward pass, the
 linen twin of each nnx model, and the zoo (``planner.zoo`` vs
@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from planner.builder import GraphBuilder
-from planner.extract import extract
+from planner.extraction import extract
 from planner.graph import LayerArrays
 
 B = 2

@@ -260,3 +260,14 @@ def test_fingerprint_tracks_structure_not_names_of_the_model():
     assert _chain(3, 16, "one").fingerprint != a.fingerprint
     assert a.padded(layers=64).fingerprint == a.fingerprint
     assert LayerGraph.from_json(a.to_json()).fingerprint == a.fingerprint
+
+
+def test_public_functions_stay_functions_after_their_modules_load():
+    import importlib
+
+    import planner
+
+    for name, module in (("extract", "planner.extraction"), ("plan", "planner.planning"),
+                         ("oracle", "planner.oracle_report"), ("shard", "planner.sharding")):
+        importlib.import_module(module)
+        assert callable(getattr(planner, name)) and not isinstance(getattr(planner, name), type(planner)), name

@@ -171,11 +171,26 @@ class Plan:
     seconds: float  # search wall time
     optimality_gap: float | None  # relative, when an exact bound is known (0 = optimal)
     meshes: tuple[MeshResult, ...]  # every mesh shape searched
+    graph_fingerprint: str = ""  # LayerGraph.fingerprint of the model the plan was made for
+    input_shape: tuple[int, ...] = ()  # per sample, channels first
 
     @property
     def strategies(self) -> dict[str, str]:
         """Layer name -> strategy name."""
         return {r.name: r.strategy for r in self.layers}
+
+    def partition_specs(self, params: Any) -> Any:
+        """PartitionSpecs for a Flax nnx ``State`` or linen params tree, from each
+        parameter's layer strategy (:mod:`planner.export`)."""
+        from planner.export import partition_specs
+
+        return partition_specs(params, self.strategies)
+
+    def shardings(self, params: Any, mesh: Any) -> Any:
+        """NamedShardings for ``params`` on ``mesh`` (a ``("data", "model")`` mesh)."""
+        from planner.export import shardings
+
+        return shardings(params, self.strategies, mesh)
 
     @property
     def fits_memory(self) -> bool:
@@ -206,6 +221,8 @@ class Plan:
             "seed": self.seed,
             "seconds": self.seconds,
             "optimality_gap": self.optimality_gap,
+            "graph_fingerprint": self.graph_fingerprint,
+            "input_shape": list(self.input_shape),
             "layers": [dataclasses.asdict(r) for r in self.layers],
             "collectives": [{**dataclasses.asdict(c), "axes": list(c.axes)} for c in self.collectives],
             "meshes": [m.to_dict() for m in self.meshes],
@@ -345,4 +362,6 @@ def plan(
         seconds=_time.perf_counter() - start,
         optimality_gap=sol.optimality_gap,
         meshes=results,
+        graph_fingerprint=graph.fingerprint,
+        input_shape=tuple(graph.input_shape),
     )

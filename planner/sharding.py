@@ -1,0 +1,59 @@
+"""``planner.shard``: apply a :class:`~planner.planning.Plan` to a Flax nnx model
+and get a jitted, sharded training step on JAX's own runtime."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+
+from planner.export import AXES, TrainState, make_mesh, shard_training
+from planner.extraction import extract
+from planner.planning import Plan
+
+__all__ = ["shard"]
+
+
+def shard(
+    model: nnx.Module,
+    plan: Plan,
+    optimizer: optax.GradientTransformation,
+    mesh: Mesh | None = None,
+    *,
+    loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+) -> tuple[Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, jax.Array]], TrainState]:
+    """``(train_step, state)`` for ``model`` laid out by ``plan``:
+    ``state, loss = train_step(state, x, y)`` with ``x`` batch-first,
+    channels-last and ``y`` integer labels (softmax cross-entropy unless
+    ``loss_fn(logits, y)`` is given).
+
+    The model must be the one the plan was made for: its extracted layer
+    graph must have the plan's fingerprint. ``mesh`` defaults to the plan's
+    ``d x m`` mesh over all local devices, with axes ``("data", "model")``."""
+    c, *spatial = plan.input_shape
+    example = jax.ShapeDtypeStruct((1, *spatial, c), jnp.float32)
+    try:
+        graph = extract(model, example)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"this plan was made for another model (plan {plan.model!r} takes inputs of {plan.input_shape}, "
+            f"channels first, which the model given cannot run: {e}); plan this model with planner.plan first"
+        ) from None
+    if graph.fingerprint != plan.graph_fingerprint:
+        raise ValueError(
+            f"this plan was made for another model (plan {plan.model!r}, fingerprint {plan.graph_fingerprint}; "
+            f"the model given extracts to {graph.fingerprint}); plan this model with planner.plan first"
+        )
+    if mesh is None:
+        mesh = make_mesh(*plan.mesh)
+    elif tuple(mesh.axis_names) != AXES or tuple(mesh.devices.shape) != tuple(plan.mesh):
+        raise ValueError(
+            f"mesh {dict(mesh.shape)} does not match the plan's {plan.mesh[0]}x{plan.mesh[1]} mesh over {AXES}"
+        )
+    kwargs: dict[str, Any] = {} if loss_fn is None else {"loss_fn": loss_fn}
+    return shard_training(model, plan.strategies, mesh, optimizer, **kwargs)
