@@ -34,7 +34,7 @@ from costmodels import (  # noqa: E402
     load_hardware,
 )
 from planner import GraphBuilder  # noqa: E402
-from planner.plan import mesh_shapes, plan  # noqa: E402
+from planner.planning import mesh_shapes, plan  # noqa: E402
 from planner.zoo import get_model  # noqa: E402
 from search import (  # noqa: E402
     chain_order,
