@@ -231,6 +231,30 @@ class Plan:
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
+    @classmethod
+    def from_dict(cls, data: Any) -> Plan:
+        """A plan from its ``to_dict`` form; rejects other schemas, newer versions
+        and malformed fields with a message naming the problem."""
+        from planner.plan_file import plan_from_dict
+
+        return plan_from_dict(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"plan file is malformed JSON: {e}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def read(cls, path: str | Path) -> Plan:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ValueError(f"cannot read plan file {str(path)!r}: {e.strerror}") from None
+        return cls.from_json(text)
+
     def write(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")
 

@@ -1,0 +1,137 @@
+"""Reading a plan file back: ``Plan.from_json`` / ``Plan.from_dict``, with a
+message naming the first problem. The writer is ``Plan.to_dict``.
+
+Schema ``"shardplan/plan"``, integer ``version``: version 1 is the current
+one (no older version exists yet, so none needs upgrading); a newer version,
+another schema, a missing or mistyped field, a non-finite number or an
+unknown strategy is rejected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from costmodels import STRATEGY_NAMES, CollectiveRecord
+from planner.evaluate import LayerCost
+
+__all__ = ["plan_from_dict"]
+
+
+class _Reader:
+    def __init__(self, data: Any, where: str) -> None:
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be an object")
+        self.data, self.where = data, where
+
+    def get(self, key: str) -> Any:
+        if key not in self.data:
+            raise ValueError(f'{self.where} is missing "{key}"')
+        return self.data[key]
+
+    def string(self, key: str) -> str:
+        v = self.get(key)
+        if not isinstance(v, str):
+            raise ValueError(f'{self.where}.{key} must be a string, got {v!r}')
+        return v
+
+    def integer(self, key: str, minimum: int = 0) -> int:
+        v = self.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ValueError(f"{self.where}.{key} must be an integer >= {minimum}, got {v!r}")
+        return v
+
+    def number(self, key: str, optional: bool = False) -> float | None:
+        v = self.get(key)
+        if v is None and optional:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"{self.where}.{key} must be a finite number, got {v!r}")
+        return float(v) if isinstance(v, float) else v
+
+    def ints(self, key: str, length: int | None = None) -> tuple[int, ...]:
+        v = self.get(key)
+        if not (isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)
+                and (length is None or len(v) == length)):
+            size = f"{length} " if length else ""
+            raise ValueError(f"{self.where}.{key} must be a list of {size}positive integers, got {v!r}")
+        return tuple(v)
+
+    def items(self, key: str) -> list[Any]:
+        v = self.get(key)
+        if not isinstance(v, list):
+            raise ValueError(f"{self.where}.{key} must be a list")
+        return v
+
+
+def plan_from_dict(data: Any) -> Any:
+    from planner.planning import PLAN_SCHEMA, PLAN_VERSION, MeshResult, Plan
+
+    r = _Reader(data, "plan")
+    if r.get("schema") != PLAN_SCHEMA:
+        raise ValueError(f'not a plan file: "schema" is {data.get("schema")!r}, expected {PLAN_SCHEMA!r}')
+    version = r.integer("version", 1)
+    if version > PLAN_VERSION:
+        raise ValueError(f"plan version {version} is newer than this shardplan understands ({PLAN_VERSION}); upgrade shardplan")
+
+    layers = []
+    for i, row in enumerate(r.items("layers")):
+        lr = _Reader(row, f"plan.layers[{i}]")
+        strategy = lr.string("strategy")
+        if strategy not in STRATEGY_NAMES:
+            raise ValueError(f"plan.layers[{i}].strategy {strategy!r} is not one of {', '.join(STRATEGY_NAMES)}")
+        layers.append(LayerCost(
+            name=lr.string("name"), kind=lr.string("kind"), strategy=strategy,
+            compute_s=lr.number("compute_s"), comm_s=lr.number("comm_s"), reshard_s=lr.number("reshard_s"),
+            memory_bytes=lr.number("memory_bytes"),
+        ))
+    if not layers:
+        raise ValueError("plan.layers must not be empty")
+    collectives = []
+    for i, row in enumerate(r.items("collectives")):
+        cr = _Reader(row, f"plan.collectives[{i}]")
+        axes = cr.get("axes")
+        if not (isinstance(axes, list) and all(isinstance(a, str) for a in axes)):
+            raise ValueError(f"plan.collectives[{i}].axes must be a list of axis names")
+        collectives.append(CollectiveRecord(
+            kind=cr.string("kind"), axes=tuple(axes), phase=cr.string("phase"), where=cr.string("where"),
+            bytes_per_device=cr.number("bytes_per_device"),
+        ))
+    meshes = []
+    for i, row in enumerate(r.items("meshes")):
+        mr = _Reader(row, f"plan.meshes[{i}]")
+        feasible = mr.get("feasible")
+        if not isinstance(feasible, bool):
+            raise ValueError(f"plan.meshes[{i}].feasible must be true or false")
+        meshes.append(MeshResult(
+            mesh=mr.ints("mesh", 2), feasible=feasible, iteration_s=mr.number("iteration_s", optional=True),
+            memory_bytes_per_device=mr.number("memory_bytes_per_device"),
+            min_memory_bytes=mr.number("min_memory_bytes"), method=mr.string("method"),
+            optimality_gap=mr.number("optimality_gap", optional=True),
+        ))
+    mesh = r.ints("mesh", 2)
+    devices = r.integer("devices", 1)
+    if mesh[0] * mesh[1] != devices:
+        raise ValueError(f"plan.mesh {mesh[0]}x{mesh[1]} does not hold plan.devices = {devices} devices")
+    axis_names = r.get("axis_names")
+    if axis_names != ["data", "model"]:
+        raise ValueError(f'plan.axis_names must be ["data", "model"], got {axis_names!r}')
+    names = [x.name for x in layers]
+    if len(set(names)) != len(names):
+        raise ValueError("plan.layers names must be unique")
+    fields = dict(
+        model=r.string("model"), hardware=r.string("hardware"), devices=devices, mesh=mesh,
+        axis_names=("data", "model"), batch=r.integer("batch", 1), dtype=r.string("dtype"),
+        optimizer=r.string("optimizer"), layers=tuple(layers), collectives=tuple(collectives),
+        iteration_s=r.number("iteration_s"), memory_bytes_per_device=r.number("memory_bytes_per_device"),
+        memory_capacity_bytes=r.number("memory_capacity_bytes"), memory_limit_bytes=r.number("memory_limit_bytes"),
+        data_parallel_iteration_s=r.number("data_parallel_iteration_s", optional=True),
+        data_parallel_memory_bytes=r.number("data_parallel_memory_bytes", optional=True),
+        speedup_over_data_parallel=r.number("speedup_over_data_parallel", optional=True),
+        method=r.string("method"), seed=r.integer("seed"), seconds=r.number("seconds"),
+        optimality_gap=r.number("optimality_gap", optional=True), meshes=tuple(meshes),
+        graph_fingerprint=r.string("graph_fingerprint"), input_shape=r.ints("input_shape"),
+    )
+    assert set(fields) == {f.name for f in dataclasses.fields(Plan)}  # internal: writer and reader agree
+    return Plan(**fields)
