@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from planner.graph import LayerGraph, LayerKind
+from planner.graph import LayerGraph
 from planner.netfile import NET_SUFFIXES, load_net
 
 __all__ = ["main", "load_model", "layer_report", "UsageError", "DTYPE_BYTES"]

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_cost_commands", "parse_mesh"]
+__all__ = ["add_cost_commands", "layer_cost_table", "parse_mesh"]
 
 _MESH = re.compile(r"\s*(\d+)\s*[xX×]\s*(\d+)\s*")
 
@@ -115,9 +115,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
 
 
 def _render_evaluation(data: dict[str, Any]) -> None:
-    from rich import box
     from rich.console import Console
-    from rich.table import Table
 
     from planner._format import format_bytes
 
@@ -128,14 +126,25 @@ def _render_evaluation(data: dict[str, Any]) -> None:
         f"{data['dtype']}, {data['optimizer']}: {data['iteration_s'] * 1e3:.3f} ms/iteration, "
         f"{format_bytes(data['memory_bytes_per_device'])} per device ({fits} in {format_bytes(data['memory_capacity_bytes'])})"
     )
+    Console().print(layer_cost_table(title, data["layers"]))
+
+
+def layer_cost_table(title: str, layers: list[dict[str, Any]]) -> Any:
+    """A rich table of per-layer plan rows (name, kind, strategy, compute,
+    communication, resharding, memory), as ``evaluate`` and ``plan`` print."""
+    from rich import box
+    from rich.table import Table
+
+    from planner._format import format_bytes
+
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False)
     for col, just in (("name", "left"), ("kind", "left"), ("strategy", "left"), ("compute ms", "right"),
                       ("comm ms", "right"), ("reshard ms", "right"), ("memory", "right")):
         table.add_column(col, justify=just, overflow="fold")
-    for r in data["layers"]:
+    for r in layers:
         table.add_row(r["name"], r["kind"], r["strategy"], f"{r['compute_s'] * 1e3:.4f}", f"{r['comm_s'] * 1e3:.4f}",
                       f"{r['reshard_s'] * 1e3:.4f}", format_bytes(r["memory_bytes"]))
-    Console().print(table)
+    return table
 
 
 def add_cost_commands(sub: Any) -> None:

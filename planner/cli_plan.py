@@ -39,11 +39,10 @@ def _progress(console: Any):
 
 
 def _render(data: dict[str, Any], output: str | None) -> None:
-    from rich import box
     from rich.console import Console
-    from rich.table import Table
 
     from planner._format import format_bytes
+    from planner.cli_cost import layer_cost_table
 
     d, m = data["mesh"]
     speedup = data["speedup_over_data_parallel"]
@@ -56,15 +55,8 @@ def _render(data: dict[str, Any], output: str | None) -> None:
         f"batch {data['batch']}, {data['dtype']}, {data['optimizer']}: "
         f"{data['iteration_s'] * 1e3:.3f} ms/iteration{vs_dp}"
     )
-    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False)
-    for col, just in (("name", "left"), ("kind", "left"), ("strategy", "left"), ("compute ms", "right"),
-                      ("comm ms", "right"), ("reshard ms", "right"), ("memory", "right")):
-        table.add_column(col, justify=just, overflow="fold")
-    for r in data["layers"]:
-        table.add_row(r["name"], r["kind"], r["strategy"], f"{r['compute_s'] * 1e3:.4f}", f"{r['comm_s'] * 1e3:.4f}",
-                      f"{r['reshard_s'] * 1e3:.4f}", format_bytes(r["memory_bytes"]))
     console = Console()
-    console.print(table)
+    console.print(layer_cost_table(title, data["layers"]))
     gap = data["optimality_gap"]
     gap_text = "optimal" if gap == 0 else (f"within {gap:.2%} of optimal" if gap is not None else "no optimality bound")
     console.print(
