@@ -36,7 +36,15 @@ import numpy as np
 
 from planner.graph import LayerKind
 
-__all__ = ["Strategy", "Layout", "STRATEGY_NAMES", "strategy_layouts", "strategy_mask", "parse_strategy"]
+__all__ = [
+    "Strategy",
+    "Layout",
+    "STRATEGY_NAMES",
+    "strategy_layouts",
+    "io_layout_names",
+    "strategy_mask",
+    "parse_strategy",
+]
 
 
 class Strategy(enum.IntEnum):
@@ -90,6 +98,16 @@ _CHANNELWISE_LAYOUTS = np.array(
         [R, R, R, R],
     ]
 )
+
+
+def io_layout_names(param_layer: bool) -> dict[str, tuple[str, str]]:
+    """Strategy name -> (input, output) layout names of a parameter layer
+    (conv, dense) or of a per-channel layer: the tables above, for export."""
+    table = _PARAM_LAYOUTS if param_layer else _CHANNELWISE_LAYOUTS
+    return {
+        name: (Layout(int(row[0])).name.lower(), Layout(int(row[1])).name.lower())
+        for name, row in zip(STRATEGY_NAMES, table, strict=True)
+    }
 
 
 def _is_param_layer(kind):

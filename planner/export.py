@@ -33,7 +33,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from costmodels.strategies import STRATEGY_NAMES
+from costmodels.strategies import STRATEGY_NAMES, io_layout_names
 
 __all__ = [
     "AXES",
@@ -97,14 +97,9 @@ def activation_spec(layout: str, ndim: int) -> P | None:
     raise ValueError(f"unknown layout {layout!r}")
 
 
-_IN_OUT = {  # strategy -> (input layout, output layout) of a conv / dense layer
-    "data": ("batch", "batch"),
-    "filter": ("replicated", "channel"),
-    "channel": ("channel", "partial"),
-    "spatial": ("spatial", "spatial"),
-    "replicated": ("replicated", "replicated"),
-}
-_CHANNELWISE = {**_IN_OUT, "filter": ("channel", "channel"), "channel": ("replicated", "replicated")}
+# strategy -> (input layout, output layout), from the cost model's own tables
+_IN_OUT = io_layout_names(param_layer=True)  # conv / dense
+_CHANNELWISE = io_layout_names(param_layer=False)  # batch norm and the other per-channel layers
 _PARAM_MODULES = (nnx.Conv, nnx.Linear)
 
 

@@ -107,12 +107,16 @@ class VGG(nnx.Module):
             else:
                 x = jax.nn.relu(self.features[i](x))
                 i += 1
-        x = x.reshape(x.shape[0], -1)
-        for j, fc in enumerate(self.classifier):
-            x = fc(x)
-            if j < len(self.classifier) - 1:
-                x = jax.nn.relu(x)
-        return x
+        return _classify(self.classifier, x.reshape(x.shape[0], -1))
+
+
+def _classify(classifier: nnx.List, x: jax.Array) -> jax.Array:
+    """The fully-connected head: each Linear followed by a ReLU but the last."""
+    for j, fc in enumerate(classifier):
+        x = fc(x)
+        if j < len(classifier) - 1:
+            x = jax.nn.relu(x)
+    return x
 
 
 class AlexNet(nnx.Module):
@@ -139,12 +143,7 @@ class AlexNet(nnx.Module):
             x = jax.nn.relu(conv(x))
             if i in self.POOL_AFTER:
                 x = nnx.max_pool(x, (3, 3), strides=(2, 2))
-        x = x.reshape(x.shape[0], -1)
-        for j, fc in enumerate(self.classifier):
-            x = fc(x)
-            if j < len(self.classifier) - 1:
-                x = jax.nn.relu(x)
-        return x
+        return _classify(self.classifier, x.reshape(x.shape[0], -1))
 
 
 class Bottleneck(nnx.Module):
@@ -265,12 +264,7 @@ class CosmoFlow(nnx.Module):
             x = jax.nn.relu(conv(x))
             if i < len(self.convs) - 1:
                 x = nnx.avg_pool(x, (2, 2, 2), strides=(2, 2, 2))
-        x = x.reshape(x.shape[0], -1)
-        for j, fc in enumerate(self.fcs):
-            x = fc(x)
-            if j < len(self.fcs) - 1:
-                x = jax.nn.relu(x)
-        return x
+        return _classify(self.fcs, x.reshape(x.shape[0], -1))
 
 
 # name -> (constructor taking rngs, per-sample input shape channels last)
