@@ -1,10 +1,14 @@
 """Reading a plan file back: ``Plan.from_json`` / ``Plan.from_dict``, with a
 message naming the first problem. The writer is ``Plan.to_dict``.
 
-Schema ``"shardplan/plan"``, integer ``version``: version 1 is the current
-one (no older version exists yet, so none needs upgrading); a newer version,
-another schema, a missing or mistyped field, a non-finite number or an
-unknown strategy is rejected.
+Schema ``"shardplan/plan"``, integer ``version``: version 2 is the current
+one. A version-1 file is upgraded on reading: its layers' PartitionSpecs
+are derived from their kinds and strategies
+(:func:`planner.plan_specs.layer_specs_from_kinds`), the hardware is embedded
+from the preset of that name (left out when it names no preset), the
+package version reads ``"unknown (plan file version 1)"`` and the search
+history is empty. A newer version, another schema, a missing or mistyped
+field, a non-finite number or an unknown strategy is rejected.
 """
 
 from __future__ import annotations
@@ -14,7 +18,10 @@ import math
 from typing import Any
 
 from costmodels import STRATEGY_NAMES, CollectiveRecord
+from costmodels.hardware import hardware_from_dict, load_hardware, preset_names
 from planner.evaluate import LayerCost
+from planner.plan_specs import LayerSpecs, layer_specs_from_kinds
+from search import HistoryEntry
 
 __all__ = ["plan_from_dict"]
 
@@ -65,6 +72,35 @@ class _Reader:
         return v
 
 
+def _spec(value: Any, where: str, nullable: bool) -> Any:
+    if value is None and nullable:
+        return None
+
+    def entry(e: Any) -> Any:
+        if e is None or e in ("data", "model"):
+            return e
+        if isinstance(e, list) and e and all(a in ("data", "model") for a in e):
+            return tuple(e)
+        raise ValueError(f'{where} entries must be null, "data", "model" or a list of those, got {e!r}')
+
+    if not isinstance(value, list):
+        raise ValueError(f"{where} must be a list (a PartitionSpec){' or null' if nullable else ''}, got {value!r}")
+    return tuple(entry(e) for e in value)
+
+
+def _layer_specs(row: _Reader, i: int, name: str) -> LayerSpecs:
+    where = f"plan.layers[{i}]"
+    params = row.get("param_specs")
+    if not isinstance(params, dict):
+        raise ValueError(f"{where}.param_specs must be an object of parameter name -> PartitionSpec")
+    return LayerSpecs(
+        name=name,
+        input_spec=_spec(row.get("input_spec"), f"{where}.input_spec", True),
+        output_spec=_spec(row.get("output_spec"), f"{where}.output_spec", True),
+        param_specs=tuple((k, _spec(v, f"{where}.param_specs.{k}", False)) for k, v in params.items()),
+    )
+
+
 def plan_from_dict(data: Any) -> Any:
     from planner.planning import PLAN_SCHEMA, PLAN_VERSION, MeshResult, Plan
 
@@ -75,7 +111,7 @@ def plan_from_dict(data: Any) -> Any:
     if version > PLAN_VERSION:
         raise ValueError(f"plan version {version} is newer than this shardplan understands ({PLAN_VERSION}); upgrade shardplan")
 
-    layers = []
+    layers, specs = [], []
     for i, row in enumerate(r.items("layers")):
         lr = _Reader(row, f"plan.layers[{i}]")
         strategy = lr.string("strategy")
@@ -86,6 +122,8 @@ def plan_from_dict(data: Any) -> Any:
             compute_s=lr.number("compute_s"), comm_s=lr.number("comm_s"), reshard_s=lr.number("reshard_s"),
             memory_bytes=lr.number("memory_bytes"),
         ))
+        if version >= 2:
+            specs.append(_layer_specs(lr, i, layers[-1].name))
     if not layers:
         raise ValueError("plan.layers must not be empty")
     collectives = []
@@ -133,5 +171,27 @@ def plan_from_dict(data: Any) -> Any:
         optimality_gap=r.number("optimality_gap", optional=True), meshes=tuple(meshes),
         graph_fingerprint=r.string("graph_fingerprint"), input_shape=r.ints("input_shape"),
     )
+    if version >= 2:
+        hw = r.get("hardware_spec")
+        fields["hardware_spec"] = None if hw is None else hardware_from_dict(hw, source="plan.hardware_spec")
+        fields["package_version"] = r.string("package_version")
+        history = []
+        for i, row in enumerate(r.items("history")):
+            hr = _Reader(row, f"plan.history[{i}]")
+            fits = hr.get("fits")
+            if not isinstance(fits, bool):
+                raise ValueError(f"plan.history[{i}].fits must be true or false")
+            history.append(HistoryEntry(stage=hr.string("stage"), time_s=hr.number("time_s", optional=True),
+                                        memory_bytes=hr.number("memory_bytes", optional=True), fits=fits))
+        fields["history"] = tuple(history)
+        fields["layer_specs"] = tuple(specs)
+    else:  # upgrade a version-1 file
+        fields["layer_specs"] = layer_specs_from_kinds(
+            [x.name for x in layers], [x.kind for x in layers], [x.strategy for x in layers],
+            len(fields["input_shape"]) + 1)
+        name = fields["hardware"]
+        fields["hardware_spec"] = load_hardware(name) if name in preset_names() else None
+        fields["package_version"] = "unknown (plan file version 1)"
+        fields["history"] = ()
     assert set(fields) == {f.name for f in dataclasses.fields(Plan)}  # internal: writer and reader agree
     return Plan(**fields)

@@ -35,10 +35,13 @@ from costmodels import (
     load_hardware,
 )
 from costmodels.calibration import Calibration, calibration_arrays
+from planner._version import __version__
 from planner.evaluate import LayerCost, evaluate, resolve_batch
 from planner.graph import LayerGraph
+from planner.plan_specs import LayerSpecs, layer_specs, to_partition_spec
 from search import (
     GradientConfig,
+    HistoryEntry,
     SearchEvent,
     Solution,
     discrete_problem,
@@ -59,7 +62,7 @@ __all__ = [
 ]
 
 PLAN_SCHEMA = "shardplan/plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2 added layer specs, the embedded hardware, the package version, the search history
 AXIS_NAMES = ("data", "model")
 
 _UNITS = {
@@ -173,6 +176,10 @@ class Plan:
     meshes: tuple[MeshResult, ...]  # every mesh shape searched
     graph_fingerprint: str = ""  # LayerGraph.fingerprint of the model the plan was made for
     input_shape: tuple[int, ...] = ()  # per sample, channels first
+    layer_specs: tuple[LayerSpecs, ...] = ()  # PartitionSpecs of each layer's parameters and activations
+    hardware_spec: Hardware | None = None  # the hardware description used (None: a version-1 file of a non-preset)
+    package_version: str = ""  # shardplan's version that made the plan
+    history: tuple[HistoryEntry, ...] = ()  # the winning mesh's search steps (shardplan plot --history)
 
     @property
     def strategies(self) -> dict[str, str]:
@@ -192,9 +199,20 @@ class Plan:
 
         return shardings(params, self.strategies, mesh)
 
+    def activation_specs(self) -> dict[str, tuple[Any, Any]]:
+        """Layer name -> (input, output) ``PartitionSpec`` (None: XLA decides)."""
+        return {s.name: (to_partition_spec(s.input_spec), to_partition_spec(s.output_spec)) for s in self.layer_specs}
+
     @property
     def fits_memory(self) -> bool:
         return self.memory_bytes_per_device <= self.memory_capacity_bytes
+
+    def summary(self) -> str:
+        """The per-layer table as plain text: strategy, predicted seconds and
+        bytes per device, and the layer's activation specs."""
+        from planner.plan_summary import plan_summary
+
+        return plan_summary(self)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the keys of ``shardplan evaluate --json`` plus the search's."""
@@ -223,13 +241,19 @@ class Plan:
             "optimality_gap": self.optimality_gap,
             "graph_fingerprint": self.graph_fingerprint,
             "input_shape": list(self.input_shape),
-            "layers": [dataclasses.asdict(r) for r in self.layers],
+            "package_version": self.package_version,
+            "hardware_spec": None if self.hardware_spec is None else self.hardware_spec.to_dict(),
+            "layers": [
+                {**dataclasses.asdict(r), **(s.to_dict() if s is not None else {})}
+                for r, s in zip(self.layers, self.layer_specs or (None,) * len(self.layers), strict=True)
+            ],
             "collectives": [{**dataclasses.asdict(c), "axes": list(c.axes)} for c in self.collectives],
             "meshes": [m.to_dict() for m in self.meshes],
+            "history": [dataclasses.asdict(h) for h in self.history],
         }
 
     def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
     @classmethod
     def from_dict(cls, data: Any) -> Plan:
@@ -388,4 +412,8 @@ def plan(
         meshes=results,
         graph_fingerprint=graph.fingerprint,
         input_shape=tuple(graph.input_shape),
+        layer_specs=layer_specs(graph, sol.strategies),
+        hardware_spec=hw,
+        package_version=__version__,
+        history=sol.history,
     )

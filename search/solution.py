@@ -15,9 +15,9 @@ class HistoryEntry:
     """One step of a search: a relaxed iterate or a discrete plan."""
 
     stage: str  # relaxed | rounded | repaired | local_search | dp | milp | minimum_memory
-    time_s: float  # iteration time (relaxed or exact, as the stage says)
-    memory_bytes: float
-    fits: bool  # memory_bytes <= the limit
+    time_s: float | None  # iteration time (relaxed or exact, as the stage says); None: no candidate fitted
+    memory_bytes: float | None  # peak memory per device; None where the stage does not compute it
+    fits: bool  # the stage's plan fits the memory limit
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,6 +67,11 @@ def heuristic_plans(p: DiscreteProblem) -> np.ndarray:
     return np.stack([data, fastest, minimum_memory(p).choice])
 
 
+def _finite(seconds: float) -> float | None:
+    """A history time, None where no candidate fitted (infinite)."""
+    return float(seconds) if np.isfinite(seconds) else None
+
+
 def _gap(time_s: float, bound: float | None) -> float | None:
     if bound is None or not np.isfinite(bound) or bound <= 0:
         return None
@@ -169,8 +174,8 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
             history = [HistoryEntry("relaxed", float(a), float(b), bool(b <= lim))
                        for a, b in zip(res.trace_time_s[k][:, r_best], res.trace_memory_bytes[k][:, r_best], strict=True)]
             history += [
-                HistoryEntry("rounded", ref.rounded_time_s, np.nan, bool(np.isfinite(ref.rounded_time_s))),
-                HistoryEntry("repaired", ref.repaired_time_s, np.nan, bool(np.isfinite(ref.repaired_time_s))),
+                HistoryEntry("rounded", _finite(ref.rounded_time_s), None, bool(np.isfinite(ref.rounded_time_s))),
+                HistoryEntry("repaired", _finite(ref.repaired_time_s), None, bool(np.isfinite(ref.repaired_time_s))),
                 HistoryEntry("local_search", ref.time_s, ref.memory_bytes, ref.feasible),
             ]
             choice, time_s, mem, bound, used = ref.choice, ref.time_s, ref.memory_bytes, None, "gradient"

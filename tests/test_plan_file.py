@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from planner.planning import Plan, plan
 
@@ -20,14 +21,14 @@ def test_round_trip_is_exact(vgg_plan, tmp_path):
     path = tmp_path / "plan.json"
     vgg_plan.write(path)
     assert Plan.read(path) == vgg_plan
-    assert json.loads(text)["schema"] == "shardplan/plan" and json.loads(text)["version"] == 1
+    assert json.loads(text)["schema"] == "shardplan/plan" and json.loads(text)["version"] == 2
 
 
 @pytest.mark.parametrize(
     "mutate, message",
     [
         (lambda d: d.update(schema="shardplan/layer-graph"), "not a plan file"),
-        (lambda d: d.update(version=2), "newer"),
+        (lambda d: d.update(version=3), "newer"),
         (lambda d: d.update(version="1"), "integer"),
         (lambda d: d.pop("mesh"), 'missing "mesh"'),
         (lambda d: d.update(mesh=[3, 5]), "does not hold"),
@@ -52,3 +53,124 @@ def test_truncated_and_missing_files(vgg_plan, tmp_path):
         Plan.from_json(vgg_plan.to_json()[:100])
     with pytest.raises(ValueError, match="cannot read plan file"):
         Plan.read(tmp_path / "nope.json")
+
+
+# -- version 2: layer specs, embedded hardware, package version, history ----------
+
+
+def test_file_embeds_hardware_version_and_history(vgg_plan):
+    from importlib.metadata import version
+
+    from costmodels import load_hardware
+
+    d = json.loads(vgg_plan.to_json())
+    assert d["hardware_spec"] == load_hardware("abci-v100").to_dict()
+    assert d["package_version"] == version("shardplan")  # what pip installed, not the module constant
+    assert d["history"] and {h["stage"] for h in d["history"]} >= {"dp"}
+
+
+def test_gradient_plans_record_their_search_history():
+    p = plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=64, method="gradient")
+    stages = [h.stage for h in p.history]
+    assert "relaxed" in stages and stages.index("relaxed") < len(stages) - 1
+    assert Plan.from_json(p.to_json()).history == p.history
+
+
+def _flax_param_specs(name, strategies):
+    """(layer, param) -> PartitionSpec that planner.export applies to the real nnx state."""
+    import jax
+    from flax import nnx
+
+    from planner.export import partition_specs
+    from planner.flax_zoo import flax_model
+
+    model, _ = flax_model(name)
+    specs = partition_specs(nnx.state(model), strategies)
+    out = {}
+    for path, spec in jax.tree_util.tree_leaves_with_path(specs, is_leaf=lambda x: isinstance(x, P)):
+        keys = [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)]
+        out["/".join(keys[:-1]), keys[-1]] = spec
+    return out
+
+
+
+def test_recorded_param_specs_are_what_export_applies():
+    p = plan("vgg16-cifar10-splitbrain", devices=8, hardware="abci-v100", batch=64, method="dp",
+             memory_limit="300MB")
+    strategies_by_layer = p.strategies
+    assert len(set(strategies_by_layer.values())) > 1, "want a mixed plan"
+    applied = _flax_param_specs("vgg16-cifar10-splitbrain", strategies_by_layer)
+    recorded = {(s.name, n): P(*spec) for s in p.layer_specs for n, spec in s.param_specs}
+    for key, spec in applied.items():
+        assert recorded[key] == spec, key
+    assert set(applied) <= set(recorded)
+
+
+def test_hand_checked_specs():
+    from planner.plan_specs import layer_specs
+    from planner.zoo import get_model
+
+    g = get_model("vgg16-cifar10")
+    names = list(g.names)
+    strat = ["data"] * len(names)
+    conv = names.index(next(n for n, k in zip(names, g.kind_names) if k == "conv2d"))
+    dense = max(i for i, k in enumerate(g.kind_names) if k == "dense")
+    strat[conv], strat[dense] = "filter", "channel"
+    specs = layer_specs(g, strat)
+    c, f = specs[conv], specs[dense]
+    assert dict(c.param_specs) == {"kernel": (None, None, None, "model"), "bias": ("model",)}
+    assert c.input_spec == ("data",) and c.output_spec == ("data", None, None, "model")
+    assert dict(f.param_specs) == {"kernel": ("model", None), "bias": ()}
+    assert f.input_spec == ("data", "model") and f.output_spec is None  # partial sums: XLA decides
+    assert specs[0 if conv else 1].input_spec in (("data",), (("data", "model"),))
+
+
+@pytest.mark.parametrize("model", ["vgg16-cifar10-splitbrain", "resnet50", "cosmoflow-256"])
+def test_version_1_files_upgrade_to_the_same_specs(model):
+    """A version-1 file (no specs, hardware, version or history) reads back with
+    the specs the graph itself gives (the kinds-only rule agrees with the graph)."""
+    from costmodels import load_hardware
+    from planner.plan_specs import layer_specs
+    from planner.zoo import get_model
+
+    g = get_model(model)
+    p = plan(model, devices=8, hardware="dgx-a100", batch=64, method="auto")
+    d = json.loads(p.to_json())
+    d["version"] = 1
+    for key in ("package_version", "hardware_spec", "history"):
+        d.pop(key)
+    for row in d["layers"]:
+        for key in ("input_spec", "output_spec", "param_specs"):
+            row.pop(key)
+    back = Plan.from_dict(d)
+    assert back.layer_specs == layer_specs(g, [r.strategy for r in p.layers])
+    assert back.hardware_spec == load_hardware("dgx-a100")
+    assert back.package_version.startswith("unknown") and back.history == ()
+    assert back.strategies == p.strategies and back.to_dict()["version"] == 2
+
+
+def test_summary_has_one_row_per_layer(vgg_plan):
+    text = vgg_plan.summary()
+    lines = text.splitlines()
+    assert len(lines) == 2 + len(vgg_plan.layers) + 1
+    for line, r in zip(lines[2:], vgg_plan.layers):
+        assert line.split()[:3] == [r.name, r.kind, r.strategy]
+    assert f"{vgg_plan.iteration_s * 1e3:.3f} ms/iteration" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d["layers"][0].update(input_spec="data"), "input_spec must be a list"),
+        (lambda d: d["layers"][0].update(output_spec=["rows"]), "entries must be null"),
+        (lambda d: d["layers"][0].pop("param_specs"), 'missing "param_specs"'),
+        (lambda d: d.pop("package_version"), 'missing "package_version"'),
+        (lambda d: d["hardware_spec"].pop("tiers"), "tiers"),
+        (lambda d: d["history"][0].update(fits="yes"), "fits must be true or false"),
+    ],
+)
+def test_malformed_version_2_fields_rejected(vgg_plan, mutate, message):
+    d = json.loads(vgg_plan.to_json())
+    mutate(d)
+    with pytest.raises(ValueError, match=message):
+        Plan.from_dict(d)

@@ -1,0 +1,171 @@
+"""The PartitionSpecs a plan gives each layer: its parameters' and its
+activations', on the ``("data", "model")`` mesh. These are what
+:mod:`planner.export` applies to a Flax model and what the plan file records
+per layer (``input_spec``, ``output_spec``, ``param_specs``).
+
+Arrays are batch-first and channels-last (Flax's convention): an activation
+of a layer with ``r`` spatial dims has rank ``r + 2``. A spec is written as
+a tuple with one entry per leading dim: ``None`` (not split), an axis name,
+or a tuple of axis names (split over both); trailing dims not named are not
+split. ``None`` in place of a whole spec means XLA decides (the partial sums
+a channel-parallel layer produces).
+
+=============  ==========================  =============================================
+strategy       conv / dense kernel          activations
+=============  ==========================  =============================================
+data           replicated                   batch over ("data", "model")
+filter         last dim (out) over model    in: batch over data; out: channels over model
+channel        2nd-last (in) over model     in: channels over model; out: partial sums
+spatial        replicated                   batch over data, first spatial dim over model
+replicated     replicated                   batch over data
+=============  ==========================  =============================================
+
+1-D parameters (biases, batch-norm scale, shift and statistics) follow the
+output channels: split over ``model`` under ``filter``, not split otherwise.
+The layouts per strategy are the cost model's own tables
+(:func:`costmodels.strategies.io_layout_names`), so what is costed is what
+is applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from jax.sharding import PartitionSpec
+
+from costmodels.strategies import STRATEGY_NAMES, io_layout_names
+
+__all__ = [
+    "Spec",
+    "LayerSpecs",
+    "param_spec_entries",
+    "activation_spec_entries",
+    "layer_specs",
+    "layer_specs_from_kinds",
+    "to_partition_spec",
+]
+
+Entry = None | str | tuple[str, ...]
+Spec = tuple[Entry, ...]  # one entry per leading dim; see the module docstring
+
+_BATCH_AXES = ("data", "model")
+_PARAM_LAYOUTS = io_layout_names(param_layer=True)  # conv / dense
+_CHANNELWISE_LAYOUTS = io_layout_names(param_layer=False)  # batch norm and the other per-channel layers
+# The parameters Flax gives each layer kind (nnx and linen share the names).
+_PARAM_NAMES = {"conv": ("kernel", "bias"), "dense": ("kernel", "bias"),
+                "batch_norm": ("scale", "bias", "mean", "var")}
+
+
+def _check(strategy: str) -> str:
+    if strategy not in STRATEGY_NAMES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGY_NAMES)}")
+    return strategy
+
+
+def param_spec_entries(strategy: str, ndim: int) -> Spec:
+    """Spec of a parameter of rank ``ndim`` in a layer run under ``strategy``."""
+    _check(strategy)
+    if ndim == 0:
+        return ()
+    if ndim == 1:
+        return ("model",) if strategy == "filter" else ()
+    if strategy == "filter":
+        return (*([None] * (ndim - 1)), "model")
+    if strategy == "channel":
+        return (*([None] * (ndim - 2)), "model", None)
+    return ()
+
+
+def activation_spec_entries(layout: str, ndim: int) -> Spec | None:
+    """Spec of a batch-first, channels-last activation of rank ``ndim`` in a
+    layout (``batch``, ``replicated``, ``channel``, ``spatial``); None where
+    XLA decides (``partial``)."""
+    if layout == "batch":
+        return (_BATCH_AXES,)
+    if layout == "replicated":
+        return ("data",)
+    if layout == "channel":
+        return ("data", *([None] * (ndim - 2)), "model")
+    if layout == "spatial":
+        if ndim < 3:
+            raise ValueError(f"a spatial layout needs a spatial dim; this activation has rank {ndim}")
+        return ("data", "model")
+    if layout == "partial":
+        return None
+    raise ValueError(f"unknown layout {layout!r}")
+
+
+def to_partition_spec(spec: Spec | None) -> PartitionSpec | None:
+    """The ``jax.sharding.PartitionSpec`` of a spec (None stays None)."""
+    return None if spec is None else PartitionSpec(*spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSpecs:
+    """What a plan lays out for one layer."""
+
+    name: str
+    input_spec: Spec | None  # the layer's input activation; None: XLA decides
+    output_spec: Spec | None  # the layer's output activation; None: partial sums, XLA decides
+    param_specs: tuple[tuple[str, Spec], ...]  # (Flax parameter name, spec), e.g. ("kernel", (None, None, None, "model"))
+
+    def to_dict(self) -> dict[str, Any]:
+        def js(spec: Spec | None) -> list[Any] | None:
+            return None if spec is None else [list(e) if isinstance(e, tuple) else e for e in spec]
+
+        return {"input_spec": js(self.input_spec), "output_spec": js(self.output_spec),
+                "param_specs": {n: js(s) for n, s in self.param_specs}}
+
+
+def _one(name: str, kind: str, strategy: str, in_ndim: int, out_ndim: int) -> LayerSpecs:
+    base = "conv" if kind.startswith("conv") else kind
+    table = _PARAM_LAYOUTS if base in ("conv", "dense") else _CHANNELWISE_LAYOUTS
+    lin, lout = table[_check(strategy)]
+    params: list[tuple[str, Spec]] = []
+    for p in _PARAM_NAMES.get(base, ()):
+        ndim = (in_ndim if base == "conv" else 2) if p == "kernel" else 1
+        params.append((p, param_spec_entries(strategy, ndim)))
+
+    def act(layout: str, ndim: int) -> Spec | None:
+        # a spatial strategy on a layer without spatial dims is never chosen (masked); say so if asked
+        return activation_spec_entries(layout, ndim) if (layout != "spatial" or ndim >= 3) else None
+
+    return LayerSpecs(name, act(lin, in_ndim), act(lout, out_ndim), tuple(params))
+
+
+def layer_specs(graph: Any, strategies: Sequence[str]) -> tuple[LayerSpecs, ...]:
+    """Specs of every layer of a :class:`~planner.graph.LayerGraph` under one
+    strategy per layer (ranks from the graph's spatial ranks)."""
+    a = graph.unpadded()
+    if len(strategies) != graph.num_layers:
+        raise ValueError(f"{len(strategies)} strategies for {graph.num_layers} layers")
+    return tuple(
+        _one(name, kind, s, int(a.spatial_rank[i]) + 2, int(a.out_spatial_rank[i]) + 2)
+        for i, (name, kind, s) in enumerate(zip(graph.names, graph.kind_names, strategies, strict=True))
+    )
+
+
+def layer_specs_from_kinds(names: Sequence[str], kinds: Sequence[str], strategies: Sequence[str],
+                           input_rank: int) -> tuple[LayerSpecs, ...]:
+    """Specs when only the layer kinds are known (upgrading a version-1 plan
+    file, which has no graph): ranks follow the kinds in file (topological)
+    order. ``convNd`` takes and gives rank N + 2, ``dense`` and ``flatten``'s
+    output rank 2, a ``pool`` directly before a ``dense`` is a global pool
+    (output rank 2), every other layer keeps the rank of the layer before."""
+    rank = input_rank
+    out = []
+    for i, (name, kind, s) in enumerate(zip(names, kinds, strategies, strict=True)):
+        nxt = kinds[i + 1] if i + 1 < len(kinds) else ""
+        if kind.startswith("conv") and kind[4:-1].isdigit():
+            r_in = r_out = int(kind[4:-1]) + 2
+        elif kind == "dense":
+            r_in = r_out = 2
+        elif kind == "flatten" or (kind == "pool" and nxt == "dense"):
+            r_in, r_out = rank, 2
+        else:
+            r_in = r_out = rank
+        out.append(_one(name, kind, s, r_in, r_out))
+        rank = r_out
+    return tuple(out)

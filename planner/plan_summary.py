@@ -1,0 +1,49 @@
+"""``Plan.summary()``: the per-layer table of a plan as plain text (the
+command line renders the same rows with rich)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner._format import format_bytes
+
+__all__ = ["plan_summary", "format_spec"]
+
+
+def format_spec(spec: Any) -> str:
+    """``("data", None, "model")`` -> ``"P(data, -, model)"``; None -> ``"XLA"``."""
+    if spec is None:
+        return "XLA"
+    parts = ["(" + ",".join(e) + ")" if isinstance(e, tuple) else ("-" if e is None else e) for e in spec]
+    return "P(" + ", ".join(parts) + ")"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}"
+
+
+def plan_summary(plan: Any) -> str:
+    """One header line, one row per layer, one total row."""
+    d, m = plan.mesh
+    header = (
+        f"{plan.model} on {plan.devices} x {plan.hardware}, mesh {d}x{m} (data x model), batch {plan.batch}, "
+        f"{plan.dtype}, {plan.optimizer}: {plan.iteration_s * 1e3:.3f} ms/iteration, "
+        f"{format_bytes(plan.memory_bytes_per_device)} per device (limit {format_bytes(plan.memory_limit_bytes)})"
+    )
+    specs = {s.name: s for s in plan.layer_specs}
+    cols = ("layer", "kind", "strategy", "compute ms", "comm ms", "reshard ms", "memory", "input", "output")
+    rows = []
+    for r in plan.layers:
+        s = specs.get(r.name)
+        rows.append((r.name, r.kind, r.strategy, _ms(r.compute_s), _ms(r.comm_s), _ms(r.reshard_s),
+                     format_bytes(r.memory_bytes),
+                     format_spec(s.input_spec) if s else "", format_spec(s.output_spec) if s else ""))
+    rows.append(("total", "", "", _ms(sum(r.compute_s for r in plan.layers)), _ms(sum(r.comm_s for r in plan.layers)),
+                 _ms(sum(r.reshard_s for r in plan.layers)), format_bytes(plan.memory_bytes_per_device), "", ""))
+    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
+    right = {3, 4, 5, 6}
+
+    def line(row: tuple[str, ...]) -> str:
+        return "  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths))).rstrip()
+
+    return "\n".join([header, line(cols), *(line(r) for r in rows)])
