@@ -89,9 +89,11 @@ class Calibration:
 def load_calibration(path: str | Path) -> Calibration:
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{p}: not a text file; expected a calibration JSON file (shardplan profile)") from None
     except OSError as e:
-        raise ValueError(f"cannot read calibration file {str(p)!r}: {e.strerror}") from None
+        raise ValueError(f"cannot read calibration file {str(p)!r}: {e.strerror}; expected a calibration JSON file") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

@@ -5,6 +5,10 @@ users pass their own files with the same schema.
 Every quantity is SI with its unit in the key (``latency_s``,
 ``bandwidth_bytes_per_s``, ``memory_bytes``, ``peak_flops_per_s``), so a file
 written in other units (``bandwidth_gbps``) is rejected rather than misread.
+Numbers far outside any real machine's range are taken as the wrong unit
+and rejected too (``_PLAUSIBLE``): a ``memory_bytes`` of 16 (GB meant),
+a ``bandwidth_bytes_per_s`` of 12.5 (GB/s meant), a ``latency_s`` of 9 (us
+meant), a ``peak_flops_per_s`` of 15.7 (TFLOP/s meant).
 
 Tier choice follows ParaDL (paradl.md §3.1-3.2): a collective over ``ranks``
 devices runs at the latency and bandwidth of the first tier, in file order,
@@ -15,6 +19,7 @@ collective's ranks span more than one node.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 from importlib import resources
@@ -35,6 +40,14 @@ __all__ = [
 HARDWARE_SCHEMA = "shardplan/hardware"
 HARDWARE_VERSION = 1
 DTYPES = ("float32", "bfloat16", "float16")
+# Bounds no real accelerator or network crosses; a value outside is a unit mistake.
+_PLAUSIBLE: dict[str, tuple[float, float, str]] = {  # field -> (min, max, example in the right unit)
+    "peak_flops_per_s": (1e9, math.inf, "15.7e12 for 15.7 TFLOP/s"),
+    "memory_bandwidth_bytes_per_s": (1e6, math.inf, "900e9 for 900 GB/s"),
+    "memory_bytes": (1e6, math.inf, "16e9 for 16 GB"),
+    "latency_s": (0.0, 0.1, "9e-6 for 9 us"),
+    "bandwidth_bytes_per_s": (1e6, math.inf, "12.5e9 for 12.5 GB/s"),
+}
 OP_CLASSES = ("conv", "matmul", "elementwise", "memory")
 
 
@@ -115,10 +128,22 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
     else:
         path = Path(key)
         if not path.is_file():
+            if "/" in key or "\\" in key or path.suffix == ".json":
+                raise ValueError(
+                    f"no such hardware file: {key}; give a preset ({', '.join(preset_names())}) or an existing JSON file"
+                )
+            close = [n for n in preset_names() if key.lower() in n] or difflib.get_close_matches(
+                key, preset_names(), n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]!r}?)" if close and len(key) >= 2 else ""
             raise ValueError(
-                f"unknown hardware {key!r}: not a preset ({', '.join(preset_names())}) nor an existing JSON file"
+                f"unknown hardware {key!r}{hint}: not a preset ({', '.join(preset_names())}) nor an existing JSON file"
             )
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not a text file; expected a hardware JSON file") from None
+        except OSError as e:
+            raise ValueError(f"cannot read hardware file {key!r}: {e.strerror}; expected a hardware JSON file") from None
         source = str(path)
     try:
         data = json.loads(text)
@@ -127,13 +152,20 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
     return hardware_from_dict(data, source=source)
 
 
-def _positive(v: Any, where: str, *, allow_zero: bool = False, upper: float | None = None) -> float:
+def _positive(v: Any, where: str, *, allow_zero: bool = False, upper: float | None = None,
+              plausible: str | None = None) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise ValueError(f"{where} must be a finite number, got {v!r}")
     if v < 0 or (v == 0 and not allow_zero):
         raise ValueError(f"{where} must be {'non-negative' if allow_zero else 'positive'}, got {v!r}")
     if upper is not None and v > upper:
         raise ValueError(f"{where} must be at most {upper}, got {v!r}")
+    if plausible is not None:
+        low, high, example = _PLAUSIBLE[plausible]
+        if 0 < v < low or v > high:
+            size = f"small (under {low:g})" if v < low else f"large (over {high:g})"
+            raise ValueError(f"{where} = {v!r} is implausibly {size}, probably in another unit; "
+                             f"give {plausible} in SI units, e.g. {example}")
     return float(v)
 
 
@@ -141,9 +173,13 @@ def _keys(d: Any, where: str, required: tuple[str, ...], optional: tuple[str, ..
     if not isinstance(d, dict):
         raise ValueError(f"{where} must be an object")
     missing = [k for k in required if k not in d]
-    if missing:
-        raise ValueError(f"{where} is missing {', '.join(missing)}")
     unknown = sorted(set(d) - set(required) - set(optional))
+    if missing:
+        extra = f" and has unknown field(s) {', '.join(unknown)}" if unknown else ""
+        raise ValueError(
+            f"{where} is missing {', '.join(missing)}{extra}; expected {', '.join(required + optional)} "
+            "(quantities are SI, with the unit in the name)"
+        )
     if unknown:
         raise ValueError(
             f"{where} has unknown field(s) {', '.join(unknown)}; expected {', '.join(required + optional)} "
@@ -154,6 +190,9 @@ def _keys(d: Any, where: str, required: tuple[str, ...], optional: tuple[str, ..
 
 def hardware_from_dict(data: Any, *, source: str = "hardware") -> Hardware:
     """Validate and build a :class:`Hardware` from its JSON form."""
+    if isinstance(data, dict) and "schema" in data and data["schema"] != HARDWARE_SCHEMA:
+        raise ValueError(f'{source}: not a hardware file ("schema" is {data["schema"]!r}, expected {HARDWARE_SCHEMA!r}); '
+                         f"give a preset ({', '.join(preset_names())}) or a hardware JSON file")
     top = _keys(
         data, source,
         ("schema", "version", "name", "device", "devices_per_node", "tiers"),
@@ -172,9 +211,11 @@ def hardware_from_dict(data: Any, *, source: str = "hardware") -> Hardware:
     peaks = _keys(dev["peak_flops_per_s"], f"{source}: device.peak_flops_per_s", ("float32",), DTYPES[1:])
     eff = _keys(dev.get("efficiency", {}), f"{source}: device.efficiency", (), OP_CLASSES)
     device = Device(
-        peak_flops_per_s={k: _positive(v, f"{source}: peak_flops_per_s.{k}") for k, v in peaks.items()},
-        memory_bandwidth_bytes_per_s=_positive(dev["memory_bandwidth_bytes_per_s"], f"{source}: memory_bandwidth_bytes_per_s"),
-        memory_bytes=_positive(dev["memory_bytes"], f"{source}: memory_bytes"),
+        peak_flops_per_s={k: _positive(v, f"{source}: peak_flops_per_s.{k}", plausible="peak_flops_per_s")
+                          for k, v in peaks.items()},
+        memory_bandwidth_bytes_per_s=_positive(dev["memory_bandwidth_bytes_per_s"], f"{source}: memory_bandwidth_bytes_per_s",
+                                               plausible="memory_bandwidth_bytes_per_s"),
+        memory_bytes=_positive(dev["memory_bytes"], f"{source}: memory_bytes", plausible="memory_bytes"),
         efficiency={c: _positive(eff.get(c, 1.0), f"{source}: efficiency.{c}", upper=1.0) for c in OP_CLASSES},
     )
     dpn = top["devices_per_node"]
@@ -193,8 +234,9 @@ def hardware_from_dict(data: Any, *, source: str = "hardware") -> Hardware:
             raise ValueError(f"{where}.intra_node must be true or false")
         tiers.append(NetworkTier(
             name=str(t["name"]), max_ranks=mr, intra_node=t["intra_node"],
-            latency_s=_positive(t["latency_s"], f"{where}.latency_s", allow_zero=True),
-            bandwidth_bytes_per_s=_positive(t["bandwidth_bytes_per_s"], f"{where}.bandwidth_bytes_per_s"),
+            latency_s=_positive(t["latency_s"], f"{where}.latency_s", allow_zero=True, plausible="latency_s"),
+            bandwidth_bytes_per_s=_positive(t["bandwidth_bytes_per_s"], f"{where}.bandwidth_bytes_per_s",
+                                            plausible="bandwidth_bytes_per_s"),
         ))
     if not any(t.max_ranks is None and not t.intra_node for t in tiers):
         raise ValueError(f"{source}: the last tier must serve any number of ranks across nodes (max_ranks: null, intra_node: false)")

@@ -19,6 +19,17 @@ from planner.graph import (
     LayerKind,
 )
 
+# Shape fields are whole numbers: padding may be 0, every other size at least 1.
+_MAY_BE_ZERO = ("pad_lo", "pad_hi")
+_INTEGER_FIELDS: dict[str, tuple[int, float]] = {  # field -> (min, max)
+    "kind": (0, math.inf),  # checked against LayerKind below
+    "spatial_rank": (0, MAX_SPATIAL_DIMS),
+    "out_spatial_rank": (0, MAX_SPATIAL_DIMS),
+    "in_channels": (1, math.inf),
+    "out_channels": (1, math.inf),
+    "groups": (1, math.inf),
+}
+
 
 def _number(v: Any, where: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -67,12 +78,22 @@ def graph_from_dict(data: Any) -> LayerGraph:
             v = row[f]
             where = f"layers[{i}] ({name}).{f}"
             if f in _VECTOR_FIELDS:
+                sign = "non-negative" if f in _MAY_BE_ZERO else "positive"
                 if not isinstance(v, list) or len(v) != MAX_SPATIAL_DIMS:
-                    raise ValueError(f"{where} must be a list of {MAX_SPATIAL_DIMS} numbers")
-                cols[f].append([_number(x, where) for x in v])
+                    raise ValueError(f"{where} must be a list of {MAX_SPATIAL_DIMS} {sign} integers, got {v!r}")
+                xs = [_number(x, where) for x in v]
+                if not all(x.is_integer() and (x >= 0 if f in _MAY_BE_ZERO else x >= 1) for x in xs):
+                    raise ValueError(f"{where} must be a list of {MAX_SPATIAL_DIMS} {sign} integers, got {v!r}")
+                cols[f].append(xs)
             else:
                 x = _number(v, where)
-                if x < 0:
+                if f in _INTEGER_FIELDS:
+                    low, high = _INTEGER_FIELDS[f]
+                    if not (x.is_integer() and low <= x <= high):
+                        span = f"from {low} to {high:g}" if math.isfinite(high) else f">= {low}"
+                        what = "a positive integer" if low == 1 and not math.isfinite(high) else f"an integer {span}"
+                        raise ValueError(f"{where} must be {what}, got {v!r}")
+                elif x < 0:
                     raise ValueError(f"{where} must be non-negative, got {v!r}")
                 cols[f].append(x)
         try:

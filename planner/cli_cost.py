@@ -34,9 +34,27 @@ def parse_mesh(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def _read_plan(path: str) -> dict[str, str]:
+_PLAN_ACCEPTED = "expected a plan file (shardplan plan -o) or an evaluate --json output, with a layers list"
+
+
+def _no_constant(path: str):
+    def reject(token: str) -> None:
+        raise ValueError(f"{path}: {token} is not a number JSON allows (numbers must be finite); {_PLAN_ACCEPTED}")
+
+    return reject
+
+
+def _read_plan(path: str, graph: Any) -> dict[str, str]:
+    """Layer name -> strategy from a plan file, which must be for ``graph``:
+    its ``graph_fingerprint`` (or, without one, its ``model``) must match."""
     try:
-        data = json.loads(Path(path).read_text())
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file; {_PLAN_ACCEPTED}") from None
+    except OSError as e:
+        raise ValueError(f"cannot read plan file {path!r}: {e.strerror}; {_PLAN_ACCEPTED}") from None
+    try:
+        data = json.loads(text, parse_constant=_no_constant(path))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: malformed JSON: {e}; expected a plan with a layers list") from None
     rows = data.get("layers") if isinstance(data, dict) else None
@@ -44,6 +62,16 @@ def _read_plan(path: str) -> dict[str, str]:
         isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("strategy"), str) for r in rows
     ):
         raise ValueError(f'{path}: expected an object with "layers": [{{"name": ..., "strategy": ...}}, ...]')
+    model, fingerprint = data.get("model"), data.get("graph_fingerprint")
+    if (fingerprint and fingerprint != graph.fingerprint) or (not fingerprint and model and model != graph.model_name):
+        raise ValueError(
+            f"{path} was made for model {model!r}, not for {graph.model_name!r} (another layer graph); "
+            f"plan {graph.model_name} with shardplan plan, or pass the model the plan was made for"
+        )
+    names = [r["name"] for r in rows]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"{path}: layers {dup[:3]} appear more than once; give each layer one strategy")
     return {r["name"]: r["strategy"] for r in rows}
 
 
@@ -101,7 +129,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         graph, hw, args.devices,
         mesh=parse_mesh(args.mesh) if args.mesh else None,
         strategy=args.strategy,
-        plan=_read_plan(args.plan) if args.plan else None,
+        plan=_read_plan(args.plan, graph) if args.plan else None,
         batch=args.batch, batch_per_device=args.batch_per_device,
         dtype=args.dtype, optimizer=args.optimizer,
         calibration=load_calibration(args.calibration) if args.calibration else None,

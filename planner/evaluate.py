@@ -12,6 +12,7 @@ strategy names (every layer named).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -95,26 +96,35 @@ def resolve_batch(devices: int, batch: int | None, batch_per_device: int | None)
         raise ValueError("give either batch or batch_per_device, not both")
     if batch is None:
         b = 32 if batch_per_device is None else batch_per_device
-        if b < 1:
-            raise ValueError(f"batch per device must be a positive integer, got {b}")
-        return b * devices
-    if batch < 1:
-        raise ValueError(f"batch must be a positive integer, got {batch}")
-    return batch
+        return positive_int(b, "batch per device") * positive_int(devices, "devices")
+    return positive_int(batch, "batch")
+
+
+def positive_int(x: Any, what: str) -> int:
+    """``x`` as a positive whole number (an integer, or a float with an integer
+    value such as ``256.0``); anything else, bools and NaN included, is an error."""
+    ok = isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+    if not (ok and math.isfinite(x) and float(x).is_integer() and x >= 1):
+        raise ValueError(f"{what} must be a positive integer, got {x!r}")
+    return int(x)
 
 
 def resolve_mesh(devices: int, mesh: tuple[int, int] | None, hardware: Hardware) -> tuple[int, int]:
     """``mesh`` checked against ``devices``; by default the model axis is one
     node (``min(devices, devices_per_node)``), SplitBrain's groups."""
-    if devices < 1:
-        raise ValueError(f"devices must be a positive integer, got {devices}")
+    devices = positive_int(devices, "devices")
     if mesh is None:
         m = min(devices, hardware.devices_per_node)
         if devices % m:
             m = 1
         return devices // m, m
-    d, m = (int(x) for x in mesh)
-    if d < 1 or m < 1 or d * m != devices:
+    if not (isinstance(mesh, (tuple, list)) and len(mesh) == 2):
+        raise ValueError(f"mesh must be a (data, model) pair of positive integers, got {mesh!r}")
+    try:
+        d, m = (positive_int(x, "mesh axis") for x in mesh)
+    except ValueError:
+        raise ValueError(f"mesh {mesh[0]}x{mesh[1]} needs positive integer axes; give D x M = {devices}") from None
+    if d * m != devices:
         raise ValueError(f"mesh {d}x{m} has {d * m} devices, but {devices} were asked for; give D x M = {devices}")
     return d, m
 
@@ -126,13 +136,36 @@ def uniform_choice(feasible: np.ndarray, strategy: str | Strategy) -> np.ndarray
     return np.where(feasible[:, s], int(s), int(Strategy.REPLICATED))
 
 
-def _choice_from_mapping(graph: LayerGraph, feasible: np.ndarray, plan: Mapping[str, str]) -> np.ndarray:
+def _strategy(strategy: Any) -> Strategy:
+    if isinstance(strategy, Strategy):
+        return strategy
+    if not isinstance(strategy, str):
+        raise ValueError(f"strategy must be a strategy name ({', '.join(STRATEGY_NAMES)}), got {strategy!r}")
+    return parse_strategy(strategy)
+
+
+def _check_plan_names(graph: LayerGraph, plan: Mapping[str, str]) -> None:
+    """Before any cost is computed: the plan names exactly the graph's layers,
+    each with a known strategy name (a plan for another model fails here)."""
+    if not isinstance(plan, Mapping):
+        raise ValueError(f"plan must map layer names to strategy names, got {type(plan).__name__}")
     missing = [n for n in graph.names if n not in plan]
-    unknown = sorted(set(plan) - set(graph.names))
+    unknown = sorted(str(n) for n in set(plan) - set(graph.names))
     if unknown:
-        raise ValueError(f"plan names layers the model {graph.model_name!r} does not have, e.g. {unknown[:3]}")
+        raise ValueError(
+            f"plan names layers the model {graph.model_name!r} does not have, e.g. {unknown[:3]}; "
+            "was it made for another model?"
+        )
     if missing:
         raise ValueError(f"plan gives no strategy for {len(missing)} layer(s), e.g. {missing[:3]}")
+    for name in graph.names:
+        if not isinstance(plan[name], str):
+            raise ValueError(f"plan gives layer {name!r} the strategy {plan[name]!r}; expected a strategy name")
+        parse_strategy(plan[name])
+
+
+def _choice_from_mapping(graph: LayerGraph, feasible: np.ndarray, plan: Mapping[str, str]) -> np.ndarray:
+    _check_plan_names(graph, plan)
     choice = np.full(feasible.shape[0], int(Strategy.REPLICATED))
     for i, name in enumerate(graph.names):
         s = parse_strategy(plan[name])
@@ -148,7 +181,7 @@ def evaluate(
     devices: int,
     *,
     mesh: tuple[int, int] | None = None,
-    strategy: str | None = None,
+    strategy: str | Strategy | None = None,
     plan: Mapping[str, str] | None = None,
     batch: int | None = None,
     batch_per_device: int | None = None,
@@ -162,11 +195,25 @@ def evaluate(
         raise ValueError("give exactly one of strategy (a name) or plan (layer -> strategy)")
     d, m = resolve_mesh(devices, mesh, hardware)
     B = resolve_batch(devices, batch, batch_per_device)
+    if B < d:
+        raise ValueError(
+            f"batch {B} has fewer samples than the {d} data-parallel groups of mesh {d}x{m}; "
+            f"use a batch of at least {d} (a multiple of {d}) or a smaller data axis"
+        )
     if B % d:
         raise ValueError(f"batch {B} is not divisible by the data-parallel degree {d}; use a multiple of {d}")
-    if strategy is not None and parse_strategy(strategy) is Strategy.DATA and B % (d * m):
+    if strategy is not None:
+        strategy = _strategy(strategy)
+    if strategy is Strategy.DATA and B % (d * m):
         raise ValueError(f"batch {B} is not divisible by {d * m} devices, which data parallelism needs")
+    if plan is not None:
+        _check_plan_names(graph, plan)
     settings = CostSettings(dtype=dtype, optimizer=optimizer)
+    if calibration is not None and calibration.dtype != dtype:
+        raise ValueError(
+            f"the calibration was measured in {calibration.dtype}, but the plan computes in {dtype}; "
+            f"profile in {dtype} or evaluate with dtype {calibration.dtype}"
+        )
     cal = calibration_arrays(calibration, graph) if calibration is not None else None
     table = cost_table(graph.arrays, hardware_arrays(hardware, dtype), float(B), float(d), float(m), settings, cal)
     feasible = np.asarray(table.feasible)

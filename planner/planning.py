@@ -36,7 +36,7 @@ from costmodels import (
 )
 from costmodels.calibration import Calibration, calibration_arrays
 from planner._version import __version__
-from planner.evaluate import LayerCost, evaluate, resolve_batch
+from planner.evaluate import LayerCost, evaluate, positive_int, resolve_batch
 from planner.graph import LayerGraph
 from planner.plan_specs import LayerSpecs, layer_specs, to_partition_spec
 from search import (
@@ -349,7 +349,7 @@ def plan(
     else:
         raise ValueError(f"model must be a built-in model name or a LayerGraph, got {type(model).__name__}")
     hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
-    P = int(devices)
+    P = positive_int(devices, "devices")
     B = resolve_batch(P, batch, batch_per_device)
     limit = hw.device.memory_bytes if memory_limit is None else parse_memory_limit(memory_limit)
     meshes = mesh_shapes(P, B, hw.devices_per_node, allow_cross_node_model_axis)

@@ -44,6 +44,7 @@ variance are buffers, not parameters.
 
 from __future__ import annotations
 
+import difflib
 import functools
 from collections.abc import Callable, Sequence
 
@@ -210,7 +211,7 @@ def get_model(name: str) -> LayerGraph:
     """The built-in model ``name`` (one of :data:`MODEL_NAMES`) as a
     :class:`LayerGraph`. Cached: graphs are immutable."""
     if not isinstance(name, str) or name not in _BUILDERS:
-        raise ValueError(
-            f"unknown model {name!r}; built-in models: {', '.join(MODEL_NAMES)}"
-        )
+        close = difflib.get_close_matches(str(name), MODEL_NAMES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown model {name!r}{hint}; built-in models: {', '.join(MODEL_NAMES)}")
     return _cached(name)

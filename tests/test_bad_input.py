@@ -1,0 +1,451 @@
+"""Issue 7, bad input: every command and public function rejects a mistake
+in what it is given with one actionable line, never a traceback, a
+``KeyError``/``TypeError``/``ZeroDivisionError``, or a silently wrong plan.
+
+Two tables: ``shardplan`` invocations (exit status 2 for usage errors, 1
+for an infeasible plan; exactly one ``shardplan: error: ...`` line on
+stderr carrying a key phrase of the expected message) and public-function
+calls (``ValueError`` whose message carries the key phrase). The files the
+rows read are written once per module: valid ones (a tiny ParaDL network,
+a preset's hardware JSON, a calibration, plans) with one field broken.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+from costmodels import load_calibration, load_hardware
+from planner.cli import main
+from planner.netfile import parse_net
+from planner.zoo import get_model
+
+TINY_NET = """Dataset|Tiny
+Input|100x3x8x8
+Model|tiny
+CONV1|3x8x8|3x4x3x3|4x8x8|0.5
+RELU|4x8x8|4x4x0x0|4x8x8|0
+MPOOL|4x8x8|0x0x2x2|4x4x4|0
+FC|4x4x4|4x10x4x4|10x1x1|0
+"""
+
+
+def _graph(**change):
+    """The tiny network's layer-graph dict with ``change`` applied to its first layer."""
+    d = parse_net(TINY_NET).to_dict()
+    d["layers"][0].update(change)
+    return d
+
+
+def _hardware(mutate):
+    d = load_hardware("abci-v100").to_dict()
+    mutate(d)
+    return d
+
+
+def _calibration(seconds, layer="CONV1"):
+    return {"schema": "shardplan/calibration", "version": 1, "hardware": "abci-v100", "dtype": "float32",
+            "layers": {layer: {"work": [1, 8], "seconds": seconds}}}
+
+
+def _plan_rows(model: str) -> dict:
+    """What ``evaluate --plan`` reads, as ``plan -o`` writes it: every layer of
+    ``model`` on ``data``, with the model's name and graph fingerprint."""
+    g = get_model(model)
+    return {"model": g.model_name, "graph_fingerprint": g.fingerprint,
+            "layers": [{"name": n, "strategy": "data"} for n in g.names]}
+
+
+def _valid_plan_file() -> dict:
+    """A complete plan file (``Plan.to_dict``) for the tiny network, hand-written."""
+    g = parse_net(TINY_NET)
+    layer = {"kind": "conv2d", "strategy": "data", "compute_s": 1e-3, "comm_s": 0.0, "reshard_s": 0.0,
+             "memory_bytes": 1e6}
+    return {
+        "schema": "shardplan/plan", "version": 1, "model": "tiny", "hardware": "abci-v100", "devices": 4,
+        "mesh": [4, 1], "axis_names": ["data", "model"], "batch": 8, "dtype": "float32", "optimizer": "adam",
+        "iteration_s": 1e-3, "memory_bytes_per_device": 1e6, "memory_capacity_bytes": 16e9,
+        "memory_limit_bytes": 16e9, "fits_memory": True, "data_parallel_iteration_s": 1e-3,
+        "data_parallel_memory_bytes": 1e6, "speedup_over_data_parallel": 1.0, "method": "dp", "seed": 0,
+        "seconds": 0.1, "optimality_gap": 0.0, "graph_fingerprint": g.fingerprint,
+        "input_shape": list(g.input_shape),
+        "layers": [{"name": n, **layer} for n in g.names], "collectives": [],
+        "meshes": [{"mesh": [4, 1], "feasible": True, "iteration_s": 1e-3, "memory_bytes_per_device": 1e6,
+                    "min_memory_bytes": 1e6, "method": "dp", "optimality_gap": 0.0}],
+    }
+
+
+def _with(d: dict, **change) -> dict:
+    return {**d, **change}
+
+
+def _files() -> dict[str, str | bytes]:
+    """File name -> text. Python's json writes NaN / Infinity literals, which
+    its reader accepts: exactly what a sloppy tool would produce."""
+    good_graph = json.dumps(parse_net(TINY_NET).to_dict())
+    good_hw = json.dumps(load_hardware("abci-v100").to_dict())
+    good_plan = json.dumps(_valid_plan_file())
+    def tiers(f):
+        return lambda d: f(d["tiers"][1])
+
+    return {
+        "tiny.net": TINY_NET,
+        "net_nan_time.net": TINY_NET.replace("4x8x8|0.5", "4x8x8|nan"),
+        "net_inf_time.net": TINY_NET.replace("4x8x8|0.5", "4x8x8|inf"),
+        "net_zero_dims.net": TINY_NET.replace("CONV1|3x8x8|3x4x3x3|4x8x8", "CONV1|3x8x8|3x4x3x3|0x8x8"),
+        "net_negative_dims.net": TINY_NET.replace("Input|100x3x8x8", "Input|100x3x-8x8"),
+        "net_truncated.net": TINY_NET[: TINY_NET.index("RELU") + 9],
+        "graph_nan.json": json.dumps(_graph(flops_fwd=math.nan)),
+        "graph_inf.json": json.dumps(_graph(params=math.inf)),
+        "graph_truncated.json": good_graph[: len(good_graph) // 2],
+        "graph_zero_channels.json": json.dumps(_graph(in_channels=0)),
+        "graph_negative_spatial.json": json.dumps(_graph(in_spatial=[-8, 8, 1])),
+        "graph_zero_stride.json": json.dumps(_graph(stride=[0, 1, 1])),
+        "graph_fractional_channels.json": json.dumps(_graph(out_channels=2.5)),
+        "graph_rank_9.json": json.dumps(_graph(spatial_rank=9)),
+        "hw_nan.json": json.dumps(_hardware(tiers(lambda t: t.update(bandwidth_bytes_per_s=math.nan)))),
+        "hw_inf.json": json.dumps(_hardware(lambda d: d["device"].update(memory_bytes=math.inf))),
+        "hw_truncated.json": good_hw[: len(good_hw) // 2],
+        "hw_missing_latency.json": json.dumps(_hardware(tiers(lambda t: t.pop("latency_s")))),
+        "hw_missing_device.json": json.dumps(_hardware(lambda d: d.pop("device"))),
+        "hw_gbps.json": json.dumps(_hardware(tiers(lambda t: t.update(
+            bandwidth_gbps=t.pop("bandwidth_bytes_per_s") / 1e9)))),
+        "hw_negative_bandwidth.json": json.dumps(_hardware(tiers(lambda t: t.update(bandwidth_bytes_per_s=-12.5e9)))),
+        "hw_memory_in_gb.json": json.dumps(_hardware(lambda d: d["device"].update(memory_bytes=16))),
+        "hw_bandwidth_in_gb.json": json.dumps(_hardware(tiers(lambda t: t.update(bandwidth_bytes_per_s=12.5)))),
+        "hw_latency_in_us.json": json.dumps(_hardware(tiers(lambda t: t.update(latency_s=40.31)))),
+        "hw_bandwidth_string.json": json.dumps(_hardware(tiers(lambda t: t.update(bandwidth_bytes_per_s="12.5 GB/s")))),
+        "cal_nan.json": json.dumps(_calibration([1e-4, math.nan])),
+        "cal_inf.json": json.dumps(_calibration([1e-4, math.inf])),
+        "cal_truncated.json": json.dumps(_calibration([1e-4, 2e-4]))[:40],
+        "cal_negative.json": json.dumps(_calibration([1e-4, -2e-4])),
+        "cal_tiny.json": json.dumps(_calibration([1e-4, 2e-4])),
+        "cal_float32.json": json.dumps(_calibration([1e-4, 2e-4], layer="features/0")),
+        "plan_vgg16.json": json.dumps(_plan_rows("vgg16")),
+        "plan_vgg16_cifar10.json": json.dumps(_plan_rows("vgg16-cifar10")),
+        "plan_nan.json": json.dumps(_with(_plan_rows("vgg16-cifar10"), iteration_s=math.nan)),
+        "plan_truncated.json": json.dumps(_plan_rows("vgg16-cifar10"))[:100],
+        "plan_file.json": good_plan,
+        "plan_file_nan.json": json.dumps(_with(_valid_plan_file(), iteration_s=math.nan)),
+        "plan_file_inf_memory.json": json.dumps(_with(_valid_plan_file(), memory_limit_bytes=math.inf)),
+        "plan_file_truncated.json": good_plan[:-30],
+        "plan_file_zero_devices.json": json.dumps(_with(_valid_plan_file(), devices=0, mesh=[0, 1])),
+        "plan_duplicate_layer.json": json.dumps(_with(_plan_rows(M), layers=_plan_rows(M)["layers"] * 2)),
+        "binary.json": b"\x89PNG\r\n\x1a\n\xff\xfe",
+    }
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("bad_input")
+    out = {}
+    for name, text in _files().items():
+        if isinstance(text, bytes):
+            (root / name).write_bytes(text)
+        else:
+            (root / name).write_text(text)
+        out[name.rsplit(".", 1)[0]] = str(root / name)
+    out["missing"] = str(root / "missing.json")
+    return out
+
+
+USAGE, INFEASIBLE = 2, 1
+M = "vgg16-cifar10"  # a small zoo model: every row below fails before any cost table is built
+
+CLI_CASES = [
+    # -- unknown names -------------------------------------------------------------------
+    pytest.param(["layers", "resnet5"], USAGE, "did you mean 'resnet50'", id="unknown-model-hint"),
+    pytest.param(["layers", "no/such/model.net"], USAGE, "no such file", id="missing-model-file"),
+    pytest.param(["evaluate", M, "--devices", "8", "--strategy", "data", "--hardware", "h100"], USAGE,
+                 "did you mean 'dgx-h100'", id="unknown-preset-hint"),
+    pytest.param(["hardware", "abci"], USAGE, "did you mean 'abci-v100'", id="hardware-unknown-preset"),
+    pytest.param(["plan", M, "--devices", "8", "--hardware", "{missing}"], USAGE, "no such hardware file",
+                 id="hardware-file-missing"),
+    pytest.param(["evaluate", M, "--devices", "8", "--strategy", "diagonal"], USAGE, "unknown strategy",
+                 id="unknown-strategy"),
+    pytest.param(["plan", M, "--devices", "8", "--method", "annealing"], USAGE, "invalid choice",
+                 id="unknown-method"),
+    pytest.param(["frobnicate"], USAGE, "invalid choice", id="unknown-command"),
+    # -- malformed or truncated files --------------------------------------------------
+    pytest.param(["layers", "{graph_truncated}"], USAGE, "malformed", id="graph-truncated"),
+    pytest.param(["layers", "{net_truncated}"], USAGE, "net_truncated.net:5", id="net-truncated"),
+    pytest.param(["hardware", "{hw_truncated}"], USAGE, "malformed JSON", id="hardware-truncated"),
+    pytest.param(["evaluate", M, "--devices", "8", "--strategy", "data", "--calibration", "{cal_truncated}"],
+                 USAGE, "malformed JSON", id="calibration-truncated"),
+    pytest.param(["evaluate", M, "--devices", "8", "--plan", "{plan_truncated}"], USAGE, "malformed JSON",
+                 id="plan-truncated"),
+    pytest.param(["evaluate", M, "--devices", "8", "--plan", "{missing}"], USAGE, "cannot read plan file",
+                 id="plan-missing"),
+    pytest.param(["hardware", "{binary}"], USAGE, "not a text file", id="hardware-binary-file"),
+    pytest.param(["evaluate", M, "--devices", "8", "--plan", "{binary}"], USAGE, "not a text file",
+                 id="plan-binary-file"),
+    pytest.param(["plan", M, "--devices", "8", "--calibration", "{binary}"], USAGE, "not a text file",
+                 id="calibration-binary-file"),
+    pytest.param(["layers", "{hw_nan}"], USAGE, "not a layer graph", id="hardware-file-given-as-model"),
+    pytest.param(["evaluate", M, "--devices", "8", "--strategy", "data", "--hardware", "{graph_nan}"], USAGE,
+                 "not a hardware file", id="layer-graph-given-as-hardware"),
+    # -- NaN and infinity --------------------------------------------------------------
+    pytest.param(["layers", "{graph_nan}"], USAGE, "flops_fwd must be finite", id="graph-nan"),
+    pytest.param(["layers", "{graph_inf}"], USAGE, "params must be finite", id="graph-infinity"),
+    pytest.param(["layers", "{net_nan_time}"], USAGE, "is not a time", id="net-nan-time"),
+    pytest.param(["hardware", "{hw_nan}"], USAGE, "bandwidth_bytes_per_s must be a finite number",
+                 id="hardware-nan"),
+    pytest.param(["evaluate", M, "--devices", "8", "--strategy", "data", "--hardware", "{hw_inf}"], USAGE,
+                 "memory_bytes must be a finite number", id="hardware-infinity"),
+    pytest.param(["plan", M, "--devices", "8", "--calibration", "{cal_nan}"], USAGE,
+                 "positive finite numbers", id="calibration-nan"),
+    pytest.param(["evaluate", M, "--devices", "8", "--plan", "{plan_nan}"], USAGE, "NaN", id="plan-nan"),
+    pytest.param(["plan", M, "--devices", "8", "--memory-limit", "nan"], USAGE, "not a size",
+                 id="memory-limit-nan"),
+    pytest.param(["plan", M, "--devices", "8", "--memory-limit", "inf"], USAGE, "not a size",
+                 id="memory-limit-inf"),
+    # -- negative or zero sizes --------------------------------------------------------
+    pytest.param(["evaluate", M, "--devices", "0", "--strategy", "data"], USAGE, "devices must be a positive",
+                 id="evaluate-zero-devices"),
+    pytest.param(["plan", M, "--devices", "-4"], USAGE, "devices must be a positive", id="plan-negative-devices"),
+    pytest.param(["oracle", M, "--devices", "0,8"], USAGE, "positive integers", id="oracle-zero-devices"),
+    pytest.param(["layers", M, "--batch", "0"], USAGE, "--batch must be a positive", id="layers-zero-batch"),
+    pytest.param(["evaluate", M, "--devices", "8", "--strategy", "data", "--batch", "-64"], USAGE,
+                 "batch must be a positive", id="evaluate-negative-batch"),
+    pytest.param(["plan", M, "--devices", "8", "--batch-per-device", "0"], USAGE,
+                 "batch per device must be a positive", id="plan-zero-batch-per-device"),
+    pytest.param(["oracle", M, "--devices", "8", "--batch-per-device", "-2"], USAGE,
+                 "--batch-per-device must be a positive", id="oracle-negative-batch-per-device"),
+    pytest.param(["evaluate", M, "--devices", "8", "--mesh", "0x8", "--strategy", "data"], USAGE,
+                 "mesh 0x8", id="zero-mesh-axis"),
+    pytest.param(["evaluate", M, "--devices", "8", "--mesh", "4by2", "--strategy", "data"], USAGE,
+                 "not of the form DxM", id="malformed-mesh"),
+    pytest.param(["layers", "{net_zero_dims}"], USAGE, "y dims '0x8x8' is malformed", id="net-zero-dims"),
+    pytest.param(["layers", "{net_negative_dims}"], USAGE, "Input '100x3x-8x8' is malformed",
+                 id="net-negative-dims"),
+    pytest.param(["layers", "{graph_zero_channels}"], USAGE, "in_channels must be a positive integer",
+                 id="graph-zero-channels"),
+    pytest.param(["layers", "{graph_negative_spatial}"], USAGE, "in_spatial must be a list of 3 positive",
+                 id="graph-negative-spatial"),
+    # -- batch against the mesh ----------------------------------------------------------
+    pytest.param(["evaluate", M, "--devices", "8", "--mesh", "4x2", "--batch", "6", "--strategy", "filter"],
+                 USAGE, "not divisible by the data-parallel degree 4", id="batch-not-divisible-by-data-axis"),
+    pytest.param(["evaluate", M, "--devices", "8", "--mesh", "8x1", "--batch", "4", "--strategy", "data"],
+                 USAGE, "fewer samples", id="evaluate-more-devices-than-samples"),
+    pytest.param(["plan", M, "--devices", "64", "--batch", "8"], USAGE, "not divisible by any data-parallel degree",
+                 id="plan-more-devices-than-samples"),
+    # -- memory limits -------------------------------------------------------------------
+    pytest.param(["plan", M, "--devices", "8", "--memory-limit", "16 GQ"], USAGE, "unknown unit 'GQ'",
+                 id="memory-limit-unknown-unit"),
+    pytest.param(["plan", M, "--devices", "8", "--memory-limit=-5GB"], USAGE, "not a size",
+                 id="memory-limit-negative"),
+    pytest.param(["plan", M, "--devices", "8", "--memory-limit", "-5GB"], USAGE, "expected one argument",
+                 id="memory-limit-negative-read-as-an-option"),
+    pytest.param(["plan", M, "--devices", "8", "--memory-limit", "0GiB"], USAGE, "positive size",
+                 id="memory-limit-zero"),
+    # -- hardware files: missing fields, wrong units ------------------------------------
+    pytest.param(["hardware", "{hw_missing_latency}"], USAGE, "is missing latency_s", id="hardware-missing-field"),
+    pytest.param(["evaluate", M, "--devices", "8", "--strategy", "data", "--hardware", "{hw_missing_device}"],
+                 USAGE, "is missing device", id="hardware-missing-device"),
+    pytest.param(["hardware", "{hw_gbps}"], USAGE, "unknown field(s) bandwidth_gbps", id="hardware-unit-in-key"),
+    pytest.param(["hardware", "{hw_negative_bandwidth}"], USAGE, "bandwidth_bytes_per_s must be positive",
+                 id="hardware-negative-bandwidth"),
+    pytest.param(["hardware", "{hw_memory_in_gb}"], USAGE, "memory_bytes = 16 is implausibly small",
+                 id="hardware-memory-in-gb"),
+    pytest.param(["plan", M, "--devices", "8", "--hardware", "{hw_bandwidth_in_gb}"], USAGE,
+                 "bandwidth_bytes_per_s = 12.5 is implausibly small", id="hardware-bandwidth-in-gb"),
+    pytest.param(["hardware", "{hw_latency_in_us}"], USAGE, "latency_s = 40.31 is implausibly large",
+                 id="hardware-latency-in-us"),
+    pytest.param(["hardware", "{hw_bandwidth_string}"], USAGE, "must be a finite number, got '12.5 GB/s'",
+                 id="hardware-value-with-unit"),
+    # -- plans for another model ---------------------------------------------------------
+    pytest.param(["evaluate", "resnet50", "--devices", "8", "--plan", "{plan_vgg16}"], USAGE,
+                 "made for model 'vgg16'", id="plan-for-vgg16-on-resnet50"),
+    pytest.param(["evaluate", "vgg16", "--devices", "8", "--plan", "{plan_vgg16_cifar10}"], USAGE,
+                 "made for model 'vgg16-cifar10'", id="plan-for-cifar-vgg-on-imagenet-vgg"),
+    pytest.param(["evaluate", M, "--devices", "8", "--plan", "{plan_duplicate_layer}"], USAGE,
+                 "appear more than once", id="plan-duplicate-layers"),
+    pytest.param(["evaluate", M, "--devices", "8", "--strategy", "data", "--calibration", "{cal_nan}"], USAGE,
+                 "positive finite numbers", id="evaluate-calibration-nan"),
+    pytest.param(["evaluate", M, "--devices", "8", "--strategy", "data", "--calibration", "{cal_tiny}"], USAGE,
+                 "was it measured on another model", id="calibration-for-another-model"),
+    pytest.param(["evaluate", M, "--devices", "8", "--strategy", "data", "--dtype", "bfloat16",
+                  "--calibration", "{cal_float32}"], USAGE, "measured in float32, but the plan computes in bfloat16",
+                 id="calibration-for-another-dtype"),
+    # -- an infeasible plan: exit 1 -------------------------------------------------------
+    pytest.param(["plan", "{tiny}", "--devices", "4", "--batch", "8", "--memory-limit", "1kB"], INFEASIBLE,
+                 "raise the memory limit to at least", id="plan-does-not-fit", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("argv, status, phrase", CLI_CASES)
+def test_cli_rejects_bad_input(capsys, paths, argv, status, phrase):
+    code = main([a.format(**paths) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    assert err.startswith("shardplan: error: ") and err.count("\n") == 1, err
+    assert phrase in err, err
+    assert code == status, err
+    assert out == ""
+
+
+def _plan(**kw):
+    """``planner.plan`` on the tiny network (cheap if a row is wrongly accepted)."""
+    from planner.planning import plan
+
+    return plan(**{"model": parse_net(TINY_NET), "devices": 8, "batch": 8, **kw})
+
+
+def _evaluate(model=M, devices=8, **kw):
+    from planner.evaluate import evaluate
+
+    return evaluate(get_model(model), load_hardware("abci-v100"), devices, **kw)
+
+
+def _oracle(**kw):
+    from planner.oracle_report import oracle
+
+    return oracle(**{"model": M, "hardware": "abci-v100", "devices": [8], **kw})
+
+
+def _parse_memory_limit(value):
+    from planner.planning import parse_memory_limit
+
+    return parse_memory_limit(value)
+
+
+def _plan_from(paths, key):
+    from planner.planning import Plan
+
+    return Plan.read(paths[key])
+
+
+def _graph_from(paths, key):
+    from planner.graph import LayerGraph
+
+    with open(paths[key]) as f:
+        return LayerGraph.from_json(f.read())
+
+
+
+API_CASES = [
+    # -- unknown names -------------------------------------------------------------------
+    pytest.param(lambda p: get_model("resnet5"), "unknown model 'resnet5'", id="get_model-unknown"),
+    pytest.param(lambda p: get_model("resnet5"), "did you mean 'resnet50'", id="get_model-unknown-hint"),
+    pytest.param(lambda p: load_hardware("h100"), "did you mean 'dgx-h100'", id="load_hardware-unknown-hint"),
+    pytest.param(lambda p: _plan(model=42), "built-in model name or a LayerGraph", id="plan-model-not-a-name"),
+    pytest.param(lambda p: _plan(method="annealing"), "annealing", id="plan-unknown-method"),
+    pytest.param(lambda p: _evaluate(strategy="diagonal"), "unknown strategy", id="evaluate-unknown-strategy"),
+    pytest.param(lambda p: _evaluate(strategy="data", dtype="float64"), "unknown dtype", id="evaluate-unknown-dtype"),
+    pytest.param(lambda p: _oracle(hardware="abci"), "did you mean 'abci-v100'", id="oracle-unknown-hardware"),
+    pytest.param(lambda p: _oracle(strategies=["diagonal"]), "diagonal", id="oracle-unknown-strategy"),
+    # -- malformed, truncated, NaN and infinite files -----------------------------------
+    pytest.param(lambda p: _graph_from(p, "graph_truncated"), "malformed", id="LayerGraph.from_json-truncated"),
+    pytest.param(lambda p: _graph_from(p, "graph_nan"), "must be finite", id="LayerGraph.from_json-nan"),
+    pytest.param(lambda p: _graph_from(p, "graph_inf"), "must be finite", id="LayerGraph.from_json-infinity"),
+    pytest.param(lambda p: _graph_from(p, "graph_zero_stride"), "stride must be a list of 3 positive",
+                 id="LayerGraph.from_json-zero-stride"),
+    pytest.param(lambda p: _graph_from(p, "graph_fractional_channels"), "out_channels must be a positive integer",
+                 id="LayerGraph.from_json-fractional-channels"),
+    pytest.param(lambda p: _graph_from(p, "graph_rank_9"), "spatial_rank must be", id="LayerGraph.from_json-rank"),
+    pytest.param(lambda p: parse_net(TINY_NET.replace("4x8x8|0.5", "4x8x8|inf")), "is not a time",
+                 id="parse_net-infinite-time"),
+    pytest.param(lambda p: parse_net(TINY_NET.replace("3x4x3x3", "3x4x3")), "w dims", id="parse_net-short-kernel"),
+    pytest.param(lambda p: parse_net(""), "no layers", id="parse_net-empty"),
+    pytest.param(lambda p: load_hardware(p["hw_nan"]), "finite", id="load_hardware-nan"),
+    pytest.param(lambda p: load_hardware(p["hw_truncated"]), "malformed JSON", id="load_hardware-truncated"),
+    pytest.param(lambda p: load_hardware(p["hw_memory_in_gb"]), "implausibly small", id="load_hardware-gb"),
+    pytest.param(lambda p: load_calibration(p["cal_inf"]), "positive finite", id="load_calibration-infinity"),
+    pytest.param(lambda p: load_calibration(p["cal_negative"]), "positive finite", id="load_calibration-negative"),
+    pytest.param(lambda p: load_calibration(p["missing"]), "cannot read calibration file",
+                 id="load_calibration-missing"),
+    pytest.param(lambda p: _plan_from(p, "plan_file_nan"), "iteration_s must be a finite number",
+                 id="Plan.read-nan"),
+    pytest.param(lambda p: _plan_from(p, "plan_file_inf_memory"), "memory_limit_bytes must be a finite number",
+                 id="Plan.read-infinity"),
+    pytest.param(lambda p: _plan_from(p, "plan_file_truncated"), "malformed JSON", id="Plan.read-truncated"),
+    pytest.param(lambda p: _plan_from(p, "plan_file_zero_devices"), "positive integers", id="Plan.read-zero-mesh"),
+    pytest.param(lambda p: _plan_from(p, "missing"), "cannot read plan file", id="Plan.read-missing"),
+    # -- sizes -----------------------------------------------------------------------------
+    pytest.param(lambda p: _parse_memory_limit("16 GQ"), "unknown unit 'GQ'", id="memory-limit-unknown-unit"),
+    pytest.param(lambda p: _parse_memory_limit("-5GB"), "not a size", id="memory-limit-negative"),
+    pytest.param(lambda p: _parse_memory_limit("nan"), "not a size", id="memory-limit-nan-string"),
+    pytest.param(lambda p: _parse_memory_limit(math.inf), "positive size", id="memory-limit-inf"),
+    pytest.param(lambda p: _parse_memory_limit(math.nan), "positive size", id="memory-limit-nan"),
+    pytest.param(lambda p: _parse_memory_limit(True), "memory limit must be bytes", id="memory-limit-bool"),
+    pytest.param(lambda p: _plan(devices=0), "devices must be a positive", id="plan-zero-devices"),
+    pytest.param(lambda p: _plan(devices=2.5), "devices must be a positive integer", id="plan-fractional-devices"),
+    pytest.param(lambda p: _plan(batch=0), "batch must be a positive", id="plan-zero-batch"),
+    pytest.param(lambda p: _plan(batch=math.nan), "batch must be a positive integer", id="plan-nan-batch"),
+    pytest.param(lambda p: _plan(batch=None, batch_per_device=-1), "batch per device must be", id="plan-negative-per-device"),
+    pytest.param(lambda p: _plan(memory_limit="16 GQ"), "unknown unit", id="plan-memory-limit-unit"),
+    pytest.param(lambda p: _evaluate(devices=-8, strategy="data"), "devices must be a positive",
+                 id="evaluate-negative-devices"),
+    pytest.param(lambda p: _evaluate(devices=8.5, strategy="data"), "devices must be a positive integer",
+                 id="evaluate-fractional-devices"),
+    pytest.param(lambda p: _evaluate(strategy="data", batch=64.5), "batch must be a positive integer",
+                 id="evaluate-fractional-batch"),
+    pytest.param(lambda p: _evaluate(mesh=(4.5, 2), strategy="data"), "mesh 4.5x2 needs positive integer axes",
+                 id="evaluate-fractional-mesh"),
+    pytest.param(lambda p: _evaluate(strategy=3), "strategy must be a strategy name", id="evaluate-strategy-not-a-name"),
+    pytest.param(lambda p: _evaluate(mesh=(4, 2), batch=6, strategy="filter"),
+                 "not divisible by the data-parallel degree 4", id="evaluate-batch-not-divisible"),
+    pytest.param(lambda p: _evaluate(mesh=(8, 1), batch=4, strategy="data"), "fewer samples",
+                 id="evaluate-more-devices-than-samples"),
+    pytest.param(lambda p: _plan(devices=64, batch=8), "not divisible by any data-parallel degree",
+                 id="plan-more-devices-than-samples"),
+    pytest.param(lambda p: _oracle(devices=[0]), "positive device counts", id="oracle-zero-devices"),
+    pytest.param(lambda p: _oracle(batch_per_device=math.nan), "batch per device must be positive, got nan",
+                 id="oracle-nan-batch-per-device"),
+    pytest.param(lambda p: _oracle(batch=-64), "batch must be positive, got -64", id="oracle-negative-batch"),
+    pytest.param(lambda p: _oracle(segments=0), "segments must be a positive integer", id="oracle-zero-segments"),
+    # -- plans for another model ---------------------------------------------------------
+    pytest.param(lambda p: _evaluate(model="resnet50", plan={n: "data" for n in get_model("vgg16").names}),
+                 "was it made for another model", id="evaluate-plan-for-another-model"),
+    pytest.param(lambda p: _evaluate(plan={**{n: "data" for n in get_model(M).names}, "features/0": "diagonal"}),
+                 "unknown strategy 'diagonal'", id="evaluate-plan-unknown-strategy"),
+]
+
+
+@pytest.mark.parametrize("call, phrase", API_CASES)
+def test_public_function_rejects_bad_input(paths, call, phrase):
+    with pytest.raises(ValueError, match=re.escape(phrase)) as info:
+        call(paths)
+    assert "\n" not in str(info.value)
+
+
+def test_tables_are_large_enough():
+    assert len(CLI_CASES) >= 30 and len(API_CASES) >= 30
+    assert len({c.id for c in CLI_CASES}) == len(CLI_CASES)
+    assert len({c.id for c in API_CASES}) == len(API_CASES)
+
+
+def _tiny_flax_model():
+    from flax import nnx
+
+    class Tiny(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.conv = nnx.Conv(3, 4, (3, 3), rngs=rngs)
+            self.head = nnx.Linear(4, 10, rngs=rngs)
+
+        def __call__(self, x):
+            return self.head(nnx.relu(self.conv(x)).mean(axis=(1, 2)))
+
+    return Tiny(nnx.Rngs(0))
+
+
+@pytest.mark.slow  # imports flax and traces the model
+@pytest.mark.parametrize("change, phrase", [
+    pytest.param({}, "the model given extracts to", id="other-graph"),  # same input shape, another network
+    pytest.param({"input_shape": [7, 8, 8]}, "which the model given cannot run", id="other-input-shape"),
+])
+def test_shard_rejects_a_plan_for_another_model(change, phrase):
+    """``planner.shard`` with a plan of the tiny ParaDL network (a 4-channel
+    conv, a pool and an FC) applied to another 3-channel Flax network."""
+    import optax
+
+    from planner.planning import Plan
+    from planner.sharding import shard
+
+    plan = Plan.from_dict({**_valid_plan_file(), **change})
+    with pytest.raises(ValueError, match="this plan was made for another model") as info:
+        shard(_tiny_flax_model(), plan, optax.sgd(0.1))
+    assert phrase in str(info.value) and "\n" not in str(info.value)
