@@ -34,7 +34,9 @@ def shard(
 
     The model must be the one the plan was made for: its extracted layer
     graph must have the plan's fingerprint. ``mesh`` defaults to the plan's
-    ``d x m`` mesh over all local devices, with axes ``("data", "model")``."""
+    ``d x m`` mesh over all devices, with axes ``("data", "model")``; across
+    several processes, :func:`planner.distributed.process_mesh` (the model
+    axis inside a process)."""
     c, *spatial = plan.input_shape
     example = jax.ShapeDtypeStruct((1, *spatial, c), jnp.float32)
     try:
@@ -50,7 +52,12 @@ def shard(
             f"the model given extracts to {graph.fingerprint}); plan this model with planner.plan first"
         )
     if mesh is None:
-        mesh = make_mesh(*plan.mesh)
+        if jax.process_count() > 1:  # several processes: keep each model group inside one (docs/multi-host.md)
+            from planner.distributed import process_mesh
+
+            mesh = process_mesh(*plan.mesh)
+        else:
+            mesh = make_mesh(*plan.mesh)
     elif tuple(mesh.axis_names) != AXES or tuple(mesh.devices.shape) != tuple(plan.mesh):
         raise ValueError(
             f"mesh {dict(mesh.shape)} does not match the plan's {plan.mesh[0]}x{plan.mesh[1]} mesh over {AXES}"
