@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from costmodels.calibration import CalibrationArrays
 from costmodels.hardware import Hardware
 from costmodels.oracle_compat import PARADL_COMPAT, compat_strategy
 from costmodels.oracle_cost import COMM_KINDS, COMM_LABELS, OracleContext, StrategyCost
@@ -78,9 +79,15 @@ def oracle_context(
     masks: Mapping[str, Sequence[bool] | np.ndarray] | None = None,
     dataset_size: int | None = None,
     optimizer: str = "sgd",
+    calibration: CalibrationArrays | None = None,
 ) -> OracleContext:
     """The evaluation context: masks resolved, per-layer compute calibrated
-    (§4.10)."""
+    (§4.10). ``calibration``: measured per-layer times (rows aligned with
+    ``layers``, :func:`costmodels.oracle_layers.oracle_calibration`) that
+    override the compute of the layers they measured; default mode only."""
+    if calibration is not None and compat:
+        raise ValueError("a calibration cannot be used in compat mode (it reproduces ParaDL's own compute model); "
+                         "drop --compat or --calibration")
     if optimizer not in OPTIMIZER_SLOTS:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZER_SLOTS)}")
     if dataset_size is not None and dataset_size < 1:
@@ -94,6 +101,7 @@ def oracle_context(
         dataset_size=dataset_size,
         optimizer_slots=0 if compat else OPTIMIZER_SLOTS[optimizer],
         bytes_per_item=PARADL_COMPAT["bytes_per_item"],
+        calibration=calibration,
     )
 
 

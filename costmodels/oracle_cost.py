@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodels.calibration import CalibrationArrays
 from costmodels.collectives import allreduce_s, network_arrays, ring_allreduce_s
 from costmodels.hardware import Hardware
 from costmodels.oracle_layers import OracleLayers
@@ -148,6 +149,7 @@ class OracleContext:
     dataset_size: int | None
     optimizer_slots: int = 0  # default mode only: fp32 optimizer state tensors per parameter
     bytes_per_item: float = 4.0  # δ (fp32, as ParaDL)
+    calibration: CalibrationArrays | None = None  # measured per-layer times, rows aligned with layers
 
     @property
     def capacity_bytes(self) -> float:

@@ -47,7 +47,8 @@ __all__ = ["compute_s", "default_strategy", "halo_rows", "spatial_halo_s"]
 def compute_s(ctx: OracleContext, samples: float, split: np.ndarray | float = 1.0) -> float:
     """FW+BW seconds per iteration of one device running ``samples`` samples
     with layers split ``split`` ways."""
-    return float(layer_compute_s(ctx.layers, ctx.hardware, ctx.per_sample_s, samples, split, ctx.bytes_per_item).sum())
+    return float(layer_compute_s(ctx.layers, ctx.hardware, ctx.per_sample_s, samples, split, ctx.bytes_per_item,
+                                 ctx.calibration).sum())
 
 
 def _memory(ctx: OracleContext, b: float, act_elements: float, weights: float) -> float:

@@ -24,9 +24,11 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from costmodels.calibration import CalibrationArrays, calibrated_seconds
 from costmodels.compute import hardware_arrays, op_class_efficiency, roofline_s
 from costmodels.hardware import Hardware
 from planner.graph import LayerGraph, LayerKind
@@ -40,6 +42,7 @@ __all__ = [
     "layer_compute_s",
     "lc_family",
     "load_lc",
+    "oracle_calibration",
     "oracle_layers",
     "parse_lc",
     "per_sample_compute_s",
@@ -326,21 +329,42 @@ def layer_compute_s(
     samples: float,
     split: np.ndarray | float,
     bytes_per_item: float = 4.0,
+    calibration: CalibrationArrays | None = None,
 ) -> np.ndarray:
     """Seconds per iteration of each layer on one device that runs ``samples``
     samples of it split ``split`` ways (channels, filters or rows).
     Calibrated: linear in the work; roofline otherwise (weights read three
-    times and their gradient written once, activations moved 3δ(|x|+|y|))."""
+    times and their gradient written once, activations moved 3δ(|x|+|y|)).
+    Layers a ``calibration`` (rows aligned with ``layers``) measured take its
+    log-log interpolated time at work = samples / split instead
+    (:mod:`costmodels.calibration`, ``shardplan profile``)."""
     split = np.broadcast_to(np.asarray(split, dtype=np.float64), (layers.n,))
-    if per_sample is not None:
-        return per_sample * samples / split
-    hwa = hardware_arrays(hw, "float32")
     work = samples / split
-    acts = 3.0 * bytes_per_item * (layers.x_elements + layers.y_elements) * work
-    moved = acts + 4.0 * bytes_per_item * layers.params / split
-    eff = op_class_efficiency(hwa, jnp.asarray(layers.kind))
-    t = roofline_s(hwa, jnp.asarray(layers.flops * work, jnp.float32), jnp.asarray(moved, jnp.float32), eff)
-    return np.asarray(t, dtype=np.float64)
+    if per_sample is not None:
+        t = per_sample * work
+    else:
+        hwa = hardware_arrays(hw, "float32")
+        acts = 3.0 * bytes_per_item * (layers.x_elements + layers.y_elements) * work
+        moved = acts + 4.0 * bytes_per_item * layers.params / split
+        eff = op_class_efficiency(hwa, jnp.asarray(layers.kind))
+        t = roofline_s(hwa, jnp.asarray(layers.flops * work, jnp.float32), jnp.asarray(moved, jnp.float32), eff)
+        t = np.asarray(t, dtype=np.float64)
+    if calibration is not None:
+        measured = np.asarray(_calibrated_seconds(calibration, jnp.asarray(work[:, None], jnp.float32)), np.float64)
+        t = np.where(np.asarray(calibration.count) > 0, measured[:, 0], t)
+    return t
+
+
+_calibrated_seconds = jax.jit(calibrated_seconds)
+
+
+def oracle_calibration(calibration: CalibrationArrays, graph: LayerGraph, layers: OracleLayers) -> CalibrationArrays:
+    """``calibration`` (aligned with ``graph``'s rows by
+    :func:`costmodels.calibration_arrays`) re-aligned with the oracle's rows
+    (flatten rows, which the oracle bridges, dropped)."""
+    index = {name: i for i, name in enumerate(graph.names)}
+    rows = np.asarray([index[name] for name in layers.names])
+    return CalibrationArrays(*(jnp.asarray(np.asarray(x)[rows]) for x in calibration))
 
 
 def weight_update_s(hw: Hardware, params: float, optimizer_slots: int, bytes_per_item: float = 4.0) -> float:

@@ -103,7 +103,7 @@ def pipeline(ctx: OracleContext, p: int, b: float, segments: int | None) -> Stra
     if p > L.n:
         return cost_row(ctx, **base)
     micro = B / S
-    per_sample = layer_compute_s(L, hw, ctx.per_sample_s, micro, 1.0, d) / micro
+    per_sample = layer_compute_s(L, hw, ctx.per_sample_s, micro, 1.0, d, ctx.calibration) / micro
     starts = balanced_stages(per_sample, p)
     stage_c = _stage_sums(per_sample, starts)
     comp = (p + S - 1) * micro * float(stage_c.max())  # (p+S-1)/S · B · max_i FWBW(G_i)

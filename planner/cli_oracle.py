@@ -4,7 +4,7 @@
         [--strategies data,spatial,filter,channel,pipeline,data+filter,data+spatial]
         [--batch-per-device b | --batch B] [--segments S] [--compat paradl]
         [--lc FILE ...] [--dataset-size D] [--optimizer sgd|momentum|adam]
-        [--rank] [--json] [--plot FILE.png]
+        [--calibration FILE] [--rank] [--json] [--plot FILE.png]
 
 One row per strategy and device count (:func:`planner.oracle`): a
 rich table on a terminal, JSON otherwise (a list of rows). ``--rank``
@@ -160,6 +160,7 @@ def _run_oracle(args: argparse.Namespace) -> int:
         args.model, args.hardware, devices, args.strategies.split(",") if args.strategies else None,
         batch_per_device=args.batch_per_device, batch=args.batch, segments=args.segments,
         compat=args.compat, dataset_size=args.dataset_size, lc=args.lc, optimizer=args.optimizer,
+        calibration=args.calibration,
     )
     if args.plot:
         plot_report(report, args.plot)
@@ -206,6 +207,8 @@ def add_oracle_commands(sub: Any) -> None:
                    help="samples per epoch (default: a .net file's Input header)")
     p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="sgd",
                    help="weight-update time and state in the default mode (default sgd, as ParaDL)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="measured per-layer times (shardplan profile) instead of the roofline; default mode only")
     p.add_argument("--rank", action="store_true", help="order the strategies at each device count")
     p.add_argument("--json", action="store_true", help="print JSON even on a terminal")
     p.add_argument("--plot", metavar="FILE.png", help="also draw time per iteration against GPU count")

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodels.calibration import Calibration, calibration_arrays, load_calibration
 from costmodels.hardware import Hardware, load_hardware
 from costmodels.oracle import STRATEGIES, oracle_context, oracle_table, parse_strategies
 from costmodels.oracle_cost import StrategyCost
@@ -30,6 +31,7 @@ from costmodels.oracle_layers import (
     OracleLayers,
     lc_family,
     load_lc,
+    oracle_calibration,
     oracle_layers,
 )
 from planner.graph import LayerGraph
@@ -165,6 +167,7 @@ def oracle(
     dataset_size: int | None = None,
     lc: LcSpec = None,
     optimizer: str = "sgd",
+    calibration: Calibration | str | os.PathLike[str] | None = None,
 ) -> OracleReport:
     """Evaluate ``strategies`` (default: all seven) of ``model`` on
     ``devices`` devices of ``hardware``.
@@ -180,16 +183,24 @@ def oracle(
     (docs/oracle.md). ``lc``: ParaDL ``.lc`` masks saying which layers a
     strategy splits. ``dataset_size`` D gives ``epoch_s``. ``optimizer``
     (sgd, momentum, adam; default mode only) sizes the weight update and
-    its state.
+    its state. ``calibration``: measured per-layer times (a
+    :class:`~costmodels.Calibration` or a file ``shardplan profile`` wrote)
+    replacing the compute time of the layers it measured (default mode
+    only).
     """
     if compat not in (None, *COMPAT_MODES):
         raise ValueError(f"unknown compat mode {compat!r}; expected None (the default mode) or 'paradl'")
     hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
     graph, size = _resolve_model(model)
     layers = oracle_layers(graph)
+    cal = None
+    if calibration is not None:
+        if not isinstance(calibration, Calibration):
+            calibration = load_calibration(calibration)
+        cal = oracle_calibration(calibration_arrays(calibration, graph), graph, layers)
     ctx = oracle_context(
         layers, hw, compat=compat == "paradl", masks=_resolve_masks(layers, lc),
-        dataset_size=dataset_size if dataset_size is not None else size, optimizer=optimizer,
+        dataset_size=dataset_size if dataset_size is not None else size, optimizer=optimizer, calibration=cal,
     )
     rows = oracle_table(
         ctx, list(devices), parse_strategies(strategies) if strategies else STRATEGIES,

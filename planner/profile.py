@@ -1,0 +1,407 @@
+"""Measure every layer's forward + backward time at the shard shapes the
+strategy menu produces, and turn the measurements into a calibration
+(:class:`costmodels.Calibration`, the file ``shardplan profile`` writes).
+
+Each layer runs as a standalone jitted JAX op built from its row of the
+layer graph (``lax.conv_general_dilated``, a dense matmul, training-mode
+batch norm, ``lax.reduce_window`` pooling, ReLU, add, concat), on random
+data of the shard's shape, NHWC (channels last, as Flax):
+
+==========  ===============================================================
+data        batch ``B / (d m)``, the whole layer
+filter      batch ``B / d``, output channels ``/ m`` (channel-wise layers: channels ``/ m``)
+channel     batch ``B / d``, input channels ``/ m``
+spatial     batch ``B / d``, ``ceil(out rows / m)`` output rows and the input
+            rows they read (the shard's own rows plus the halo; no padding
+            along the split dim, the halo replaces it)
+replicated  batch ``B / d``, the whole layer
+==========  ===============================================================
+
+for every mesh ``d x m`` of ``P`` devices, ``P`` the powers of two up to
+``max_devices``, and every strategy the menu allows there
+(:func:`costmodels.strategies.strategy_mask`). Forward and backward run in
+one jitted call (``jax.vjp``: gradients of the parameters, and of the input
+unless the layer reads only the model input); after ``warmup`` untimed
+calls the median of ``repeats`` timed calls (``block_until_ready``) is kept.
+Identical shard ops (the same shapes, within a layer or across layers) are
+measured once.
+
+A calibration keys measurements by *work* = samples per device / shard ways
+(:mod:`costmodels.calibration`): for each layer and each work value the
+calibration records the median over the distinct shard shapes with that
+work. Flatten and unmodelled (``other``) layers are not measured; they keep
+the roofline.
+
+The clock is a parameter (``timer``) so the bookkeeping can be tested with a
+fake one; progress goes to an optional callback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from costmodels.calibration import MAX_POINTS, Calibration
+from costmodels.strategies import STRATEGY_NAMES, Strategy, strategy_mask
+from planner.graph import LayerGraph, LayerKind
+
+__all__ = ["PROFILED_KINDS", "Profile", "ProfileEvent", "ShardOp", "ShardTiming", "menu_meshes", "profile_layers"]
+
+PROFILED_KINDS = (
+    LayerKind.CONV, LayerKind.DENSE, LayerKind.POOL, LayerKind.BATCH_NORM,
+    LayerKind.ELEMENTWISE, LayerKind.ADD, LayerKind.CONCAT,
+)
+PROFILE_DTYPES = ("float32", "bfloat16", "float16")
+_BN_EPSILON = 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardOp:
+    """One standalone op at one shard shape (hashable: one compilation each)."""
+
+    kind: int  # LayerKind code
+    batch: int  # samples in the shard
+    in_spatial: tuple[int, ...]  # the shard's input spatial dims (rank 0-3)
+    inputs: tuple[int, ...]  # channels of each input (add: one entry per operand; concat: each part)
+    out_channels: int
+    kernel: tuple[int, ...] = ()  # conv kernel / pooling window; () for the others
+    stride: tuple[int, ...] = ()
+    dilation: tuple[int, ...] = ()
+    padding: tuple[tuple[int, int], ...] = ()
+    groups: int = 1
+    bias: bool = False  # conv / dense bias; batch-norm scale and shift
+    pool: str = ""  # max | avg | global (pooling only)
+    input_grad: bool = True  # the backward pass computes dL/dx
+    dtype: str = "float32"
+
+    @property
+    def description(self) -> str:
+        """``x[4,8,8,16] -> 32`` style: input shapes (NHWC) and output channels."""
+        shapes = ",".join("x[" + ",".join(str(v) for v in (self.batch, *self.in_spatial, c)) + "]" for c in self.inputs)
+        return f"{shapes} -> {self.out_channels}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardTiming:
+    """One (layer, strategy, mesh) shard and its measured time."""
+
+    layer: str
+    strategy: str
+    mesh: tuple[int, int]  # (d, m)
+    work: float  # samples per device / shard ways (the calibration's x axis)
+    shape: str  # ShardOp.description of what ran
+    seconds: float  # median forward + backward wall time
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileEvent:
+    """Progress, for a callback to render (library code never prints)."""
+
+    done: int  # shard ops measured so far
+    total: int  # distinct shard ops to measure
+    layer: str  # the layer just measured ("" at the start)
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """What :func:`profile_layers` measured."""
+
+    model: str
+    device: str  # what ran the ops (jax device kind), recorded as the calibration's hardware
+    dtype: str
+    batch: int  # global batch
+    max_devices: int
+    repeats: int
+    timings: tuple[ShardTiming, ...]
+
+    def calibration(self) -> Calibration:
+        """Per layer, per work value: the median over the distinct shard
+        shapes with that work (at most ``MAX_POINTS`` work values; the
+        largest ones are dropped beyond that)."""
+        per: dict[str, dict[float, dict[str, float]]] = {}
+        for t in self.timings:
+            per.setdefault(t.layer, {}).setdefault(t.work, {})[t.shape] = t.seconds
+        layers = {
+            name: tuple((w, float(statistics.median(by_shape[w].values()))) for w in sorted(by_shape)[:MAX_POINTS])
+            for name, by_shape in per.items()
+        }
+        return Calibration(hardware=self.device, dtype=self.dtype, layers=layers)
+
+
+def menu_meshes(max_devices: int) -> tuple[tuple[int, int], ...]:
+    """Every ``(d, m)`` with ``d m = P``, ``P`` a power of two up to ``max_devices``."""
+    if isinstance(max_devices, bool) or not isinstance(max_devices, int) or max_devices < 1:
+        raise ValueError(f"max_devices must be a positive integer, got {max_devices!r}")
+    out = []
+    p = 1
+    while p <= max_devices:
+        m = 1
+        while m <= p:
+            out.append((p // m, m))
+            m *= 2
+        p *= 2
+    return tuple(out)
+
+
+# -- building one shard op from a layer row ---------------------------------------------
+
+
+def _ints(v, r: int) -> tuple[int, ...]:
+    return tuple(int(x) for x in np.asarray(v)[:r])
+
+
+def _shard_op(graph: LayerGraph, i: int, strategy: Strategy, batch: int, m: int, in_parts: tuple[int, ...],
+              input_grad: bool, dtype: str) -> ShardOp:
+    """The op a device runs for layer ``i`` under ``strategy`` on ``batch``
+    samples (already divided by the data axis), model axis ``m``."""
+    a = graph.arrays
+    kind = LayerKind(int(a.kind[i]))
+    r = int(a.spatial_rank[i])
+    in_sp = list(_ints(a.in_spatial[i], r))
+    out_c = int(a.out_channels[i])
+    k, s, dil = _ints(a.kernel[i], r), _ints(a.stride[i], r), _ints(a.dilation[i], r)
+    pads = tuple(zip(_ints(a.pad_lo[i], r), _ints(a.pad_hi[i], r), strict=True))
+    groups = int(a.groups[i])
+    parts = list(in_parts)
+    pool = ""
+    if kind is LayerKind.POOL:
+        pool = "global" if int(a.out_spatial_rank[i]) == 0 else ("max" if float(a.saved_elements[i]) > 0 else "avg")
+    windowed = kind is LayerKind.CONV or pool in ("max", "avg")
+    if strategy is Strategy.FILTER:
+        if kind in (LayerKind.CONV, LayerKind.DENSE):
+            out_c //= m
+        else:  # channel-wise: every input and the output split by channels
+            parts = [c // m for c in parts]
+            out_c //= m
+    elif strategy is Strategy.CHANNEL:
+        parts = [c // m for c in parts]
+    elif strategy is Strategy.SPATIAL and r >= 1:
+        if windowed:
+            rows_out = math.ceil(int(a.out_spatial[i][0]) / m)
+            in_sp[0] = (rows_out - 1) * s[0] + (k[0] - 1) * dil[0] + 1  # own rows + halo (paradl.md §4.4)
+            pads = ((0, 0), *pads[1:])
+        else:
+            in_sp[0] = math.ceil(in_sp[0] / m)
+    bias = False
+    if kind is LayerKind.CONV:
+        c_in = int(a.in_channels[i])
+        weights = math.prod(k) * (c_in // groups) * int(a.out_channels[i])
+        bias = float(a.params[i]) > weights
+    elif kind is LayerKind.DENSE:
+        bias = float(a.params[i]) > int(a.in_channels[i]) * int(a.out_channels[i])
+    elif kind is LayerKind.BATCH_NORM:
+        bias = float(a.params[i]) > 0
+    return ShardOp(
+        kind=int(kind), batch=int(batch), in_spatial=tuple(in_sp), inputs=tuple(parts), out_channels=out_c,
+        kernel=k if windowed else (), stride=s if windowed else (), dilation=dil if windowed else (),
+        padding=pads if windowed else (), groups=groups if kind is LayerKind.CONV else 1, bias=bias, pool=pool,
+        input_grad=input_grad, dtype=dtype,
+    )
+
+
+def _conv_numbers(rank: int) -> tuple[str, str, str]:
+    sp = "DHW"[3 - rank:]
+    return f"N{sp}C", f"{sp}IO", f"N{sp}C"
+
+
+def _forward(op: ShardOp) -> Callable:
+    """``f(params, xs) -> y`` for the op (xs: a tuple of inputs)."""
+    kind = LayerKind(op.kind)
+    r = len(op.in_spatial)
+    spatial_axes = tuple(range(1, 1 + r))
+    if kind is LayerKind.CONV:
+        def conv(p, xs):
+            y = jax.lax.conv_general_dilated(
+                xs[0], p["w"], window_strides=op.stride, padding=op.padding, rhs_dilation=op.dilation,
+                dimension_numbers=_conv_numbers(r), feature_group_count=op.groups,
+            )
+            return y + p["b"] if op.bias else y
+        return conv
+    if kind is LayerKind.DENSE:
+        def dense(p, xs):
+            y = jnp.matmul(xs[0], p["w"])
+            return y + p["b"] if op.bias else y
+        return dense
+    if kind is LayerKind.BATCH_NORM:
+        def batch_norm(p, xs):  # training mode: statistics over batch and space
+            x = xs[0]
+            axes = (0, *spatial_axes)
+            mean = jnp.mean(x, axis=axes, keepdims=True)
+            var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+            y = (x - mean) * jax.lax.rsqrt(var + _BN_EPSILON)
+            return y * p["scale"] + p["b"] if op.bias else y
+        return batch_norm
+    if kind is LayerKind.POOL:
+        if op.pool == "global":
+            return lambda p, xs: jnp.mean(xs[0], axis=spatial_axes)
+        window, strides = (1, *op.kernel, 1), (1, *op.stride, 1)
+        pads = ((0, 0), *op.padding, (0, 0))
+        if op.pool == "max":
+            return lambda p, xs: jax.lax.reduce_window(
+                xs[0], -jnp.inf, jax.lax.max, window, strides, pads)
+        size = float(math.prod(op.kernel))
+        return lambda p, xs: jax.lax.reduce_window(
+            xs[0], 0.0, jax.lax.add, window, strides, pads) / size
+    if kind is LayerKind.ELEMENTWISE:
+        return lambda p, xs: jnp.maximum(xs[0], 0.0)
+    if kind is LayerKind.ADD:
+        return lambda p, xs: functools.reduce(jnp.add, xs)
+    if kind is LayerKind.CONCAT:
+        return lambda p, xs: jnp.concatenate(xs, axis=-1)
+    raise ValueError(f"layer kind {kind.name.lower()} cannot be profiled")
+
+
+def _param_shapes(op: ShardOp) -> dict[str, tuple[int, ...]]:
+    kind = LayerKind(op.kind)
+    if kind is LayerKind.CONV:
+        out = {"w": (*op.kernel, op.inputs[0] // op.groups, op.out_channels)}
+    elif kind is LayerKind.DENSE:
+        out = {"w": (op.inputs[0], op.out_channels)}
+    elif kind is LayerKind.BATCH_NORM and op.bias:
+        return {"scale": (op.out_channels,), "b": (op.out_channels,)}
+    else:
+        return {}
+    if op.bias:
+        out["b"] = (op.out_channels,)
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("op",))
+def _fwd_bwd(op: ShardOp, params, xs, cotangent):
+    """Forward and backward of one shard op; returns everything it computed
+    (so XLA keeps all of it)."""
+    f = _forward(op)
+    if op.input_grad:
+        y, pull = jax.vjp(f, params, xs)
+    elif params:
+        y, pull = jax.vjp(lambda p: f(p, xs), params)
+    else:
+        return f(params, xs), ()
+    return y, pull(cotangent)
+
+
+def _arguments(op: ShardOp, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    dt = jnp.dtype(op.dtype)
+
+    def rand(shape):
+        return jnp.asarray(rng.standard_normal(shape, dtype=np.float32), dt)
+
+    params = {k: rand(s) for k, s in _param_shapes(op).items()}
+    xs = tuple(rand((op.batch, *op.in_spatial, c)) for c in op.inputs)
+    y = jax.eval_shape(_forward(op), params, xs)
+    return params, xs, rand(y.shape)
+
+
+def _measure(op: ShardOp, warmup: int, repeats: int, timer: Callable[[], float]) -> float:
+    params, xs, ct = _arguments(op)
+    for _ in range(warmup):
+        jax.block_until_ready(_fwd_bwd(op, params, xs, ct))
+    samples = []
+    for _ in range(repeats):
+        start = timer()
+        jax.block_until_ready(_fwd_bwd(op, params, xs, ct))
+        samples.append(timer() - start)
+    return float(statistics.median(samples))
+
+
+# -- the profile ---------------------------------------------------------------------------
+
+
+def _positive_int(v, what: str, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {v!r}")
+    return int(v)
+
+
+def profile_layers(
+    graph: LayerGraph,
+    batch: int,
+    *,
+    max_devices: int = 8,
+    dtype: str = "float32",
+    warmup: int = 2,
+    repeats: int = 5,
+    layers: Sequence[str] | None = None,
+    timer: Callable[[], float] = time.perf_counter,
+    callback: Callable[[ProfileEvent], None] | None = None,
+    device: str | None = None,
+) -> Profile:
+    """Time every layer of ``graph`` (or only ``layers``) forward + backward on
+    the default JAX device at the shard shapes of global batch ``batch`` on
+    every mesh of up to ``max_devices`` devices (module docstring).
+    ``device`` names what was measured in the calibration (default: the
+    JAX device kind). ``Profile.calibration()`` is the calibration."""
+    batch = _positive_int(batch, "batch")
+    warmup = _positive_int(warmup, "warmup", 0)
+    repeats = _positive_int(repeats, "repeats")
+    if dtype not in PROFILE_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(PROFILE_DTYPES)}")
+    meshes = menu_meshes(max_devices)
+    a = graph.arrays
+    n = graph.num_layers
+    kinds = np.asarray(a.kind)[:n].astype(int)
+    wanted = set(range(n)) if layers is None else None
+    if layers is not None:
+        index = {name: i for i, name in enumerate(graph.names)}
+        unknown = [x for x in layers if x not in index]
+        if unknown:
+            raise ValueError(f"model {graph.model_name!r} has no layer(s) {unknown[:3]}; see 'shardplan layers MODEL'")
+        wanted = {index[x] for x in layers}
+    todo = [i for i in sorted(wanted) if kinds[i] in PROFILED_KINDS]
+    producers_of = {i: [] for i in range(n)}
+    out_channels = np.asarray(a.out_channels).astype(int)
+    for s, d in graph.edges:
+        producers_of[d].append(s)
+    # (layer, strategy, mesh, work, op) for every feasible shard of the menu
+    shards: list[tuple[int, Strategy, tuple[int, int], float, ShardOp]] = []
+    for d, m in meshes:
+        if batch % d:
+            continue
+        feasible = np.asarray(strategy_mask(a, float(batch), float(d), float(m)))
+        for i in todo:
+            producers = producers_of[i]
+            if kinds[i] == LayerKind.CONCAT:
+                parts = tuple(int(out_channels[p]) for p in producers)
+            else:
+                parts = (int(a.in_channels[i]),) * max(len(producers), 2 if kinds[i] == LayerKind.ADD else 1)
+            for s in Strategy:
+                if not feasible[i, s]:
+                    continue
+                if s is Strategy.DATA:
+                    shard_batch, split, work = batch // (d * m), 1, batch / (d * m)
+                elif s is Strategy.REPLICATED:
+                    shard_batch, split, work = batch // d, 1, batch / d
+                else:
+                    shard_batch, split, work = batch // d, m, batch / (d * m)
+                strategy = Strategy.DATA if split == 1 else s  # m = 1: every strategy runs the whole layer
+                op = _shard_op(graph, i, strategy, shard_batch, split, parts, bool(producers), dtype)
+                shards.append((i, s, (d, m), work, op))
+    distinct = list(dict.fromkeys(op for *_, op in shards))
+    seconds: dict[ShardOp, float] = {}
+    first_layer = {}
+    for i, *_, op in shards:
+        first_layer.setdefault(op, graph.names[i])
+    if callback is not None:
+        callback(ProfileEvent(0, len(distinct), ""))
+    for k, op in enumerate(distinct, start=1):
+        seconds[op] = _measure(op, warmup, repeats, timer)
+        if callback is not None:
+            callback(ProfileEvent(k, len(distinct), first_layer[op]))
+    timings = tuple(
+        ShardTiming(layer=graph.names[i], strategy=STRATEGY_NAMES[s], mesh=mesh, work=work, shape=op.description,
+                    seconds=seconds[op])
+        for i, s, mesh, work, op in shards
+    )
+    return Profile(
+        model=graph.model_name, device=device or jax.devices()[0].device_kind, dtype=dtype, batch=batch,
+        max_devices=max_devices, repeats=repeats, timings=timings,
+    )
