@@ -1,0 +1,116 @@
+"""Configurations planned per second: ``planner.plan_many`` (one compiled call
+for the whole batch) against ``planner.plan`` in a Python loop, plus
+``planner.cost_fn`` evaluations per second (vmapped over architectures, with
+and without the gradient). Rates and ratios come from one run.
+
+    python benchmarks/automl_throughput.py [--configs 256] [--loop 3] [--archs 64] [--seconds 3]
+
+Configurations: ResNet-50-shaped networks with random stage widths (0.5-1.5x,
+multiples of 8), on 32, 64 or 128 devices of dgx-a100 or dgx-h100, 32 samples
+per device. One "cost evaluation" is one (configuration, mesh shape) pair:
+its cost table and its exact best plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from planner.automl import PlanConfig, cost_fn, plan_many
+from planner.parametric import ArchParams, resnet_parametric, resnet_template
+from planner.planning import plan
+
+BASE = (64, 128, 256, 512)
+
+
+def configs(n: int, seed: int) -> list[PlanConfig]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        widths = [max(8, round(b * rng.uniform(0.5, 1.5) / 8) * 8) for b in BASE]
+        g = resnet_template(widths=widths, name=f"resnet50-w{i}")
+        out.append(PlanConfig(g, int(rng.choice([32, 64, 128])), str(rng.choice(["dgx-a100", "dgx-h100"]))))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", type=int, default=256)
+    ap.add_argument("--loop", type=int, default=3, help="configurations planned by plan() one by one")
+    ap.add_argument("--archs", type=int, default=64, help="architectures per vmapped cost_fn call")
+    ap.add_argument("--seconds", type=float, default=3.0)
+    args = ap.parse_args()
+
+    cfgs = configs(args.configs, 0)
+    meshes = sum(4 for _ in cfgs)  # every device count here has 4 mesh shapes (model axis 1, 2, 4, 8)
+    print(f"{args.configs} ResNet-50-shaped configurations (174 layers, bucket 256), {meshes} (configuration, "
+          f"mesh) pairs; jax {jax.__version__}, {jax.device_count()} cpu device(s)")
+
+    t = time.perf_counter()
+    plan_many(configs(args.configs, 1))  # compile (other widths, same shapes)
+    compile_s = time.perf_counter() - t
+    t = time.perf_counter()
+    out = plan_many(cfgs)
+    many_s = time.perf_counter() - t
+    print(f"plan_many: compile + first call {compile_s:.1f} s; {out.certified.sum()} of {args.configs} certified "
+          f"exact in-graph, {out.fallback.sum()} planned by plan()")
+
+    plan(cfgs[0].model, devices=cfgs[0].devices, hardware=cfgs[0].hardware)  # compile the gradient search
+    t = time.perf_counter()
+    loop = [plan(c.model, devices=c.devices, hardware=c.hardware) for c in cfgs[: args.loop]]
+    loop_s = time.perf_counter() - t
+    ratio = [out.iteration_s[i] / p.iteration_s for i, p in enumerate(loop)]
+
+    pg = resnet_parametric()
+    cf = cost_fn(pg, "dgx-a100", 64)
+    rng = np.random.default_rng(2)
+    batch = ArchParams(jnp.asarray(rng.uniform(0.5, 1.5, (args.archs, 4)), jnp.float32),
+                       jnp.ones(args.archs, jnp.float32), jnp.full(args.archs, 2048.0, jnp.float32))
+    value = jax.jit(jax.vmap(cf))
+    grad = jax.jit(jax.vmap(jax.value_and_grad(lambda p: cf(p).time_s)))
+
+    def rate(fn) -> float:
+        jax.block_until_ready(fn(batch))
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < args.seconds:
+            jax.block_until_ready(fn(batch))
+            n += 1
+        return n * args.archs / (time.perf_counter() - start)
+
+    one = ArchParams(batch.widths[0], batch.resolution[0], batch.batch[0])
+    single = jax.jit(lambda p: cf(p))
+
+    def rate_one(fn) -> float:
+        jax.block_until_ready(fn(one))
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < args.seconds:
+            jax.block_until_ready(fn(one))
+            n += 1
+        return n / (time.perf_counter() - start)
+
+    s_rate = rate_one(single)
+    v_rate, g_rate = rate(value), rate(grad)
+    many_rate, loop_rate = args.configs / many_s, args.loop / loop_s
+    print(f"agreement with plan(): plan_many / plan iteration time on {args.loop} configurations: "
+          + ", ".join(f"{r:.6f}" for r in ratio))
+    print(f"{'method':44s} {'configs/s':>10s} {'cost evals/s':>13s} {'vs plan loop':>13s}")
+    print(f"{'plan() in a Python loop':44s} {loop_rate:10.2f} {loop_rate * 4:13.1f} {1.0:12.1f}x")
+    print(f"{'plan_many (one compiled call)':44s} {many_rate:10.1f} {many_rate * 4:13.1f} "
+          f"{many_rate / loop_rate:12.1f}x")
+    print(f"{'cost_fn, one architecture per call':44s} {s_rate:10.1f} {s_rate * 4:13.1f} "
+          f"{s_rate / loop_rate:12.1f}x")
+    print(f"{'cost_fn, vmapped, value (4 meshes each)':44s} {v_rate:10.1f} {v_rate * 4:13.1f} "
+          f"{v_rate / loop_rate:12.1f}x")
+    print(f"{'cost_fn, vmapped, value and gradient':44s} {g_rate:10.1f} {g_rate * 4:13.1f} "
+          f"{g_rate / loop_rate:12.1f}x")
+
+
+if __name__ == "__main__":
+    main()

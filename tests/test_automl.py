@@ -1,0 +1,329 @@
+"""AutoML embedding: parametric graphs against GraphBuilder, the plan DP
+against brute force and the exact search, cost_fn's limits and gradients,
+plan_many against planner.plan one configuration at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from costmodels import (
+    CostSettings,
+    CostTable,
+    cost_table,
+    hardware_arrays,
+    load_hardware,
+)
+from planner._plan_dp import best_plan, dp_schedule, frontier_size, soft_min_time
+from planner.automl import PlanConfig, _plan_batch, cost_fn, plan_many
+from planner.builder import GraphBuilder
+from planner.graph import LayerArrays
+from planner.parametric import (
+    ArchParams,
+    parametric_graph,
+    resnet_parametric,
+    resnet_template,
+    total_forward_flops,
+)
+from planner.planning import plan
+from planner.zoo import get_model
+from search import discrete_problem, plan_time, solve_brute, solve_dp
+
+ROOT = Path(__file__).resolve().parents[1]
+S = 5
+TINY = {"depths": (1, 1, 1, 1), "widths": (8, 16, 32, 64), "resolution": 32, "num_classes": 10}
+
+
+def tiny(widths=TINY["widths"], resolution=TINY["resolution"], name="tiny"):
+    return resnet_template(TINY["depths"], widths, resolution=resolution, num_classes=10, name=name)
+
+
+def assert_arrays_equal(ref: LayerArrays, got: LayerArrays, rtol=1e-6):
+    for f in LayerArrays._fields:
+        a = np.asarray(getattr(ref, f), np.float64)
+        b = np.asarray(getattr(got, f), np.float64)
+        np.testing.assert_allclose(b, a, rtol=rtol, atol=0, err_msg=f)
+
+
+# -- parametric graphs ------------------------------------------------------------------------
+
+
+def test_resnet_template_is_the_zoo_resnet50():
+    assert resnet_template().fingerprint == get_model("resnet50").fingerprint
+
+
+def test_parametric_arrays_equal_graph_builder_at_integer_widths_and_resolutions():
+    pg = resnet_parametric(**TINY, channel_multiple=1)
+    f = jax.jit(pg)
+    cases = [((1, 1, 1, 1), 32), ((0.5, 1.5, 0.75, 2.0), 32), ((2.0, 0.5, 1.25, 0.25), 48), ((1, 1, 1, 1), 27)]
+    for w, res in cases:
+        widths = [round(b * x) for b, x in zip(TINY["widths"], w, strict=True)]
+        ref = tiny(widths, res)
+        got = f(ArchParams(jnp.asarray(w, jnp.float32), jnp.float32(res / 32), jnp.float32(64)))
+        assert_arrays_equal(ref.arrays, got)
+
+
+def test_parametric_resnet50_at_other_widths_and_resolution():
+    pg = resnet_parametric()
+    got = jax.jit(pg)(ArchParams(jnp.asarray([0.5, 1.5, 0.75, 1.25]), jnp.float32(160 / 224), jnp.float32(1)))
+    assert_arrays_equal(resnet_template(widths=(32, 192, 192, 640), resolution=160).arrays, got)
+
+
+def test_rounded_channels_are_multiples_and_match_the_builder():
+    pg = resnet_parametric(**TINY, channel_multiple=8)
+    got = jax.jit(lambda p: pg(p, rounded=True))(ArchParams(jnp.asarray([1.3, 0.9, 1.12, 0.2]), jnp.float32(1.0),
+                                                            jnp.float32(1)))
+    # 8*1.3=10.4 -> 8; 16*0.9=14.4 -> 16; 32*1.12=35.8 -> 32; 64*0.2=12.8 -> 16
+    assert_arrays_equal(tiny((8, 16, 32, 16)).arrays, got)
+
+
+def test_parametric_graph_on_a_chain_with_flatten_and_groups_by_function():
+    b = GraphBuilder("chain", (3, 20, 20))
+    x = b.conv("c1", b.input, 6, 3, padding="VALID")
+    x = b.relu("r1", x)
+    x = b.avg_pool("p1", x, 2)
+    x = b.conv("c2", x, 10, 3, stride=2, padding=((1, 0), (1, 0)))
+    x = b.flatten("flat", x)
+    b.dense("fc", x, 7)
+    t = b.build()
+    pg = parametric_graph(t, lambda name: {"c1": 0, "c2": 1}.get(name))
+    got = jax.jit(pg)(ArchParams(jnp.asarray([2.0, 0.5]), jnp.float32(1.5), jnp.float32(1)))
+    b2 = GraphBuilder("chain", (3, 30, 30))
+    x = b2.conv("c1", b2.input, 12, 3, padding="VALID")
+    x = b2.relu("r1", x)
+    x = b2.avg_pool("p1", x, 2)
+    x = b2.conv("c2", x, 5, 3, stride=2, padding=((1, 0), (1, 0)))
+    x = b2.flatten("flat", x)
+    b2.dense("fc", x, 7)
+    assert_arrays_equal(b2.build().arrays, got)
+
+
+def test_parametric_graph_rejects_bad_groups():
+    with pytest.raises(ValueError, match="no conv or dense layer matches"):
+        parametric_graph(tiny(), {"nothing/": 0})
+    with pytest.raises(ValueError, match="without gaps"):
+        parametric_graph(tiny(), {"layer1/": 0, "layer3/": 2})
+    pg = resnet_parametric(**TINY)
+    with pytest.raises(ValueError, match="4 width groups"):
+        pg(ArchParams(jnp.ones(3), jnp.float32(1), jnp.float32(1)))
+
+
+# -- the plan DP -------------------------------------------------------------------------------
+
+
+def random_table(seed: int, n: int, edges, L: int = 16, E: int = 32) -> CostTable:
+    rng = np.random.default_rng(seed)
+    feas = rng.random((n, S)) < 0.7
+    feas[np.arange(n), rng.integers(0, S, n)] = True
+    e = len(edges)
+
+    def pad(x, rows, fill=0.0):
+        x = np.asarray(x)
+        return np.concatenate([x, np.full((rows - x.shape[0],) + x.shape[1:], fill, x.dtype)])
+
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    zeros = f32(np.zeros((L, S)))
+    return CostTable(
+        feasible=jnp.asarray(pad(feas, L, True)), compute_s=f32(pad(rng.uniform(1e-3, 1e-2, (n, S)), L)),
+        backward_compute_s=zeros, grad_sync_s=zeros, halo_s=zeros, output_s=zeros,
+        state_bytes=f32(pad(rng.integers(0, 100, (n, S)).astype(float), L)),
+        activation_bytes=f32(pad(rng.integers(0, 100, (n, S)).astype(float), L)),
+        workspace_bytes=f32(pad(rng.integers(1, 100, (n, S)).astype(float), L)),
+        reshard_s=f32(pad(rng.uniform(0, 5e-3, (e, S, S)), E)), layer_mask=f32(pad(np.ones(n), L)),
+        edge_src=jnp.asarray(pad(np.array([u for u, _ in edges], np.int32), E, 0), jnp.int32),
+        edge_dst=jnp.asarray(pad(np.array([v for _, v in edges], np.int32), E, 0), jnp.int32),
+        edge_mask=f32(pad(np.ones(e), E)), gradient_overlap=f32(0.0), memory_capacity_bytes=f32(1e12),
+    )
+
+
+def graph_like(n: int, edges):
+    e = np.asarray(edges, float).reshape(-1, 2)
+    return SimpleNamespace(num_layers=n, num_edges=len(e), model_name="random",
+                           arrays=SimpleNamespace(edge_src=e[:, 0], edge_dst=e[:, 1]))
+
+
+def random_edges(n: int, seed: int):
+    """A chain plus random skip edges of length 2 or 3 (frontier <= 4)."""
+    rng = np.random.default_rng(seed)
+    edges = [(i, i + 1) for i in range(n - 1)]
+    edges += [(i, i + k) for k in (2, 3) for i in range(n - k) if rng.random() < 0.3]
+    return edges
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_hard_dp_is_the_brute_force_optimum(seed):
+    n = 8
+    edges = random_edges(n, seed)
+    t = random_table(seed, n, edges)
+    g = graph_like(n, edges)
+    if frontier_size(g) > 4:
+        pytest.skip("frontier too wide")
+    value, choice = jax.jit(best_plan)(t, dp_schedule(g))
+    p = discrete_problem(t)
+    brute = solve_brute(p)
+    np.testing.assert_allclose(float(value), brute.time_s, rtol=1e-6)
+    np.testing.assert_allclose(plan_time(p, np.asarray(choice)[:n]), brute.time_s, rtol=1e-6)
+
+
+def test_soft_min_tends_to_the_dp_optimum_on_a_chain():
+    hw = load_hardware("abci-v100")
+    g = get_model("vgg16-cifar10")
+    t = cost_table(g.arrays, hardware_arrays(hw), 256.0, 2.0, 4.0, CostSettings())
+    exact = solve_dp(discrete_problem(t), 1e30).time_s
+    sched = dp_schedule(g)
+    assert len(sched.slots) == 2  # a chain needs two slots
+    f = jax.jit(soft_min_time)
+    n = g.num_layers
+    gaps = []
+    for tau in (1e-3, 1e-4, 1e-5, 1e-6):
+        v = float(f(t, sched, tau))
+        # opt - tau n log S <= F <= opt (at most S^n plans, one of them optimal)
+        assert exact - tau * n * math.log(S) - 1e-6 * exact <= v <= exact * (1 + 1e-6)
+        gaps.append(exact - v)
+    assert gaps == sorted(gaps, reverse=True) and gaps[-1] <= 1e-3 * exact  # gap ~ tau log(#optimal plans)
+
+
+def test_dp_refuses_too_wide_graphs():
+    b = GraphBuilder("wide", (4, 8, 8))
+    branches = [b.conv(f"c{i}", b.input, 4, 1) for i in range(6)]
+    b.concat("cat", branches)
+    with pytest.raises(ValueError, match="slots"):
+        dp_schedule(b.build())
+
+
+# -- cost_fn -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_cost():
+    pg = resnet_parametric(**TINY, channel_multiple=8)
+    return pg, cost_fn(pg, "dgx-a100", 8, temperature=0.05)
+
+
+def params(w=(1.0, 1.0, 1.0, 1.0), res=1.0, batch=256.0):
+    return ArchParams(jnp.asarray(w, jnp.float32), jnp.float32(res), jnp.float32(batch))
+
+
+@pytest.mark.slow
+def test_cost_fn_exact_value_is_the_exact_plan_and_tends_to_it(tiny_cost):
+    pg, cf = tiny_cost
+    out = cf(params())
+    ref = plan_many([PlanConfig(tiny(), 8, "dgx-a100", batch=256)], fallback=False)
+    assert ref.certified[0]
+    np.testing.assert_allclose(float(out.exact_time_s), ref.iteration_s[0], rtol=1e-6)
+    assert cf.meshes[int(out.exact_mesh)] == tuple(ref.mesh[0]) and bool(out.exact_certified)
+    cold = cost_fn(pg, "dgx-a100", 8, temperature=1e-4)(params())
+    np.testing.assert_allclose(float(cold.time_s), float(out.exact_time_s), rtol=2e-3)
+    np.testing.assert_allclose(float(cold.memory_bytes_per_device), float(out.exact_memory_bytes_per_device),
+                               rtol=2e-2)
+    np.testing.assert_allclose(float(jnp.sum(out.mesh_weights)), 1.0, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_cost_fn_gradients_match_finite_differences(tiny_cost):
+    _, cf = tiny_cost
+    w0 = jnp.asarray([1.1, 0.9, 1.05, 0.95], jnp.float32)
+    v = jnp.asarray([0.3, -0.2, 0.5, 0.1], jnp.float32)
+
+    def f(w, batch=256.0):
+        c = cf(params(w, batch=batch))
+        return c.time_s, c.memory_bytes_per_device
+
+    (gt, gm) = jax.jacrev(f)(w0)
+    # batch 260: the 8x1 mesh cannot split it (whole samples per device): weight 0, finite gradients
+    assert float(cf(params(w0, batch=260.0)).mesh_weights[0]) == 0.0
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.jacrev(f)(w0, 260.0))
+    h = 2e-3
+    (tp, mp), (tm, mm) = f(w0 + h * v), f(w0 - h * v)
+    np.testing.assert_allclose(float(jnp.dot(gt, v)), (float(tp) - float(tm)) / (2 * h), rtol=3e-2)
+    np.testing.assert_allclose(float(jnp.dot(gm, v)), (float(mp) - float(mm)) / (2 * h), rtol=3e-2)
+    assert float(jnp.dot(gt, v)) > 0  # wider stages, slower iterations
+
+
+def test_cost_fn_rejects_bad_arguments():
+    pg = resnet_parametric(**TINY)
+    with pytest.raises(ValueError, match="ParametricGraph"):
+        cost_fn(tiny(), "dgx-a100", 8)
+    with pytest.raises(ValueError, match="temperature"):
+        cost_fn(pg, "dgx-a100", 8, temperature=0.0)
+    with pytest.raises(ValueError, match="devices"):
+        cost_fn(pg, "dgx-a100", 0)
+
+
+def test_total_forward_flops_is_the_graph_total():
+    t = tiny()
+    pg = resnet_parametric(**TINY)
+    flops = jax.jit(lambda p: total_forward_flops(pg(p)))(params())
+    np.testing.assert_allclose(float(flops), t.total("flops_fwd"), rtol=1e-6)
+
+
+# -- plan_many -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_plan_many_equals_plan_one_by_one_and_compiles_once():
+    # small models: plan() is exact on them (the DP on the chain, the MILP on the
+    # 54-layer DAG), so the times must agree exactly; one has a binding limit.
+    configs = [
+        PlanConfig(tiny(), 8, "dgx-a100"),
+        PlanConfig("vgg16-cifar10", 16, "abci-v100"),
+        PlanConfig(tiny((16, 16, 32, 32), name="tiny-b"), 16, "abci-v100", batch=64),
+        PlanConfig("vgg16-cifar10", 8, "abci-v100", memory_limit="100MB", batch=64),
+    ]
+    before = _plan_batch._cache_size()
+    out = plan_many(configs)
+    after = _plan_batch._cache_size()
+    assert after - before <= 1  # (0 if an earlier test compiled these shapes)
+    assert out.certified.tolist() == [True, True, True, False] and out.fallback.tolist() == [False] * 3 + [True]
+    for i, c in enumerate(configs):
+        p = plan(c.model, devices=c.devices, hardware=c.hardware, memory_limit=c.memory_limit, batch=c.batch)
+        np.testing.assert_allclose(out.iteration_s[i], p.iteration_s, rtol=1e-6)
+        assert tuple(out.mesh[i]) == p.mesh
+        assert out.memory_bytes_per_device[i] <= out.memory_limit_bytes[i]
+    # other models of the same buckets and the same padded batch: no new compilation
+    again = plan_many([PlanConfig(tiny((8, 8, 8, 8), name=f"t{i}"), 8, "dgx-a100") for i in range(3)])
+    assert _plan_batch._cache_size() == after and again.certified.all()
+
+
+def test_plan_many_reports_uncertified_rows_without_fallback():
+    out = plan_many([PlanConfig("vgg16-cifar10", 8, "abci-v100", memory_limit="100MB", batch=64)], fallback=False)
+    assert not out.certified[0] and not out.feasible[0] and np.isnan(out.iteration_s[0])
+    with pytest.raises(ValueError, match="at least one"):
+        plan_many([])
+
+
+# -- examples ------------------------------------------------------------------------------------
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.slow
+def test_width_search_example_runs():
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = _load(ROOT / "examples" / "automl_width_search.py").main(["--steps", "1", "--tiny"])
+    text = buf.getvalue()
+    assert rc == 0 and "chosen width multipliers" in text and "plan: mesh" in text
+
+
+def test_optuna_example_skips_cleanly_without_optuna():
+    if importlib.util.find_spec("optuna") is not None:
+        pytest.skip("optuna is installed")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = _load(ROOT / "examples" / "automl_optuna.py").main(["--trials", "2", "--tiny"])
+    assert rc == 0 and "optuna is not installed" in buf.getvalue()
