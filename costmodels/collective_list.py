@@ -15,12 +15,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from costmodels.reshard import CONVERSION, COLLECTIVE_NAMES, Collective
+from costmodels.reshard import COLLECTIVE_NAMES, CONVERSION, Collective
 from costmodels.strategies import Layout, Strategy, strategy_layouts
 from costmodels.table import CostSettings
 from planner.graph import LayerGraph
 
-__all__ = ["CollectiveRecord", "plan_collectives"]
+__all__ = ["CollectiveRecord", "auxiliary_collectives", "plan_collectives", "sharded_parameters"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,10 +33,11 @@ class CollectiveRecord:
 
 
 def plan_collectives(
-    graph: LayerGraph, choice: Sequence[int], batch: float, d: int, m: int, settings: CostSettings = CostSettings()
+    graph: LayerGraph, choice: Sequence[int], batch: float, d: int, m: int, settings: CostSettings | None = None
 ) -> tuple[CollectiveRecord, ...]:
     """Every collective of one training iteration of the discrete plan ``choice``
     on a ``d x m`` mesh, in layer order (gradient all-reduces last)."""
+    settings = CostSettings() if settings is None else settings
     a = graph.unpadded()
     n = graph.num_layers
     choice = np.asarray(choice, dtype=int)[:n]
@@ -56,6 +57,7 @@ def plan_collectives(
         recs.append(CollectiveRecord(COLLECTIVE_NAMES[kind], ("model",), phase, where, float(result)))
 
     consumers = set()
+    produced = {v for _, v in graph.edges}
     for u, v in graph.edges:
         consumers.add(u)
         nbytes = float(out_el[u]) * gb * delta
@@ -69,22 +71,118 @@ def plan_collectives(
             if rows > 0:
                 x_row = a.in_channels[i] * a.in_spatial[i, 1] * a.in_spatial[i, 2] * gb * delta
                 y_row = a.out_channels[i] * a.out_spatial[i, 1] * a.out_spatial[i, 2] * gb * delta
-                recs.append(CollectiveRecord("collective-permute", ("model",), "forward", graph.names[i], float(rows * x_row)))
-                recs.append(CollectiveRecord("collective-permute", ("model",), "backward", graph.names[i], float(rows * y_row)))
+                name = graph.names[i]
+                recs.append(CollectiveRecord("collective-permute", ("model",), "forward", name, float(rows * x_row)))
+                if i in produced:  # the input gradient (none for a layer fed by the model input)
+                    recs.append(CollectiveRecord("collective-permute", ("model",), "backward", name, float(rows * y_row)))
+                if a.params[i] > 0:
+                    # The weight gradient needs the input's halo again: XLA's SPMD partitioner
+                    # re-exchanges it rather than keeping the forward's haloed input
+                    # (measured, docs/validation.md).
+                    recs.append(CollectiveRecord("collective-permute", ("model",), "backward",
+                                                 f"{name} (weight gradient)", float(rows * x_row)))
         if i not in consumers:  # a model output: the loss runs batch-split, else on the gathered output
             out_l, gout_l = lay[i, s, 1], lay[i, s, 3]
             nbytes = float(out_el[i]) * gb * delta
             t = Layout.BATCH if out_l == Layout.BATCH else Layout.REPLICATED
             convert(out_l, t, nbytes, "forward", f"{graph.names[i]} -> loss")
             convert(t, gout_l, nbytes, "backward", f"{graph.names[i]} -> loss")
+    local = sharded_parameters(graph, choice, m)
     for i in range(n):
         s = choice[i]
         if a.params[i] <= 0:
             continue
-        shard = m if s in (Strategy.FILTER, Strategy.CHANNEL) else 1
         axes = ("data", "model") if s in (Strategy.DATA, Strategy.SPATIAL) and m > 1 else ("data",)
         ranks = d * m if axes == ("data", "model") else d
         if ranks > 1:
-            nbytes = float(a.params[i]) * settings.gradient_bytes_per_param / shard
+            nbytes = float(local[i]) * settings.gradient_bytes_per_param
             recs.append(CollectiveRecord("all-reduce", axes, "gradient", graph.names[i], nbytes))
+    return tuple(recs)
+
+
+def sharded_parameters(graph: LayerGraph, choice: Sequence[int], m: int) -> np.ndarray:
+    """Parameters each device holds per layer ``[L]`` under ``choice``: a filter
+    layer splits its kernel and bias (they follow the output channels); a
+    channel layer splits its kernel's input channels and keeps the whole bias
+    (paradl.md §4.7: the bias is added once, after the partial sums are
+    reduced); the other strategies replicate everything."""
+    a = graph.unpadded()
+    choice = np.asarray(choice, dtype=int)[: graph.num_layers]
+    params = np.asarray(a.params, dtype=np.float64)
+    # kernel = prod(window) * in / groups * out (conv; a dense layer has a 1-wide window)
+    kernel = np.prod(np.asarray(a.kernel, dtype=np.float64), axis=-1) * a.in_channels / np.maximum(a.groups, 1) \
+        * a.out_channels
+    kernel = np.minimum(kernel, params)
+    bias = params - kernel
+    return np.where(choice == Strategy.FILTER, params / m,
+                    np.where(choice == Strategy.CHANNEL, kernel / m + bias, params))
+
+
+def auxiliary_collectives(
+    graph: LayerGraph, choice: Sequence[int], batch: float, d: int, m: int, settings: CostSettings | None = None
+) -> tuple[CollectiveRecord, ...]:
+    """The small collectives a compiled training step adds beside
+    :func:`plan_collectives`, which the time model neglects: batch-norm
+    statistics and the loss mean, reduced over the axes the batch is split on,
+    and getting the input batch (split over every device) and the labels into
+    the first layers' and the loss's layouts.
+
+    * Batch norm in training mode (Flax's fast variance, E[x] and E[x^2]):
+      forward one all-reduce of 2 x C values (ioffe-szegedy 2015, Alg. 1);
+      backward, beside the scale and shift gradients (2 x C, counted as
+      gradient all-reduces), one more C-vector for the mean's gradient, as
+      XLA computes it (measured in docs/validation.md). C is the channels
+      one device holds (C / m under filter).
+    * The loss: the batch mean of the per-sample losses, one scalar.
+    """
+    settings = CostSettings() if settings is None else settings
+    a = graph.unpadded()
+    n = graph.num_layers
+    choice = np.asarray(choice, dtype=int)[:n]
+    delta = settings.activation_bytes
+    consumers = {u for u, _ in graph.edges}
+    recs: list[CollectiveRecord] = []
+
+    def batch_axes(s: int) -> tuple[str, ...]:
+        if s == Strategy.DATA or s == Strategy.SPATIAL:  # batch (and rows) over every device
+            return ("data", "model") if m > 1 else ("data",)
+        return ("data",)
+
+    def ranks(axes: tuple[str, ...]) -> int:
+        return d * m if axes == ("data", "model") else d
+
+    for i in range(n):
+        if graph.kind_names[i] != "batch_norm":
+            continue
+        s = int(choice[i])
+        axes = batch_axes(s)
+        c = float(a.out_channels[i]) / (m if s == Strategy.FILTER else 1)
+        if ranks(axes) > 1:
+            recs.append(CollectiveRecord("all-reduce", axes, "forward", f"{graph.names[i]} (statistics)", 2 * c * delta))
+            recs.append(CollectiveRecord("all-reduce", axes, "backward", f"{graph.names[i]} (statistics)", c * delta))
+    lay = np.asarray(strategy_layouts(np.asarray(a.kind, dtype=np.int32)))  # [L, S, 4]
+    gb = batch / d
+    if m > 1:
+        # The input batch arrives split over every device (Layout.BATCH); the
+        # layers without a producer take it in their own layout.
+        produced = {v for _, v in graph.edges}
+        for i in range(n):
+            if i in produced:
+                continue
+            kind = Collective(int(CONVERSION[Layout.BATCH, lay[i, choice[i], 0]]))
+            if kind is Collective.NONE:
+                continue
+            nbytes = float(a.in_elements[i]) * gb * delta
+            result = nbytes if kind in (Collective.ALL_GATHER, Collective.ALL_REDUCE) else nbytes / m
+            recs.append(CollectiveRecord(COLLECTIVE_NAMES[kind], ("model",), "forward",
+                                         f"input -> {graph.names[i]}", result))
+    sinks = [i for i in range(n) if i not in consumers]
+    if sinks:
+        s = int(choice[sinks[-1]])
+        batch_split = lay[sinks[-1], s, 1] == Layout.BATCH
+        if m > 1 and not batch_split:  # the loss runs on the group's gathered labels (int32)
+            recs.append(CollectiveRecord("all-gather", ("model",), "forward", "labels -> loss", gb * 4.0))
+        axes = ("data", "model") if batch_split and m > 1 else ("data",)
+        if ranks(axes) > 1:
+            recs.append(CollectiveRecord("all-reduce", axes, "forward", "loss", 4.0))
     return tuple(recs)

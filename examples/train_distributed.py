@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         hlo, hlo_error = (), str(e)
     validation = None
     if args.validate:
-        from planner.validate import validate
+        from planner.validation import validate
 
         report = validate(model, plan, mesh=mesh, optimizer=optax.adam(args.lr))
         validation = [{"kind": r.kind, "axes": list(r.axes), "ok": r.ok, "crosses_processes": r.crosses_processes,

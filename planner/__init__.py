@@ -1,19 +1,43 @@
-"""shardplan's public API: describe a CNN as a layer graph, and (as the
-project grows) plan how to shard its training over many devices.
+"""shardplan's public API: describe a CNN as a layer graph, plan how to
+shard its training over many devices, apply the plan with JAX's own
+sharding and check it against what XLA compiles.
 
-``extract``, ``flax_model``, ``oracle``, ``plan`` and ``shard`` are
-imported on first use (from ``planner.extraction``, ``planner.flax_zoo``,
-``planner.oracle_report``, ``planner.planning`` and ``planner.sharding``),
-so ``import planner`` stays light for the command line."""
+Everything but the layer-graph basics is imported on first use (see
+``_LAZY``), so ``import planner`` stays light for the command line; flax,
+optax and matplotlib load only when a name that needs them is used.
+Multi-process helpers live in :mod:`planner.distributed` and the local
+launcher in :mod:`planner.launch`."""
 
 from typing import Any
 
+from planner._version import __version__
 from planner.builder import GraphBuilder
 from planner.graph import GRAPH_SCHEMA, GRAPH_VERSION, LayerArrays, LayerGraph, LayerKind, bucket_size
 from planner.netfile import load_net, parse_net
 from planner.zoo import MODEL_NAMES, get_model
 
 __all__ = [
+    "__version__",
+    "ArchParams",
+    "CostEstimate",
+    "CostFunction",
+    "HardwareFit",
+    "ParametricGraph",
+    "PlanBatch",
+    "PlanConfig",
+    "Profile",
+    "StepTime",
+    "ValidationReport",
+    "cost_fn",
+    "fit_hardware",
+    "parametric_graph",
+    "plan_many",
+    "plot_plan",
+    "profile_layers",
+    "resnet_parametric",
+    "resnet_template",
+    "total_forward_flops",
+    "validate",
     "GRAPH_SCHEMA",
     "GRAPH_VERSION",
     "MODEL_NAMES",
@@ -44,6 +68,26 @@ _LAZY = {
     "plan": ("planner.planning", "plan"),
     "Plan": ("planner.planning", "Plan"),
     "shard": ("planner.sharding", "shard"),
+    "validate": ("planner.validation", "validate"),
+    "ValidationReport": ("planner.validation", "ValidationReport"),
+    "profile_layers": ("planner.profile", "profile_layers"),
+    "Profile": ("planner.profile", "Profile"),
+    "fit_hardware": ("planner.fit", "fit_hardware"),
+    "StepTime": ("planner.fit", "StepTime"),
+    "HardwareFit": ("planner.fit", "HardwareFit"),
+    "cost_fn": ("planner.automl", "cost_fn"),
+    "plan_many": ("planner.automl", "plan_many"),
+    "PlanConfig": ("planner.automl", "PlanConfig"),
+    "PlanBatch": ("planner.automl", "PlanBatch"),
+    "CostEstimate": ("planner.automl", "CostEstimate"),
+    "CostFunction": ("planner.automl", "CostFunction"),
+    "ArchParams": ("planner.parametric", "ArchParams"),
+    "ParametricGraph": ("planner.parametric", "ParametricGraph"),
+    "parametric_graph": ("planner.parametric", "parametric_graph"),
+    "resnet_parametric": ("planner.parametric", "resnet_parametric"),
+    "resnet_template": ("planner.parametric", "resnet_template"),
+    "total_forward_flops": ("planner.parametric", "total_forward_flops"),
+    "plot_plan": ("planner.plot", "plot_plan"),
 }
 
 

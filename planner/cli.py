@@ -285,11 +285,15 @@ def _parser() -> _Parser:
     from planner.cli_cost import add_cost_commands
     from planner.cli_oracle import add_oracle_commands
     from planner.cli_plan import add_plan_commands
+    from planner.cli_profile import add_profile_commands
     from planner.cli_plot import add_plot_commands
+    from planner.cli_validate import add_validate_commands
 
     add_cost_commands(sub)
     add_oracle_commands(sub)
     add_plan_commands(sub)
+    add_profile_commands(sub)
+    add_validate_commands(sub)
     add_plot_commands(sub)
     return p
 

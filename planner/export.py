@@ -34,16 +34,19 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from costmodels.strategies import STRATEGY_NAMES, io_layout_names
+from planner.plan_specs import activation_spec_entries, param_spec_entries, to_partition_spec
 
 __all__ = [
     "AXES",
+    "TrainState",
+    "activation_spec",
+    "lower_training",
     "make_mesh",
     "param_spec",
-    "activation_spec",
     "partition_specs",
-    "shardings",
-    "TrainState",
+    "producer_layouts",
     "shard_training",
+    "shardings",
 ]
 
 AXES = ("data", "model")
@@ -65,36 +68,16 @@ def _check(strategy: str) -> str:
 
 
 def param_spec(strategy: str, ndim: int) -> P:
-    """PartitionSpec of a parameter of rank ``ndim`` in a layer run under ``strategy``."""
-    _check(strategy)
-    if ndim == 0:
-        return P()
-    if ndim == 1:
-        return P("model") if strategy == "filter" else P()
-    if strategy == "filter":
-        return P(*([None] * (ndim - 1)), "model")
-    if strategy == "channel":
-        return P(*([None] * (ndim - 2)), "model", None)
-    return P()
+    """PartitionSpec of a parameter of rank ``ndim`` in a layer run under ``strategy``
+    (:func:`planner.plan_specs.param_spec_entries`, what the plan file records)."""
+    return P(*param_spec_entries(strategy, ndim))
 
 
 def activation_spec(layout: str, ndim: int) -> P | None:
     """PartitionSpec of a batch-first, channels-last activation in a layout
     (``batch``, ``replicated``, ``channel``, ``spatial``); None where XLA
-    should decide (``partial``)."""
-    if layout == "batch":
-        return P(_BATCH_AXES)
-    if layout == "replicated":
-        return P("data")
-    if layout == "channel":
-        return P("data", *([None] * (ndim - 2)), "model")
-    if layout == "spatial":
-        if ndim < 3:
-            raise ValueError("a spatial layout needs a spatial dim")
-        return P("data", "model")
-    if layout == "partial":
-        return None
-    raise ValueError(f"unknown layout {layout!r}")
+    should decide (``partial``). See :func:`planner.plan_specs.activation_spec_entries`."""
+    return to_partition_spec(activation_spec_entries(layout, ndim))
 
 
 # strategy -> (input layout, output layout), from the cost model's own tables
@@ -136,18 +119,19 @@ class TrainState(NamedTuple):
 
 
 @contextlib.contextmanager
-def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh) -> Iterator[None]:
+def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh,
+                       last_layout: list[str] | None = None,
+                       input_layouts: Mapping[str, str] | None = None) -> Iterator[None]:
     """While tracing: constrain each planned module call's input and output to
-    its strategy's layouts (patched ``__call__``, restored on exit)."""
+    its strategy's layouts (patched ``__call__``, restored on exit). Where
+    ``input_layouts`` names a module, its input is first pinned to that layout
+    (its producer's), so that functional ops before it keep the plan's layout
+    and the conversion happens at the module's input. The output layout of
+    the last planned call is appended to ``last_layout``."""
+    input_layouts = {} if input_layouts is None else input_layouts
     paths = {id(m): "/".join(map(str, p)) for p, m in nnx.iter_modules(model)}
     classes = {type(m) for _, m in nnx.iter_modules(model)}
     originals = {cls: cls.__call__ for cls in classes}
-
-    def constrain(x: Any, layout: str) -> Any:
-        if not isinstance(x, jax.Array) and not hasattr(x, "aval"):
-            return x
-        spec = activation_spec(layout, x.ndim) if (layout != "spatial" or x.ndim >= 3) else None
-        return x if spec is None else jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
     def wrap(cls: type, orig: Callable) -> Callable:
         def wrapper(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
@@ -156,7 +140,11 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                 return orig(self, x, *args, **kwargs)
             table = _IN_OUT if isinstance(self, _PARAM_MODULES) else _CHANNELWISE
             lin, lout = table[strategies[name]]
-            return constrain(orig(self, constrain(x, lin), *args, **kwargs), lout)
+            if last_layout is not None:
+                last_layout.append(lout)
+            if name in input_layouts:
+                x = _constrain(x, input_layouts[name], mesh)
+            return _constrain(orig(self, _constrain(x, lin, mesh), *args, **kwargs), lout, mesh)
 
         return wrapper
 
@@ -169,25 +157,21 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
             cls.__call__ = orig
 
 
+def _constrain(x: Any, layout: str, mesh: Mesh) -> Any:
+    if not isinstance(x, jax.Array) and not hasattr(x, "aval"):
+        return x
+    spec = activation_spec(layout, x.ndim) if (layout != "spatial" or x.ndim >= 3) else None
+    return x if spec is None else jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
 def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-def shard_training(
-    model: nnx.Module,
-    strategies: Mapping[str, str],
-    mesh: Mesh,
-    optimizer: optax.GradientTransformation,
-    *,
-    loss_fn: Callable[[jax.Array, jax.Array], jax.Array] = _cross_entropy,
-) -> tuple[Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, jax.Array]], TrainState]:
-    """A jitted training step ``step(state, x, y) -> (state, loss)`` for ``model``
-    with parameters, optimizer state and each planned layer's activations laid
-    out by ``strategies`` on ``mesh``, and the initial state placed accordingly.
-
-    ``model`` is a concrete nnx module (its current weights are used). Inputs
-    are split over ``("data", "model")`` on the batch dim; the step donates
-    nothing, so callers may keep old states."""
+def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimizer: optax.GradientTransformation,
+           loss_fn: Callable[[jax.Array, jax.Array], jax.Array], donate: bool,
+           input_layouts: Mapping[str, str] | None = None) -> tuple[Any, Any, Any, Any, Any]:
+    """(jitted step, state shardings, params, other, batch sharding)."""
     for s in strategies.values():
         _check(s)
     graphdef, params, other = nnx.split(model, nnx.Param, ...)
@@ -202,10 +186,18 @@ def shard_training(
     def train_step(state: TrainState, x: jax.Array, y: jax.Array) -> tuple[TrainState, jax.Array]:
         def loss_of(params: Any) -> tuple[jax.Array, Any]:
             m = nnx.merge(graphdef, params, state.other, copy=True)
-            with _constrained_calls(m, strategies, mesh):
+            last: list[str] = []
+            with _constrained_calls(m, strategies, mesh, last, input_layouts):
                 logits = m(x)
+            # The loss runs on the output as the cost model assumes: batch-split
+            # where the last layer leaves it so, else gathered over the model axis
+            # (costmodels.collective_list, "-> loss" records).
+            labels = y
+            if last and last[-1] != "batch":
+                logits = _constrain(logits, "replicated", mesh)
+                labels = _constrain(y, "replicated", mesh)
             _, _, new_other = nnx.split(m, nnx.Param, ...)
-            return loss_fn(logits, y), new_other
+            return loss_fn(logits, labels), new_other
 
         (loss, new_other), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -214,6 +206,79 @@ def shard_training(
 
     # A fresh jit per call: the patched __call__ is not part of jit's cache key
     # (jax-notes.md §2, step 4).
-    step = jax.jit(train_step, in_shardings=(state_sh, batch_sh, batch_sh), out_shardings=(state_sh, None))
+    step = jax.jit(train_step, in_shardings=(state_sh, batch_sh, batch_sh), out_shardings=(state_sh, None),
+                   donate_argnums=(0,) if donate else ())
+    return step, state_sh, params, other, batch_sh
+
+
+def shard_training(
+    model: nnx.Module,
+    strategies: Mapping[str, str],
+    mesh: Mesh,
+    optimizer: optax.GradientTransformation,
+    *,
+    loss_fn: Callable[[jax.Array, jax.Array], jax.Array] = _cross_entropy,
+    input_layouts: Mapping[str, str] | None = None,
+) -> tuple[Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, jax.Array]], TrainState]:
+    """A jitted training step ``step(state, x, y) -> (state, loss)`` for ``model``
+    with parameters, optimizer state and each planned layer's activations laid
+    out by ``strategies`` on ``mesh``, and the initial state placed accordingly.
+
+    ``model`` is a concrete nnx module (its current weights are used). Inputs
+    are split over ``("data", "model")`` on the batch dim; the step donates
+    nothing, so callers may keep old states. ``input_layouts`` (module path ->
+    layout, from :func:`producer_layouts`) pins module inputs to their
+    producers' planned layouts first."""
+    step, state_sh, params, other, _ = _build(model, strategies, mesh, optimizer, loss_fn, False, input_layouts)
     init = jax.jit(lambda p, o: TrainState(p, o, optimizer.init(p)), out_shardings=state_sh)
     return step, init(params, other)
+
+
+def lower_training(
+    model: nnx.Module,
+    strategies: Mapping[str, str],
+    mesh: Mesh,
+    optimizer: optax.GradientTransformation,
+    x: Any,
+    *,
+    loss_fn: Callable[[jax.Array, jax.Array], jax.Array] = _cross_entropy,
+    donate: bool = True,
+    input_layouts: Mapping[str, str] | None = None,
+) -> tuple[jax.stages.Lowered, TrainState]:
+    """The training step of :func:`shard_training`, lowered for inputs shaped
+    like ``x`` (batch first, channels last; integer labels), without running
+    anything: ``model`` may be abstract (``nnx.eval_shape``). Returns the
+    lowered step and the state's abstract leaves (``ShapeDtypeStruct`` with
+    their planned shardings). ``donate`` (default) lets the new state reuse
+    the old one's buffers, as an in-place training loop would."""
+    step, state_sh, params, other, batch_sh = _build(model, strategies, mesh, optimizer, loss_fn, donate,
+                                                     input_layouts)
+    opt_abs = jax.eval_shape(optimizer.init, params)
+
+    def spec(leaf: Any, sh: Any) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sh)
+
+    abstract = jax.tree.map(spec, TrainState(jax.eval_shape(lambda p: p, params), jax.eval_shape(lambda o: o, other),
+                                             opt_abs), state_sh)
+    x_spec = jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=batch_sh)
+    y_spec = jax.ShapeDtypeStruct((x.shape[0],), jax.numpy.int32, sharding=batch_sh)
+    return step.lower(abstract, x_spec, y_spec), abstract
+
+
+def producer_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, str]:
+    """For each layer of ``graph`` (a :class:`~planner.LayerGraph`) fed by
+    another, the layout its first producer leaves its output in under
+    ``strategies``: what :func:`shard_training` pins module inputs to, so that
+    the functional layers between modules (ReLU, pooling, flatten, which no
+    module call constrains) keep their planned layouts and XLA converts where
+    the cost model does."""
+    out: dict[str, str] = {}
+    for u, v in graph.edges:
+        name = graph.names[v]
+        if name in out:
+            continue
+        src = graph.names[u]
+        param = graph.kind_names[u] == "dense" or graph.kind_names[u].startswith("conv")
+        table = _IN_OUT if param else _CHANNELWISE
+        out[name] = table[_check(strategies.get(src, "replicated"))][1]
+    return out

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["HloCollective", "parse_collectives", "expand_replica_groups", "label_mesh_axes", "DTYPE_BYTES"]
+__all__ = ["DTYPE_BYTES", "HloCollective", "expand_replica_groups", "label_mesh_axes", "parse_collectives"]
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -53,7 +53,9 @@ _OP = re.compile(
 _ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]")
 _EXPLICIT = re.compile(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}")
 _IOTA = re.compile(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
-_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+_MESH = re.compile(
+    r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\((.*?)\))?\s*\{([^}]*)\}"
+)
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 
@@ -94,11 +96,11 @@ def expand_replica_groups(line: str, num_devices: int) -> tuple[tuple[int, ...],
         axes = re.findall(r"'([^']+)'\s*=\s*(\d+)", m.group(1))
         names = [a for a, _ in axes]
         sizes = [int(s) for _, s in axes]
-        over = re.findall(r"'([^']+)'", m.group(2))
+        over = re.findall(r"'([^']+)'", m.group(3))
         unknown = set(over) - set(names)
         if unknown:
             raise ValueError(f"mesh replica groups name unknown axes {sorted(unknown)}: {line.strip()[:200]}")
-        ids = np.arange(math.prod(sizes)).reshape(sizes)
+        ids = _device_ids(m.group(2), math.prod(sizes), line).reshape(sizes)
         keep = [i for i, n in enumerate(names) if n not in over]
         moved = np.moveaxis(ids, [names.index(o) for o in over], list(range(len(keep), len(names))))
         size = math.prod(sizes[names.index(o)] for o in over)
@@ -113,6 +115,25 @@ def expand_replica_groups(line: str, num_devices: int) -> tuple[tuple[int, ...],
     if "replica_groups" not in line:
         return (tuple(range(num_devices)),)
     raise ValueError(f"unrecognised replica_groups format: {line.strip()[:200]}")
+
+
+def _device_ids(text: str | None, n: int, line: str) -> np.ndarray:
+    """The device at each position of a mesh-format group's mesh: absent =
+    identity, an iota ``[2,4]T(1,0)`` or an explicit list ``[0,2,1,3]``."""
+    if not text:
+        return np.arange(n)
+    it = re.fullmatch(r"\s*\[([\d,]+)\](?:T\(([\d,]+)\))?\s*", text)
+    if it and it.group(2):
+        dims = [int(x) for x in it.group(1).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims).transpose([int(x) for x in it.group(2).split(",")])
+    elif it:
+        values = [int(x) for x in it.group(1).split(",")]
+        ids = np.asarray(values) if len(values) == n else np.arange(math.prod(values))
+    else:
+        ids = np.asarray([int(x) for x in re.findall(r"\d+", text)])
+    if ids.size != n:
+        raise ValueError(f"mesh device_ids do not match the mesh size {n}: {line.strip()[:200]}")
+    return ids.reshape(-1)
 
 
 def label_mesh_axes(
@@ -158,13 +179,30 @@ def parse_collectives(
             if mesh_shape is not None and groups:
                 # a permute runs along the axes its (source, target) pairs stay within
                 linked = _components(groups, num_devices)
-                axes = label_mesh_axes(linked, mesh_shape, axis_names)
+                axes = label_mesh_axes(linked, mesh_shape, axis_names) or _containing_axes(
+                    groups, mesh_shape, axis_names)
         else:
             groups = expand_replica_groups(line, num_devices)
             axes = label_mesh_axes(groups, mesh_shape, axis_names) if mesh_shape is not None else None
         name = _OP_NAME.search(line)
         out.append(HloCollective(kind, int(nbytes), groups, axes, name.group(1) if name else "", is_async))
     return tuple(out)
+
+
+def _containing_axes(
+    pairs: Sequence[tuple[int, int]], mesh_shape: Sequence[int], axis_names: Sequence[str]
+) -> tuple[str, ...] | None:
+    """The smallest set of mesh axes whose groups hold both ends of every pair
+    (a permute between some neighbours of an axis only, e.g. a halo exchange
+    that skips the edge shards)."""
+    ids = np.arange(math.prod(mesh_shape)).reshape(mesh_shape)
+    coords = {int(ids[idx]): idx for idx in np.ndindex(*mesh_shape)}
+    for r in range(1, len(axis_names) + 1):
+        for subset in itertools.combinations(range(len(axis_names)), r):
+            fixed = [i for i in range(len(axis_names)) if i not in subset]
+            if all(all(coords[a][i] == coords[b][i] for i in fixed) for a, b in pairs):
+                return tuple(axis_names[i] for i in subset)
+    return None
 
 
 def _components(pairs: Sequence[tuple[int, int]], n: int) -> tuple[tuple[int, ...], ...]:

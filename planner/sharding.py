@@ -12,7 +12,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from planner.export import AXES, TrainState, make_mesh, shard_training
+from planner.export import AXES, TrainState, make_mesh, producer_layouts, shard_training
 from planner.extraction import extract
 from planner.planning import Plan
 
@@ -63,4 +63,7 @@ def shard(
             f"mesh {dict(mesh.shape)} does not match the plan's {plan.mesh[0]}x{plan.mesh[1]} mesh over {AXES}"
         )
     kwargs: dict[str, Any] = {} if loss_fn is None else {"loss_fn": loss_fn}
-    return shard_training(model, plan.strategies, mesh, optimizer, **kwargs)
+    # each module's input pinned to its producer's planned layout, so the functional ops between modules
+    # (activations, pooling, flatten) run where the plan costs them (docs/validation.md)
+    return shard_training(model, plan.strategies, mesh, optimizer,
+                          input_layouts=producer_layouts(graph, plan.strategies), **kwargs)

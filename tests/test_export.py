@@ -10,7 +10,13 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from planner.export import activation_spec, make_mesh, param_spec, partition_specs, shard_training
+from planner.export import (
+    activation_spec,
+    make_mesh,
+    param_spec,
+    partition_specs,
+    shard_training,
+)
 
 
 class Tiny(nnx.Module):
@@ -65,7 +71,7 @@ def test_every_sharding_trains_the_same(runs):
 
 @pytest.mark.slow
 def test_parameters_land_with_planned_shardings(runs):
-    state, _, full = runs["megatron"]
+    state, _, _ = runs["megatron"]
     p = state.params
     assert p["fcs"][0]["kernel"].sharding.spec == P(None, "model")
     assert p["fcs"][0]["bias"].sharding.spec == P("model")

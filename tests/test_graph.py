@@ -267,7 +267,11 @@ def test_public_functions_stay_functions_after_their_modules_load():
 
     import planner
 
-    for name, module in (("extract", "planner.extraction"), ("plan", "planner.planning"),
-                         ("oracle", "planner.oracle_report"), ("shard", "planner.sharding")):
+    for name, (module, attr) in planner._LAZY.items():
         importlib.import_module(module)
-        assert callable(getattr(planner, name)) and not isinstance(getattr(planner, name), type(planner)), name
+        value = getattr(planner, name)
+        assert not isinstance(value, type(planner)), f"planner.{name} is shadowed by a module of that name"
+        assert value is getattr(importlib.import_module(module), attr), name
+    assert set(planner._LAZY) <= set(planner.__all__)
+    for name in planner.__all__:
+        getattr(planner, name)  # every public name resolves

@@ -43,7 +43,7 @@ def test_shard_map_collectives_kinds_bytes_axes(mesh):
 
 
 def test_gspmd_program_uses_iota_and_mesh_formats(mesh):
-    ns = lambda *s: NamedSharding(mesh, P(*s))  # noqa: E731
+    ns = lambda *s: NamedSharding(mesh, P(*s))
 
     def loss(w1, w2, x):
         h = jax.nn.relu(jax.lax.with_sharding_constraint(x @ w1, ns("data", "model")))
@@ -72,6 +72,8 @@ def test_gspmd_program_uses_iota_and_mesh_formats(mesh):
         ("replica_groups=[2,2]<=[2,2]T(1,0)", ((0, 2), (1, 3))),
         ("replica_groups=mesh['axis_0'=2,'axis_1'=2] {'axis_0'}", ((0, 2), (1, 3))),
         ("replica_groups=mesh['axis_0'=2,'axis_1'=2] {'axis_0','axis_1'}", ((0, 1, 2, 3),)),
+        # a permuted mesh, as XLA prints it for a transposed device order (seen on 2x4)
+        ("replica_groups=mesh['axis_0'=2,'axis_1'=2], device_ids=([2,2]T(1,0)) {'axis_0'}", ((0, 1), (2, 3))),
     ],
 )
 def test_replica_group_formats(line, groups):
@@ -86,13 +88,13 @@ def test_labels():
 
 
 def test_async_and_tuple_forms():
-    text = "\n".join([
-        "%ars = (f32[128]{0}, bf16[64,2]{1,0}) all-reduce-start(%a, %b), replica_groups={{0,1}}, to_apply=%add",
-        "%ard = (f32[128]{0}, bf16[64,2]{1,0}) all-reduce-done(%ars)",
-        "%ags = (f32[4,8]{1,0}, f32[8,8]{1,0}) all-gather-start(%c), replica_groups=[1,2]<=[2], dimensions={0}",
-        "%agd = f32[8,8]{1,0} all-gather-done(%ags)",
-        "ROOT %cp = f32[2,1,32,16]{3,2,1,0} collective-permute(%d), source_target_pairs={{0,1},{1,0}}",
-    ])
+    text = (
+        "%ars = (f32[128]{0}, bf16[64,2]{1,0}) all-reduce-start(%a, %b), replica_groups={{0,1}}, to_apply=%add\n"
+        "%ard = (f32[128]{0}, bf16[64,2]{1,0}) all-reduce-done(%ars)\n"
+        "%ags = (f32[4,8]{1,0}, f32[8,8]{1,0}) all-gather-start(%c), replica_groups=[1,2]<=[2], dimensions={0}\n"
+        "%agd = f32[8,8]{1,0} all-gather-done(%ags)\n"
+        "ROOT %cp = f32[2,1,32,16]{3,2,1,0} collective-permute(%d), source_target_pairs={{0,1},{1,0}}\n"
+    )
     colls = parse_collectives(text, (1, 2), AXES)
     assert [(c.kind, c.bytes_per_device, c.asynchronous, c.axes) for c in colls] == [
         ("all-reduce", 128 * 4 + 64 * 2 * 2, True, ("model",)),
@@ -108,3 +110,13 @@ def test_bad_inputs():
         expand_replica_groups("replica_groups=mesh['axis_0'=2] {'axis_9'}", 2)
     with pytest.raises(ValueError, match="both"):
         parse_collectives("", (2,), None)
+
+
+def test_permute_between_some_neighbours_of_an_axis():
+    # A halo exchange on a 2x4 mesh that links only shards 0-1 and 2-3 of each model
+    # group: its components are not whole groups, but every pair stays on "model".
+    text = "%cp = f32[4]{0} collective-permute(%a), source_target_pairs={{0,1},{1,0},{2,3},{6,7}}"
+    (c,) = parse_collectives(text, (2, 4), AXES)
+    assert c.axes == ("model",)
+    (c,) = parse_collectives(text.replace("{6,7}", "{3,7}"), (2, 4), AXES)
+    assert c.axes == ("data", "model")

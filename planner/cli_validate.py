@@ -1,0 +1,127 @@
+"""``shardplan validate``: compile a plan's sharded training step on the local
+devices and compare predicted with compiled memory and communication.
+
+``shardplan validate MODEL --plan plan.json [--json] [--memory-rtol F]
+[--activation-rtol F] [--comm-rtol F]``
+
+MODEL is a built-in model name (its Flax twin, :func:`planner.flax_model`,
+built abstract: nothing is initialised or run) or ``package.module:factory``
+returning ``(flax_module, example_input)``. Prints a side-by-side table of
+memory and of collectives by kind and mesh axes (a rich table on a terminal,
+JSON otherwise or with ``--json``: :meth:`ValidationReport.to_dict`). Exit
+status 0 when every figure is within tolerance, 1 when one is not, 2 for
+usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any
+
+__all__ = ["add_validate_commands"]
+
+_ACCEPTED = "expected a built-in model name or package.module:factory returning (flax_module, example_input)"
+
+
+def _flax_model(spec: str) -> Any:
+    from planner.cli import _FACTORY, UsageError, _zoo_names
+
+    if spec in _zoo_names():
+        from planner.flax_zoo import flax_model
+
+        return flax_model(spec)[0]
+    if not _FACTORY.fullmatch(spec):
+        raise UsageError(f"unknown model {spec!r} (validate needs a Flax model)", _ACCEPTED)
+    module_name, _, attr = spec.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UsageError(f"cannot import {module_name!r} ({e})", _ACCEPTED) from None
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise UsageError(f"module {module_name!r} has no attribute {attr!r}", _ACCEPTED)
+    if not callable(obj):
+        raise UsageError(f"{spec} is not callable", _ACCEPTED)
+    result = obj()
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise UsageError(f"{spec}() returned {type(result).__name__}, not a (module, example_input) pair", _ACCEPTED)
+    return result[0]
+
+
+def _render(report: Any) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    def format_bytes(v: float) -> str:
+        return f"{v:,.0f}"
+
+    def mark(ok: bool) -> str:
+        return "[green]ok[/]" if ok else "[bold red]OUT[/]"
+
+    d, m = report.mesh
+    console = Console()
+    mem = Table(title=f"{report.model}, mesh {d}x{m}, batch {report.batch}, {report.optimizer}, {report.platform}: "
+                      "memory per device", box=box.SIMPLE_HEAD)
+    for col, justify in (("part", "left"), ("predicted", "right"), ("compiled", "right"), ("error", "right"),
+                         ("tolerance", "right"), ("", "left"), ("note", "left")):
+        mem.add_column(col, justify=justify)
+    for r in report.memory:
+        err = (r.compiled_bytes - r.predicted_bytes) / r.predicted_bytes if r.predicted_bytes else 0.0
+        mem.add_row(r.part, format_bytes(r.predicted_bytes), format_bytes(r.compiled_bytes), f"{err:+.1%}",
+                    "exact" if r.rtol == 0 else f"{r.rtol:.0%}", mark(r.ok), r.note)
+    console.print(mem)
+    col = Table(title="collectives per device, by kind and mesh axes", box=box.SIMPLE_HEAD)
+    for name, justify in (("kind", "left"), ("axes", "left"), ("predicted", "right"), ("compiled", "right"),
+                          ("ops", "right"), ("", "left"), ("note", "left")):
+        col.add_column(name, justify=justify)
+    for r in report.collectives:
+        col.add_row(r.kind, ",".join(r.axes), format_bytes(r.predicted_bytes), format_bytes(r.compiled_bytes),
+                    str(r.count), mark(r.ok), r.note + (" (crosses processes)" if r.crosses_processes else ""))
+    console.print(col)
+    console.print("[green]all figures within tolerance[/]" if report.ok else
+                  "[bold red]some figures are outside tolerance[/]")
+
+
+def _run_validate(args: argparse.Namespace) -> int:
+    import json
+
+    from planner.cli import UsageError
+    from planner.planning import Plan
+    from planner.validation import validate
+
+    for name in ("memory_rtol", "activation_rtol", "comm_rtol"):
+        if getattr(args, name) < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be a non-negative fraction", "expected e.g. 0.05")
+    model = _flax_model(args.model)
+    plan = Plan.read(args.plan)
+    report = validate(model, plan, memory_rtol=args.memory_rtol, activation_rtol=args.activation_rtol,
+                      comm_rtol=args.comm_rtol)
+    if args.json or not sys.stdout.isatty():
+        print(json.dumps(report.to_dict(), indent=1))
+    else:
+        _render(report)
+    return 0 if report.ok else 1
+
+
+def add_validate_commands(sub: Any) -> None:
+    """Register ``validate`` on an argparse subparsers object."""
+    va = sub.add_parser(
+        "validate", help="compare a plan's predicted memory and communication with the compiled program",
+        description="Compile the plan's sharded training step on the local devices and compare, per device, "
+                    "predicted with compiled memory and collectives (by kind and mesh axes); exit 1 when a "
+                    "figure is outside tolerance.",
+    )
+    va.add_argument("model", metavar="MODEL", help="built-in model name or package.module:factory")
+    va.add_argument("--plan", required=True, metavar="FILE", help="plan JSON (shardplan plan -o FILE)")
+    va.add_argument("--memory-rtol", type=float, default=0.30, metavar="F",
+                    help="relative tolerance of the total memory per device (default 0.30)")
+    va.add_argument("--activation-rtol", type=float, default=0.50, metavar="F",
+                    help="relative tolerance of activations and temporaries (default 0.50)")
+    va.add_argument("--comm-rtol", type=float, default=0.05, metavar="F",
+                    help="relative tolerance of collective bytes per kind and axes (default 0.05)")
+    va.add_argument("--json", action="store_true", help="print JSON even on a terminal")
+    va.set_defaults(run=_run_validate)

@@ -1,0 +1,365 @@
+"""``planner.validate`` (module ``planner.validation``): compile a plan's sharded training step on the local
+devices and compare, per device, what the cost model predicts with what XLA
+compiled: memory (``memory_analysis()``) and communication (the collectives
+of the compiled HLO, :mod:`planner.hlo`), by kind and mesh axes, in bytes.
+Defaults: ``memory_rtol`` 0.30 (total), ``activation_rtol`` 0.50,
+``comm_rtol`` 0.05; docs/validation.md has the measured errors.
+
+Memory rows (jax-notes.md §3):
+
+* ``parameters``, ``optimizer state``, ``batch statistics`` and ``inputs``:
+  predicted from the layer graph and the strategies (the layouts of
+  :mod:`planner.export`), compiled from the shardings XLA gave the step's
+  arguments; both exact (no tolerance).
+* ``arguments``: their sum against XLA's ``argument_size_in_bytes``, exact.
+* ``activations and temporaries``: the plan's predicted memory per device
+  (:func:`costmodels.memory_per_device`, which counts gradients, saved
+  activations and the largest workspace) less its weights, optimizer state
+  and buffers, against ``output - alias + temp`` with the state donated.
+  Within ``activation_rtol``.
+* ``total``: ``argument + output - alias + temp`` (on CPU ``peak`` leaves out
+  temporaries), within ``memory_rtol``.
+
+Collective rows: the plan's collectives (:func:`costmodels.plan_collectives`)
+plus the small ones the time model neglects
+(:func:`costmodels.collective_list.auxiliary_collectives`: batch-norm
+statistics, the loss mean, the input and labels' conversions), summed by ``(kind, axes)``, against the compiled program's, within
+``comm_rtol``. Axes of size 1 are dropped on both sides (on an 8x1 mesh
+``("data",)`` and ``("data", "model")`` are the same devices). On CPU,
+XLA lowers a reduce-scatter as an all-reduce of the whole buffer followed by
+a slice (it has no reduce-scatter pass there), so on the ``cpu`` platform a
+predicted reduce-scatter of ``b`` bytes over ``n`` devices is expected as an
+all-reduce of ``n * b`` bytes; the row says so. A two-axis all-reduce that
+XLA splits into one over ``model`` and one over ``data`` is matched too.
+
+The step is compiled with every module input pinned first to its producer's
+planned layout (:func:`planner.export.producer_layouts`), so that the
+functional layers between modules keep the plan's layouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+
+from costmodels import (
+    CostSettings,
+    Strategy,
+    load_hardware,
+    parse_strategy,
+)
+from costmodels.collective_list import (
+    auxiliary_collectives,
+    plan_collectives,
+    sharded_parameters,
+)
+from costmodels.table import OPTIMIZER_SLOTS
+from planner.export import AXES, lower_training, make_mesh, producer_layouts
+from planner.extraction import extract
+from planner.hlo import parse_collectives
+from planner.planning import Plan
+
+__all__ = ["CollectiveRow", "MemoryRow", "ValidationReport", "default_optimizer", "fixed_plan", "validate"]
+
+_COUNTER_BYTES = {"sgd": 0, "momentum": 0, "adam": 4}  # optax's int32 step count (ScaleByAdamState.count)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRow:
+    part: str  # parameters | optimizer state | batch statistics | inputs | arguments | activations and temporaries | total
+    predicted_bytes: float  # per device
+    compiled_bytes: float  # per device
+    rtol: float  # allowed |compiled - predicted| / predicted (0: exact)
+    ok: bool
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveRow:
+    kind: str  # all-reduce | all-gather | reduce-scatter | all-to-all | collective-permute
+    axes: tuple[str, ...]  # mesh axes (size-1 axes dropped); ("?",) when the groups match no axes
+    predicted_bytes: float  # per device, summed over the step
+    compiled_bytes: float  # per device, summed over the compiled program
+    count: int  # compiled ops in this row
+    ok: bool
+    crosses_processes: bool  # some compiled group spans devices of more than one process
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationReport:
+    model: str
+    mesh: tuple[int, int]  # (d, m)
+    batch: int  # global
+    optimizer: str
+    platform: str  # jax backend the step was compiled for
+    memory_rtol: float  # total memory
+    activation_rtol: float  # activations and temporaries
+    comm_rtol: float  # collective bytes per (kind, axes)
+    memory: tuple[MemoryRow, ...]
+    collectives: tuple[CollectiveRow, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.memory) and all(r.ok for r in self.collectives)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "mesh": list(self.mesh),
+            "batch": self.batch,
+            "optimizer": self.optimizer,
+            "platform": self.platform,
+            "memory_rtol": self.memory_rtol,
+            "activation_rtol": self.activation_rtol,
+            "comm_rtol": self.comm_rtol,
+            "ok": self.ok,
+            "memory": [dataclasses.asdict(r) for r in self.memory],
+            "collectives": [{**dataclasses.asdict(r), "axes": list(r.axes)} for r in self.collectives],
+        }
+
+
+def default_optimizer(name: str) -> optax.GradientTransformation:
+    """The optax optimizer ``validate`` builds for a plan's optimizer name.
+    The hyper-parameters (sgd and momentum: learning rate 0.01, momentum 0.9;
+    adam: 1e-3) change no buffer size."""
+    if name == "sgd":
+        return optax.sgd(1e-2)
+    if name == "momentum":
+        return optax.sgd(1e-2, momentum=0.9)
+    if name == "adam":
+        return optax.adam(1e-3)
+    raise ValueError(f"unknown optimizer {name!r}; choose from sgd, momentum, adam")
+
+
+def _close(predicted: float, compiled: float, rtol: float) -> bool:
+    if predicted == 0:
+        return compiled == 0
+    return abs(compiled - predicted) <= rtol * abs(predicted)
+
+
+def _shard_bytes(leaf: Any, sharding: Any) -> float:
+    return float(math.prod(sharding.shard_shape(tuple(leaf.shape))) * np.dtype(leaf.dtype).itemsize)
+
+
+def _drop_unit_axes(axes: tuple[str, ...] | None, sizes: Mapping[str, int]) -> tuple[str, ...]:
+    if axes is None:
+        return ("?",)
+    kept = tuple(a for a in axes if sizes[a] > 1)
+    return kept
+
+
+def validate(
+    model: nnx.Module,
+    plan: Plan,
+    *,
+    mesh: Mesh | None = None,
+    optimizer: optax.GradientTransformation | None = None,
+    memory_rtol: float = 0.30,
+    activation_rtol: float = 0.50,
+    comm_rtol: float = 0.05,
+) -> ValidationReport:
+    """Compile ``plan``'s training step for ``model`` (abstract or concrete nnx
+    module; nothing runs) at the plan's global batch on ``mesh`` (default: the
+    plan's ``d x m`` mesh over the local devices) and compare predicted with
+    compiled memory and communication per device. ``optimizer`` defaults to
+    :func:`default_optimizer` of ``plan.optimizer``."""
+    if plan.dtype != "float32":
+        raise ValueError(f"validate compiles the model in float32, but the plan is for {plan.dtype}; "
+                         "plan with dtype float32 to validate")
+    if not (memory_rtol >= 0 and activation_rtol >= 0 and comm_rtol >= 0):
+        raise ValueError("memory_rtol, activation_rtol and comm_rtol must be non-negative fractions, e.g. 0.1")
+    if not plan.input_shape:
+        raise ValueError("the plan does not record its model's input shape; plan the model again with this "
+                         "version of shardplan to validate it")
+    c, *spatial = plan.input_shape
+    d, m = plan.mesh
+    if plan.batch % (d * m):
+        raise ValueError(f"validate splits the batch over all {d * m} devices; the plan's batch {plan.batch} "
+                         f"is not a multiple of {d * m}")
+    try:
+        graph = extract(model, jax.ShapeDtypeStruct((1, *spatial, c), jnp.float32))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"this plan was made for another model (plan {plan.model!r} takes inputs of "
+                         f"{plan.input_shape}, channels first, which the model given cannot run: {e})") from None
+    if graph.fingerprint != plan.graph_fingerprint:
+        raise ValueError(f"this plan was made for another model (plan {plan.model!r}, fingerprint "
+                         f"{plan.graph_fingerprint}; the model given extracts to {graph.fingerprint}); "
+                         "plan this model with planner.plan first")
+    if mesh is None:
+        mesh = make_mesh(d, m)
+    elif tuple(mesh.axis_names) != AXES or tuple(mesh.devices.shape) != (d, m):
+        raise ValueError(f"mesh {dict(mesh.shape)} does not match the plan's {d}x{m} mesh over {AXES}")
+    tx = default_optimizer(plan.optimizer) if optimizer is None else optimizer
+
+    x = jax.ShapeDtypeStruct((plan.batch, *spatial, c), jnp.float32)
+    lowered, abstract = lower_training(model, plan.strategies, mesh, tx, x,
+                                       input_layouts=producer_layouts(graph, plan.strategies))
+    compiled = lowered.compile()
+    memory = _memory_rows(graph, plan, compiled, abstract, x, memory_rtol, activation_rtol)
+    platform = mesh.devices.flat[0].platform
+    colls = _collective_rows(graph, plan, compiled.as_text(), mesh, platform, comm_rtol)
+    return ValidationReport(plan.model, (d, m), plan.batch, plan.optimizer, platform, memory_rtol, activation_rtol,
+                            comm_rtol, memory, colls)
+
+
+def _choice(graph: Any, plan: Plan) -> np.ndarray:
+    strategies = plan.strategies
+    return np.array([int(parse_strategy(strategies[n])) for n in graph.names])
+
+
+def _memory_rows(graph: Any, plan: Plan, compiled: Any, abstract: Any, x: Any, rtol: float, act_rtol: float
+                 ) -> tuple[MemoryRow, ...]:
+    d, m = plan.mesh
+    choice = _choice(graph, plan)
+    a = graph.unpadded()
+    # -- predicted (float32 parameters and state; the layouts of planner.export)
+    params = float(np.sum(sharded_parameters(graph, choice, m))) * 4.0
+    optim = OPTIMIZER_SLOTS[plan.optimizer] * params + _COUNTER_BYTES[plan.optimizer]
+    buffers = float(np.sum(np.asarray(a.buffers) / np.where(choice == Strategy.FILTER, m, 1))) * 4.0
+    inputs = (math.prod(x.shape) * 4.0 + plan.batch * 4.0) / (d * m)  # x float32, labels int32
+    arguments = params + optim + buffers + inputs
+    total = float(plan.memory_bytes_per_device) + inputs + _COUNTER_BYTES[plan.optimizer]
+    # -- compiled: the shardings XLA chose for the arguments, and memory_analysis
+    (state_sh, x_sh, y_sh), _ = compiled.input_shardings
+
+    def part(tree: Any, shs: Any) -> float:
+        return float(sum(_shard_bytes(leaf, sh) for leaf, sh in zip(jax.tree.leaves(tree), jax.tree.leaves(shs),
+                                                                    strict=True)))
+
+    got_params = part(abstract.params, state_sh.params)
+    got_optim = part(abstract.opt_state, state_sh.opt_state)
+    got_buffers = part(abstract.other, state_sh.other)
+    got_inputs = _shard_bytes(x, x_sh) + _shard_bytes(jax.ShapeDtypeStruct((plan.batch,), jnp.int32), y_sh)
+    ma = compiled.memory_analysis()
+    arg = float(ma.argument_size_in_bytes)
+    got_total = arg + float(ma.output_size_in_bytes) - float(ma.alias_size_in_bytes) + float(ma.temp_size_in_bytes)
+
+    def row(name: str, p: float, g: float, tol: float, note: str = "") -> MemoryRow:
+        return MemoryRow(name, p, g, tol, _close(p, g, tol), note)
+
+    return (
+        row("parameters", params, got_params, 0.0),
+        row("optimizer state", optim, got_optim, 0.0,
+            f"{OPTIMIZER_SLOTS[plan.optimizer]} slot(s) per parameter + {_COUNTER_BYTES[plan.optimizer]} B step count"),
+        row("batch statistics", buffers, got_buffers, 0.0),
+        row("inputs", inputs, got_inputs, 0.0, "images float32, labels int32, batch over every device"),
+        row("arguments", arguments, arg, 0.0, "XLA argument_size_in_bytes"),
+        row("activations and temporaries", total - arguments, got_total - arg, act_rtol,
+            "gradients, saved activations, workspace; XLA output - alias + temp"),
+        row("total", total, got_total, rtol, "XLA argument + output - alias + temp"),
+    )
+
+
+def _collective_rows(graph: Any, plan: Plan, hlo: str, mesh: Mesh, platform: str, rtol: float
+                     ) -> tuple[CollectiveRow, ...]:
+    d, m = plan.mesh
+    sizes = dict(mesh.shape)
+    choice = _choice(graph, plan)
+    settings = CostSettings(dtype=plan.dtype, optimizer=plan.optimizer)
+    records = plan_collectives(graph, choice, plan.batch, d, m, settings) + auxiliary_collectives(
+        graph, choice, plan.batch, d, m, settings)
+    predicted: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
+    notes: dict[tuple[str, tuple[str, ...]], str] = {}
+    for r in records:
+        axes = _drop_unit_axes(r.axes, sizes)
+        if not axes:
+            continue
+        kind, nbytes = r.kind, r.bytes_per_device
+        if platform == "cpu" and kind == "reduce-scatter":
+            ranks = math.prod(sizes[a] for a in axes)
+            kind, nbytes = "all-reduce", nbytes * ranks
+            notes[(kind, axes)] = f"includes reduce-scatters lowered by XLA:CPU as all-reduce + slice (x{ranks})"
+        predicted[(kind, axes)] += nbytes
+    device_process = np.array([dev.process_index for dev in mesh.devices.flat])
+    compiled: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
+    counts: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
+    crosses: dict[tuple[str, tuple[str, ...]], bool] = defaultdict(bool)
+    for c in parse_collectives(hlo, tuple(mesh.devices.shape), tuple(mesh.axis_names)):
+        axes = _drop_unit_axes(c.axes, sizes)
+        if not axes:
+            continue
+        key = (c.kind, axes)
+        compiled[key] += c.bytes_per_device
+        counts[key] += 1
+        crosses[key] |= any(len({int(device_process[i]) for i in g}) > 1 for g in c.groups)
+    _hierarchical(predicted, compiled, notes, rtol)
+    rows = []
+    for key in sorted(set(predicted) | set(compiled)):
+        p, g = predicted.get(key, 0.0), compiled.get(key, 0.0)
+        rows.append(CollectiveRow(key[0], key[1], p, g, counts.get(key, 0), _close(p, g, rtol),
+                                  crosses.get(key, False), notes.get(key, "")))
+    return tuple(rows)
+
+
+def fixed_plan(
+    model: nnx.Module | Any,
+    example_input: Any,
+    mesh: tuple[int, int],
+    *,
+    strategy: str | None = None,
+    strategies: Mapping[str, str] | None = None,
+    batch: int,
+    optimizer: str = "adam",
+    hardware: str = "dgx-a100",
+) -> Plan:
+    """A :class:`Plan` for chosen strategies instead of searched ones: one
+    ``strategy`` for every layer that can run it (``replicated`` elsewhere), or
+    ``strategies`` for the layers named (``data`` for the rest), evaluated by
+    the cost model on a ``d x m`` mesh; for validating single strategies."""
+    from planner._version import __version__
+    from planner.evaluate import evaluate
+    from planner.plan_specs import layer_specs
+    from planner.planning import AXIS_NAMES
+
+    graph = extract(model, example_input)
+    hw = load_hardware(hardware)
+    d, m = mesh
+    if strategies is not None:
+        unknown = sorted(set(strategies) - set(graph.names))
+        if unknown:
+            raise ValueError(f"strategies name layers the model does not have, e.g. {unknown[:3]}; "
+                             f"its layers are {', '.join(graph.names[:6])}, ...")
+        mapping = {n: strategies.get(n, "data") for n in graph.names}
+        ev = evaluate(graph, hw, d * m, mesh=(d, m), plan=mapping, batch=batch, optimizer=optimizer)
+    else:
+        ev = evaluate(graph, hw, d * m, mesh=(d, m), strategy=strategy or "data", batch=batch, optimizer=optimizer)
+    return Plan(
+        model=graph.model_name, hardware=hw.name, devices=d * m, mesh=(d, m), axis_names=AXIS_NAMES, batch=batch,
+        dtype="float32", optimizer=optimizer, layers=ev.layers, collectives=ev.collectives,
+        iteration_s=ev.iteration_s, memory_bytes_per_device=ev.memory_bytes_per_device,
+        memory_capacity_bytes=ev.memory_capacity_bytes, memory_limit_bytes=ev.memory_capacity_bytes,
+        data_parallel_iteration_s=None, data_parallel_memory_bytes=None, speedup_over_data_parallel=None,
+        method="fixed", seed=0, seconds=0.0, optimality_gap=None, meshes=(),
+        graph_fingerprint=graph.fingerprint, input_shape=tuple(graph.input_shape),
+        layer_specs=layer_specs(graph, [r.strategy for r in ev.layers]), hardware_spec=hw,
+        package_version=__version__,
+    )
+
+
+def _hierarchical(predicted: dict, compiled: dict, notes: dict, rtol: float) -> None:
+    """XLA may reduce over ``("data", "model")`` in two steps, over ``model``
+    then over ``data`` (measured under the spatial strategy). When the
+    compiled program lacks exactly such a share of the predicted two-axis
+    all-reduce and has it as extra on both single axes, move the prediction."""
+    both, mod, dat = ("all-reduce", ("data", "model")), ("all-reduce", ("model",)), ("all-reduce", ("data",))
+    missing = predicted.get(both, 0.0) - compiled.get(both, 0.0)
+    extra_m = compiled.get(mod, 0.0) - predicted.get(mod, 0.0)
+    extra_d = compiled.get(dat, 0.0) - predicted.get(dat, 0.0)
+    if missing > 0 and _close(missing, extra_m, rtol) and _close(missing, extra_d, rtol):
+        predicted[both] -= missing
+        predicted[mod] = predicted.get(mod, 0.0) + missing
+        predicted[dat] = predicted.get(dat, 0.0) + missing
+        note = f"includes {missing:,.0f} B of a (data, model) all-reduce compiled as model then data"
+        for key in (both, mod, dat):
+            notes[key] = "; ".join(x for x in (notes.get(key, ""), note) if x)

@@ -1,0 +1,223 @@
+"""Validation against XLA: the compiled step's argument shardings and
+``memory_analysis`` and its HLO collectives against the plan's predictions.
+Oracles are hand-computed byte counts of a tiny CNN and what XLA reports."""
+
+import json
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from costmodels.collective_list import auxiliary_collectives, sharded_parameters
+from planner.validation import fixed_plan, validate
+
+B = 16  # global batch; input 16x16x3
+
+
+class Tiny(nnx.Module):
+    def __init__(self, rngs):
+        self.convs = nnx.List([nnx.Conv(3, 8, (3, 3), rngs=rngs), nnx.Conv(8, 16, (3, 3), rngs=rngs)])
+        self.bn = nnx.BatchNorm(16, use_running_average=False, rngs=rngs)
+        self.fcs = nnx.List([nnx.Linear(16 * 4 * 4, 32, rngs=rngs), nnx.Linear(32, 16, rngs=rngs)])
+
+    def __call__(self, x):
+        for c in self.convs:
+            x = nnx.max_pool(nnx.relu(c(x)), (2, 2), (2, 2))
+        x = self.bn(x)
+        x = x.reshape(x.shape[0], -1)
+        return self.fcs[1](nnx.relu(self.fcs[0](x)))
+
+
+def tiny():
+    return nnx.eval_shape(lambda: Tiny(nnx.Rngs(0))), jax.ShapeDtypeStruct((B, 16, 16, 3), jnp.float32)
+
+
+CONV0, CONV1, BN = 3 * 3 * 3 * 8 + 8, 3 * 3 * 8 * 16 + 16, 2 * 16
+FC0_W, FC0_B, FC1_W, FC1_B = 256 * 32, 32, 32 * 16, 16
+PARAMS = CONV0 + CONV1 + BN + FC0_W + FC0_B + FC1_W + FC1_B  # 10,176
+
+CASES = {  # name: (mesh, one strategy for all, or per-layer strategies)
+    "data-8x1": ((8, 1), "data"),
+    "spatial": ((2, 4), "spatial"),
+    "filter": ((2, 4), "filter"),
+    "replicated": ((4, 2), "replicated"),
+    "splitbrain": ((2, 4), {"fcs/0": "filter", "relu_2": "filter", "fcs/1": "filter"}),
+    "megatron": ((2, 4), {"fcs/0": "filter", "relu_2": "filter", "fcs/1": "channel"}),
+}
+
+
+@pytest.fixture(scope="module")
+def reports(devices):
+    model, x = tiny()
+    out = {}
+    for name, (mesh, s) in CASES.items():
+        kw = {"strategy": s} if isinstance(s, str) else {"strategies": s}
+        plan = fixed_plan(model, x, mesh, batch=B, optimizer="adam", **kw)
+        out[name] = (plan, validate(model, plan))
+    return out
+
+
+def _by(report):
+    return {(r.kind, r.axes): r for r in report.collectives}
+
+
+@pytest.mark.slow
+def test_every_case_validates(reports):
+    for name, (_, report) in reports.items():
+        bad = [r for r in (*report.memory, *report.collectives) if not r.ok]
+        assert report.ok, f"{name}: {bad}"
+        assert not any(r.crosses_processes for r in report.collectives)  # one process
+
+
+@pytest.mark.slow
+def test_memory_against_hand_counts(reports):
+    # data parallel: everything replicated; adam = 2 slots + a 4-byte int32 count
+    mem = {r.part: r for r in reports["data-8x1"][1].memory}
+    assert mem["parameters"].compiled_bytes == PARAMS * 4
+    assert mem["optimizer state"].compiled_bytes == 2 * PARAMS * 4 + 4
+    assert mem["batch statistics"].compiled_bytes == 2 * 16 * 4
+    assert mem["inputs"].compiled_bytes == (B * 16 * 16 * 3 + B) * 4 / 8
+    # Megatron FC pair on a 2x4 mesh: fcs/0 kernel and bias split 4 ways, fcs/1 kernel
+    # split by rows and its bias whole (paradl.md §4.7).
+    mem = {r.part: r for r in reports["megatron"][1].memory}
+    local = CONV0 + CONV1 + BN + (FC0_W + FC0_B) / 4 + FC1_W / 4 + FC1_B
+    assert mem["parameters"].compiled_bytes == local * 4 == mem["parameters"].predicted_bytes
+    assert mem["arguments"].compiled_bytes == mem["arguments"].predicted_bytes
+
+
+@pytest.mark.slow
+def test_collectives_against_hand_counts(reports):
+    by = _by(reports["splitbrain"][1])
+    # SplitBrain's L_M (the group's 8 samples x 256 features) and L_S (8 x 32), the
+    # logits (8 x 16) and labels (8 int32) gathered over the model axis.
+    assert by[("all-gather", ("model",))].compiled_bytes == (8 * 256 + 8 * 32 + 8 * 16 + 8) * 4
+    # XLA:CPU reduces the partial input gradients in full, then slices.
+    assert by[("all-reduce", ("model",))].compiled_bytes == (8 * 256 + 8 * 32) * 4
+    # FC shard gradients over data; the loss scalar too (it runs per group).
+    assert by[("all-reduce", ("data",))].compiled_bytes == ((FC0_W + FC0_B + FC1_W + FC1_B) / 4 + 1) * 4
+    # conv and bn gradients over all 8, plus bn statistics: 2 x 16 forward, 16 backward.
+    assert by[("all-reduce", ("data", "model"))].compiled_bytes == (CONV0 + CONV1 + BN + 2 * 16 + 16) * 4
+    # 8x1: the size-1 model axis is dropped, so "data" is every device.
+    rows = reports["data-8x1"][1].collectives
+    assert [(r.kind, r.axes) for r in rows] == [("all-reduce", ("data",))]
+    assert rows[0].compiled_bytes == (PARAMS + 2 * 16 + 16 + 1) * 4
+    # replicated layers on 4x2: the input batch is gathered over the model axis.
+    by = _by(reports["replicated"][1])
+    assert by[("all-gather", ("model",))].compiled_bytes == (B // 4 * 16 * 16 * 3 + B // 4) * 4
+
+
+@pytest.mark.slow
+def test_filter_everywhere_gathers_where_the_plan_converts(reports):
+    by = _by(reports["filter"][1])
+    # Conversions happen at module inputs (functional layers pinned, export.producer_layouts):
+    # each group's 8 samples of the input (16x16x3), the pooled conv0 output (8x8x8)
+    # before convs/1, the bn output (4x4x16) before flatten, fcs/0's output
+    # (32) before fcs/1, the logits (16), and the 8 labels.
+    expect = 8 * (16 * 16 * 3 + 8 * 8 * 8 + 4 * 4 * 16 + 32 + 16) * 4 + 8 * 4
+    assert by[("all-gather", ("model",))].compiled_bytes == expect
+    # Filter shards' gradients over data: everything split 4 ways.
+    assert by[("all-reduce", ("data",))].compiled_bytes == (PARAMS / 4 + 2 * 4 + 4 + 1) * 4
+
+
+@pytest.mark.slow
+def test_spatial_halo_and_reduction_in_two_steps(reports):
+    by = _by(reports["spatial"][1])
+    assert by[("collective-permute", ("model",))].count > 0
+    # The input arrives batch-split over all 8; spatial needs rows over model.
+    assert by[("all-to-all", ("model",))].compiled_bytes == B // 8 * 16 * 16 * 3 * 4
+    assert "model then data" in by[("all-reduce", ("model",))].note
+
+
+def test_sharded_parameters_and_auxiliary_by_hand():
+    from planner import extract
+
+    model, x = tiny()
+    g = extract(model, x)
+    names = list(g.names)
+    choice = np.zeros(len(names), int)
+    choice[names.index("fcs/0")] = 1  # filter
+    choice[names.index("fcs/1")] = 2  # channel
+    local = sharded_parameters(g, choice, 4)
+    assert local[names.index("fcs/0")] == (FC0_W + FC0_B) / 4
+    assert local[names.index("fcs/1")] == FC1_W / 4 + FC1_B
+    assert local[names.index("convs/1")] == CONV1
+    recs = auxiliary_collectives(g, choice, B, 2, 4)
+    bn = [r for r in recs if r.where.startswith("bn")]
+    assert [(r.phase, r.bytes_per_device, r.axes) for r in bn] == [
+        ("forward", 2 * 16 * 4, ("data", "model")), ("backward", 16 * 4, ("data", "model"))]
+    # last layer channel: partial sums reduced, then the loss per group, labels gathered
+    assert {r.where: r.bytes_per_device for r in recs}["labels -> loss"] == B / 2 * 4
+
+
+def test_bad_inputs(devices):
+    model, x = tiny()
+    plan = fixed_plan(model, x, (4, 2), strategy="data", batch=B)
+    with pytest.raises(ValueError, match="non-negative"):
+        validate(model, plan, comm_rtol=-1)
+    with pytest.raises(ValueError, match="another model"):
+        validate(nnx.eval_shape(lambda: nnx.Linear(4, 2, rngs=nnx.Rngs(0))), plan)
+    with pytest.raises(ValueError, match="does not have"):
+        fixed_plan(model, x, (4, 2), strategies={"nope": "data"}, batch=B)
+
+
+FACTORY = textwrap.dedent("""
+    import jax, jax.numpy as jnp
+    from flax import nnx
+    import test_validate as t
+    def make():
+        return t.tiny()
+""")
+
+
+@pytest.mark.slow
+def test_cli(tmp_path, monkeypatch, capsys, devices):
+    from planner.cli import main
+
+    model, x = tiny()
+    plan = fixed_plan(model, x, (2, 4), strategies=CASES["megatron"][1], batch=B)
+    path = tmp_path / "plan.json"
+    plan.write(path)
+    (tmp_path / "tiny_factory.py").write_text(FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    assert main(["validate", "tiny_factory:make", "--plan", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"memory", "collectives", "ok"} <= set(data)
+    assert {"part", "predicted_bytes", "compiled_bytes"} <= set(data["memory"][0])
+    assert {"kind", "axes", "predicted_bytes", "compiled_bytes", "ok", "crosses_processes"} <= set(
+        data["collectives"][0])
+    # zero tolerance on activations: the cost model's estimate is not exact -> exit 1
+    assert main(["validate", "tiny_factory:make", "--plan", str(path), "--activation-rtol", "0"]) == 1
+    capsys.readouterr()
+    assert main(["validate", "no-such-model", "--plan", str(path)]) == 2
+    assert "shardplan: error: unknown model" in capsys.readouterr().err
+
+
+def test_producer_layouts_by_hand():
+    from planner import extract
+    from planner.export import producer_layouts
+
+    model, x = tiny()
+    g = extract(model, x)
+    s = {n: "data" for n in g.names} | {"convs/0": "filter", "relu": "filter", "max_pool": "filter",
+                                         "convs/1": "channel"}
+    pl = producer_layouts(g, s)
+    assert pl["relu"] == "channel"  # a filter conv leaves its output split by channels
+    assert pl["convs/1"] == "channel"  # the pool keeps it so: no gather before the channel conv
+    assert pl["relu_1"] == "partial"  # a channel conv leaves partial sums
+    assert pl["fcs/0"] == "batch" and "convs/0" not in pl  # fed by the model input
+
+
+@pytest.mark.slow
+def test_table_rendering(reports, capsys, monkeypatch):
+    from planner.cli_validate import _render
+
+    monkeypatch.setenv("COLUMNS", "250")  # rich wraps to the terminal width
+
+    _render(reports["megatron"][1])
+    out = capsys.readouterr().out
+    assert "optimizer state" in out and "reduce-scatters lowered" in out
+    assert "all figures within tolerance" in out
