@@ -319,7 +319,10 @@ def test_two_processes_train_like_one_and_resume_from_a_checkpoint(tmp_path, req
     compiled = {(c["kind"], tuple(c["axes"])) for c in first["collectives"] if c["crosses_processes"]}
     planned = {(t.collective.kind, t.collective.axes) for t in distributed.collective_tiers(plan, load_hardware("cpu-local"))
                if t.tier == "gloo-loopback"}
-    assert compiled == planned == {("all-reduce", ("data",)), ("all-reduce", ("data", "model"))}
+    assert planned == {("all-reduce", ("data",)), ("all-reduce", ("data", "model"))}
+    # XLA may also swap a small layer's weight-gradient all-reduce over data for all-gathers of its (smaller)
+    # activations over data (docs/validation.md, known differences); those cross processes too
+    assert planned <= compiled and all("data" in axes for _, axes in compiled)
     assert all(not c["crosses_processes"] for c in first["collectives"] if c["axes"] == ["model"])
     # planner.validate, run in both processes, says the same of its compiled step
     rows = first["validation"]
