@@ -42,7 +42,7 @@ from typing import Any, NoReturn
 from planner.graph import LayerGraph
 from planner.netfile import NET_SUFFIXES, load_net
 
-__all__ = ["main", "load_model", "layer_report", "UsageError", "DTYPE_BYTES"]
+__all__ = ["main", "load_model", "call_factory", "layer_report", "UsageError", "DTYPE_BYTES"]
 
 PROG = "shardplan"
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2}
@@ -129,7 +129,10 @@ def _load_file(path: Path) -> LayerGraph:
     )
 
 
-def _load_factory(spec: str) -> LayerGraph:
+def call_factory(spec: str) -> tuple[Any, Any]:
+    """``(flax_module, example_input)`` from a ``package.module:factory``
+    argument: imported, checked to take no arguments, called and its result
+    checked; every mistake is a :class:`UsageError`."""
     module_name, _, attr = spec.partition(":")
     accepted = "expected package.module:factory, a function taking no arguments that returns (flax_module, example_input)"
     try:
@@ -154,6 +157,11 @@ def _load_factory(spec: str) -> LayerGraph:
     result = factory()
     if not (isinstance(result, (tuple, list)) and len(result) == 2):
         raise UsageError(f"{spec}() returned {type(result).__name__}, not a (module, example_input) pair", accepted)
+    return result[0], result[1]
+
+
+def _load_factory(spec: str) -> LayerGraph:
+    result = call_factory(spec)
     try:
         from planner.extraction import extract
     except ImportError as e:

@@ -16,7 +16,6 @@ usage errors.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from typing import Any
 
@@ -26,7 +25,7 @@ _ACCEPTED = "expected a built-in model name or package.module:factory returning 
 
 
 def _flax_model(spec: str) -> Any:
-    from planner.cli import _FACTORY, UsageError, _zoo_names
+    from planner.cli import _FACTORY, UsageError, _zoo_names, call_factory
 
     if spec in _zoo_names():
         from planner.flax_zoo import flax_model
@@ -34,21 +33,7 @@ def _flax_model(spec: str) -> Any:
         return flax_model(spec)[0]
     if not _FACTORY.fullmatch(spec):
         raise UsageError(f"unknown model {spec!r} (validate needs a Flax model)", _ACCEPTED)
-    module_name, _, attr = spec.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as e:
-        raise UsageError(f"cannot import {module_name!r} ({e})", _ACCEPTED) from None
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise UsageError(f"module {module_name!r} has no attribute {attr!r}", _ACCEPTED)
-    if not callable(obj):
-        raise UsageError(f"{spec} is not callable", _ACCEPTED)
-    result = obj()
-    if not (isinstance(result, (tuple, list)) and len(result) == 2):
-        raise UsageError(f"{spec}() returned {type(result).__name__}, not a (module, example_input) pair", _ACCEPTED)
-    return result[0]
+    return call_factory(spec)[0]
 
 
 def _render(report: Any) -> None:
