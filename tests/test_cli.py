@@ -3,7 +3,6 @@ one-line errors with exit status 2."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -34,16 +33,6 @@ FC|4x4x4|4x10x4x4|10x1x1|0
 """
 
 
-def _has(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:
-        return False
-
-
-needs_zoo = pytest.mark.skipif(not _has("planner.zoo"), reason="planner.zoo is not written yet")
-
-
 def _run_json(capsys, *argv: str) -> dict:
     assert main(["layers", *argv]) == 0
     out = capsys.readouterr()
@@ -63,7 +52,6 @@ def _check_report(report: dict, batch: int = 1) -> None:
         assert isinstance(row["params"], int)
 
 
-@needs_zoo
 def test_vgg16_cifar10_json(capsys):
     report = _run_json(capsys, "vgg16-cifar10", "--json")
     _check_report(report)
@@ -75,7 +63,6 @@ def test_vgg16_cifar10_json(capsys):
     assert last["kind"] == "dense" and last["output_shape"] == [10]
 
 
-@needs_zoo
 def test_batch_and_dtype_scale_flops_and_bytes(capsys):
     one = _run_json(capsys, "vgg16-cifar10")
     many = _run_json(capsys, "vgg16-cifar10", "--batch", "8", "--dtype", "bfloat16")
@@ -149,7 +136,6 @@ def make():
 """
 
 
-@pytest.mark.skipif(not _has("planner.extraction"), reason="planner.extract is not written yet")
 def test_factory(tmp_path, capsys, monkeypatch):
     (tmp_path / "tiny_factory_mod.py").write_text(FACTORY)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -222,7 +208,6 @@ def test_help_exits_zero(capsys):
     assert "MODEL" in capsys.readouterr().out
 
 
-@needs_zoo
 def test_python_dash_m(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
     done = subprocess.run(
