@@ -42,6 +42,20 @@ def _layouts(kind: int, s: int) -> tuple[int, int, int, int]:
     }[s]
 
 
+def _local_params(graph: LayerGraph, i: int, s: int, m: float) -> float:
+    """Parameters one device holds of layer ``i`` under strategy ``s``."""
+    a = graph.arrays
+    params = float(a.params[i])
+    if s == Strategy.FILTER:  # kernel and bias follow the output channels (paradl.md §4.6)
+        return params / m
+    if s == Strategy.CHANNEL:  # the kernel's input channels split, the bias whole (paradl.md §4.7)
+        window = float(a.kernel[i][0]) * float(a.kernel[i][1]) * float(a.kernel[i][2])
+        kernel = min(params, window * float(a.in_channels[i]) / max(float(a.groups[i]), 1.0)
+                     * float(a.out_channels[i]))
+        return kernel / m + (params - kernel)
+    return params
+
+
 def _tier(hw: Hardware, ranks: float, crosses: bool) -> tuple[float, float]:
     t = hw.tier_for(max(1, math.ceil(ranks)), crosses)
     return t.latency_s, t.bandwidth_bytes_per_s
@@ -99,19 +113,19 @@ def reference_iteration_time(
     gb = batch / d
     ma, mb = _tier(hw, m, m > dpn)
     total = grad_total = bwd_total = 0.0
+    fed = {v for (_, v) in graph.edges}  # layers with a producer
     for i in range(n):
         s = int(choice[i])
         kind = int(a.kind[i])
         cin, cout = float(a.in_channels[i]), float(a.out_channels[i])
         in_el = cin * float(a.in_spatial[i][0] * a.in_spatial[i][1] * a.in_spatial[i][2])
         out_el = cout * float(a.out_spatial[i][0] * a.out_spatial[i][1] * a.out_spatial[i][2])
-        params = float(a.params[i])
+        local = _local_params(graph, i, s, m)
         samples = gb if s == Strategy.REPLICATED else gb / m
-        wshard = m if s in (Strategy.FILTER, Strategy.CHANNEL) else 1
         flops = float(a.flops_fwd[i] + a.flops_bwd_data[i] + a.flops_bwd_weight[i]) * samples
         bflops = float(a.flops_bwd_data[i] + a.flops_bwd_weight[i]) * samples
         e = eff["conv"] if kind == LayerKind.CONV else eff["matmul"] if kind == LayerKind.DENSE else eff["elementwise"]
-        moved = 3 * delta * (in_el + out_el) * samples + 4 * delta * params / wshard
+        moved = 3 * delta * (in_el + out_el) * samples + 4 * delta * local
         comp = max(flops / (peak * e), moved / (dev.memory_bandwidth_bytes_per_s * eff["memory"]))
         bwd_total += comp * (bflops / flops if flops > 0 else 2 / 3)
         # gradient sync: this layer's share of bucketed all-reduces
@@ -120,7 +134,7 @@ def reference_iteration_time(
         else:
             ranks, per_node = d, max(1, dpn // m)
         bucket = settings.gradient_bucket_bytes
-        gbytes = DTYPE_BYTES[settings.dtype] * params / wshard
+        gbytes = DTYPE_BYTES[settings.dtype] * local  # the device's own shard of the gradient
         grad = _allreduce(hw, ranks, per_node, bucket) * gbytes / bucket
         grad_total += grad
         # halo
@@ -130,7 +144,12 @@ def reference_iteration_time(
             lo, hi = math.floor(rows / 2), rows - math.floor(rows / 2)
             xr = cin * a.in_spatial[i][1] * a.in_spatial[i][2] * gb * delta
             yr = cout * a.out_spatial[i][1] * a.out_spatial[i][2] * gb * delta
-            for nbytes in (lo * xr, hi * xr, lo * yr, hi * yr):
+            msgs = [lo * xr, hi * xr]  # forward: rows of x (paradl.md §4.4)
+            if i in fed:  # input gradient: rows of dL/dy; none for a layer fed by the model input
+                msgs += [lo * yr, hi * yr]
+            if a.params[i] > 0:  # weight gradient: XLA re-exchanges the rows of x (measured)
+                msgs += [lo * xr, hi * xr]
+            for nbytes in msgs:
                 halo += ma + nbytes / mb if nbytes > 0 else 0.0
         total += comp + grad + halo
     # edges
@@ -162,17 +181,19 @@ def reference_memory(
     delta = DTYPE_BYTES[settings.dtype]
     # fp32: weights + gradients; mixed precision: bf16 weights + bf16 gradients + fp32 master
     weights_and_grads = 4.0 + 4.0 if settings.dtype == "float32" else 2.0 + 2.0 + 4.0
-    per_param = weights_and_grads + 4.0 * OPTIMIZER_SLOTS[settings.optimizer]
+    update = 4.0  # the optimizer's fp32 update buffer (XLA buffer assignment, measured)
+    per_param = weights_and_grads + 4.0 * OPTIMIZER_SLOTS[settings.optimizer] + update
     gb = batch / d
     persistent, workspace = 0.0, 0.0
     for i in range(graph.num_layers):
         s = int(choice[i])
         in_l, out_l, _, _ = _layouts(int(a.kind[i]), s)
         split = lambda lay: 1 if lay in (_R, _P) else m  # noqa: E731
-        wshard = m if s in (Strategy.FILTER, Strategy.CHANNEL) else 1
         in_el = float(a.in_channels[i] * a.in_spatial[i][0] * a.in_spatial[i][1] * a.in_spatial[i][2])
         out_el = float(a.out_channels[i] * a.out_spatial[i][0] * a.out_spatial[i][1] * a.out_spatial[i][2])
-        persistent += (per_param * float(a.params[i]) + 4.0 * float(a.buffers[i])) / wshard
+        persistent += per_param * _local_params(graph, i, s, m)
+        persistent += 4.0 * float(a.buffers[i]) / (m if s == Strategy.FILTER else 1)  # statistics follow channels
         persistent += float(a.saved_elements[i]) * gb * delta / split(in_l)
-        workspace = max(workspace, 2 * delta * gb * (in_el / split(in_l) + out_el / split(out_l)))
+        # transient: the input and output gradients (x and y are saved activations already)
+        workspace = max(workspace, delta * gb * (in_el / split(in_l) + out_el / split(out_l)))
     return persistent + workspace

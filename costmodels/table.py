@@ -61,6 +61,13 @@ class CostSettings:
     def gradient_bytes_per_param(self) -> float:
         return DTYPE_BYTES[self.dtype]
 
+    @property
+    def update_bytes_per_param(self) -> float:
+        """The optimizer's update, an fp32 parameter-sized buffer that XLA keeps
+        beside the gradients at the optimizer step under sgd, momentum and adam
+        alike (XLA buffer assignment, measured: docs/validation.md)."""
+        return 4.0
+
 
 class CostTable(NamedTuple):
     """Costs on one mesh. ``L`` layers, ``S`` strategies, ``E`` edges (bucketed)."""
@@ -71,9 +78,9 @@ class CostTable(NamedTuple):
     grad_sync_s: jnp.ndarray  # [L, S] gradient all-reduce share, seconds
     halo_s: jnp.ndarray  # [L, S] spatial halo exchange, forward and backward, seconds
     output_s: jnp.ndarray  # [L, S] gathering a model output for the loss (sink layers), seconds
-    state_bytes: jnp.ndarray  # [L, S] weights, gradients, optimizer state, buffers per device
+    state_bytes: jnp.ndarray  # [L, S] weights, gradients, optimizer state and update, buffers per device
     activation_bytes: jnp.ndarray  # [L, S] activations kept for the backward pass per device
-    workspace_bytes: jnp.ndarray  # [L, S] transient input/output and their gradients per device
+    workspace_bytes: jnp.ndarray  # [L, S] transient input and output gradients per device
     reshard_s: jnp.ndarray  # [E, S, S] converting edge src's output under s to dst's input under t, fwd + bwd
     layer_mask: jnp.ndarray  # [L] 1 for real layers
     edge_src: jnp.ndarray  # [E] int32
@@ -125,16 +132,27 @@ def cost_table(
 
     # -- compute: the group's work split over m, except replicated layers ----------
     work = jnp.stack([jnp.ones(L)] * 4 + [m * jnp.ones(L)], axis=-1) * group_batch / m  # [L, S] samples per device
-    wshard = jnp.where(
-        (jnp.arange(S) == Strategy.FILTER) | (jnp.arange(S) == Strategy.CHANNEL), m, 1.0
-    ) * jnp.ones((L, 1))  # [L, S] weight sharding degree
+    # Parameters one device holds [L, S]: filter splits kernel and bias (both follow the
+    # output channels, paradl.md §4.6); channel splits the kernel's input channels and
+    # keeps the whole bias, added once after the partial sums are reduced (paradl.md §4.7);
+    # the other strategies replicate them. kernel = prod(window) * in / groups * out.
+    strat = jnp.arange(S)[None, :]
+    kernel_el = jnp.minimum(
+        jnp.prod(f32(a.kernel), axis=-1) * f32(a.in_channels) / jnp.maximum(f32(a.groups), 1.0) * f32(a.out_channels),
+        params,
+    )  # [L] kernel elements; the rest of params is the bias
+    local_params = jnp.where(
+        strat == Strategy.FILTER,
+        params[:, None] / m,
+        jnp.where(strat == Strategy.CHANNEL, (params - kernel_el * (1.0 - 1.0 / m))[:, None], params[:, None]),
+    )  # [L, S] parameters per device
     flops = f32(a.flops_total)[:, None] * work
     bwd_flops = (f32(a.flops_bwd_data) + f32(a.flops_bwd_weight))[:, None] * work
     eff = op_class_efficiency(hw, kind)[:, None]
     # Bytes moved: forward reads x and writes y; backward reads dy and x, writes dx;
     # weights are read three times (fwd, dx, dw) and the gradient written once.
     act_moved = 3.0 * delta * (in_el + out_el)[:, None] * work
-    w_moved = 4.0 * delta * params[:, None] / wshard
+    w_moved = 4.0 * delta * local_params
     compute = roofline_s(hw, flops, act_moved + w_moved, eff)
     if calibration is not None:
         measured = calibrated_seconds(calibration, work)
@@ -151,26 +169,32 @@ def cost_table(
     )
     bucket = settings.gradient_bucket_bytes
     bucket_s = allreduce_s(net, ranks, ranks_per_node, bucket)  # [S]
-    grad_bytes = settings.gradient_bytes_per_param * params[:, None] / wshard
+    grad_bytes = settings.gradient_bytes_per_param * local_params  # each device reduces its own shard
     grad_sync = bucket_s[None, :] * grad_bytes / bucket
+
+    src = jnp.asarray(a.edge_src).astype(jnp.int32)
+    dst = jnp.asarray(a.edge_dst).astype(jnp.int32)
+    emask = f32(a.edge_mask)
 
     # -- spatial halo exchange (paradl.md §4.4, sizes corrected per §9) ----------------
     # A shard needs (K-1)*dilation + 1 - stride rows beyond its own along the split
-    # dim, half from each neighbour; backward exchanges the same rows of dL/dy.
+    # dim, half from each neighbour. Forward: rows of x. Backward: rows of dL/dy for the
+    # input gradient, which a layer fed by the model input never computes; and rows of
+    # x again for the weight gradient: XLA's SPMD partitioner re-exchanges the input's
+    # halo rather than keeping the forward's (measured, docs/validation.md).
     rows = jnp.maximum(0.0, (f32(a.kernel[:, 0]) - 1.0) * f32(a.dilation[:, 0]) + 1.0 - f32(a.stride[:, 0]))
     lo, hi = jnp.floor(rows / 2.0), rows - jnp.floor(rows / 2.0)
     x_row = f32(a.in_channels) * f32(a.in_spatial[:, 1]) * f32(a.in_spatial[:, 2]) * group_batch * delta
     y_row = f32(a.out_channels) * f32(a.out_spatial[:, 1]) * f32(a.out_spatial[:, 2]) * group_batch * delta
     ma, mb = tier_of(net, m, m > dpn)
-    halo = (
-        p2p_s(lo * x_row, ma, mb) + p2p_s(hi * x_row, ma, mb) + p2p_s(lo * y_row, ma, mb) + p2p_s(hi * y_row, ma, mb)
-    )
+    has_producer = jnp.zeros(L).at[dst].max(emask)  # [L] 0 for layers fed by the model input
+    has_weights = (params > 0).astype(jnp.float32)  # [L]
+    x_halo = p2p_s(lo * x_row, ma, mb) + p2p_s(hi * x_row, ma, mb)
+    y_halo = p2p_s(lo * y_row, ma, mb) + p2p_s(hi * y_row, ma, mb)
+    halo = x_halo + has_producer * y_halo + has_weights * x_halo  # forward + input gradient + weight gradient
     halo = jnp.where(jnp.arange(S) == Strategy.SPATIAL, halo[:, None], 0.0)
 
     # -- resharding on edges -----------------------------------------------------------
-    src = jnp.asarray(a.edge_src).astype(jnp.int32)
-    dst = jnp.asarray(a.edge_dst).astype(jnp.int32)
-    emask = f32(a.edge_mask)
     edge_bytes = (out_el[src] * group_batch * delta)[:, None, None]  # [E, 1, 1]
     fwd = conversion_s(out_lay[src][:, :, None], in_lay[dst][:, None, :], edge_bytes, m, ma, mb)
     bwd = conversion_s(gin_lay[dst][:, None, :], gout_lay[src][:, :, None], edge_bytes, m, ma, mb)
@@ -188,9 +212,15 @@ def cost_table(
     output = jnp.where((has_consumer == 0)[:, None] & (real > 0)[:, None], to_loss, 0.0)
 
     # -- memory per device ----------------------------------------------------------------
-    state = (settings.state_bytes_per_param * params + 4.0 * f32(a.buffers))[:, None] / wshard
+    # Weights, gradients, optimizer slots and the optimizer's update per parameter held;
+    # fp32 buffers (batch-norm statistics) follow the channels, split only under filter.
+    per_param = settings.state_bytes_per_param + settings.update_bytes_per_param
+    buffer_split = jnp.where(strat == Strategy.FILTER, m, 1.0)  # [1, S]
+    state = per_param * local_params + 4.0 * f32(a.buffers)[:, None] / buffer_split
     activation = f32(a.saved_elements)[:, None] * group_batch * delta / split_of(in_lay)
-    workspace = 2.0 * delta * group_batch * (in_el[:, None] / split_of(in_lay) + out_el[:, None] / split_of(out_lay))
+    # Transient beyond the saved activations: the layer's input and output gradients at
+    # its backward step (its input and output themselves are saved activations already).
+    workspace = delta * group_batch * (in_el[:, None] / split_of(in_lay) + out_el[:, None] / split_of(out_lay))
 
     keep = real[:, None]
     return CostTable(

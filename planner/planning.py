@@ -300,7 +300,7 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshe
     state = p.state_bytes[rows, mm.choice]
     top = np.argsort(-persistent, kind="stable")[:3]
     parts = ", ".join(
-        f"{graph.names[i]} {_format_up(persistent[i])} ({_format_up(state[i])} weights and optimizer state, "
+        f"{graph.names[i]} {_format_up(persistent[i])} ({_format_up(state[i])} weights, optimizer state and update, "
         f"{_format_up(persistent[i] - state[i])} activations)"
         for i in top
     )

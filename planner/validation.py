@@ -13,8 +13,8 @@ Memory rows (jax-notes.md §3):
   arguments; both exact (no tolerance).
 * ``arguments``: their sum against XLA's ``argument_size_in_bytes``, exact.
 * ``activations and temporaries``: the plan's predicted memory per device
-  (:func:`costmodels.memory_per_device`, which counts gradients, saved
-  activations and the largest workspace) less its weights, optimizer state
+  (:func:`costmodels.memory_per_device`, which counts gradients, the
+  optimizer's update, saved activations and the largest workspace) less its weights, optimizer state
   and buffers, against ``output - alias + temp`` with the state donated.
   Within ``activation_rtol``.
 * ``total``: ``argument + output - alias + temp`` (on CPU ``peak`` leaves out
@@ -256,7 +256,7 @@ def _memory_rows(graph: Any, plan: Plan, compiled: Any, abstract: Any, x: Any, r
         row("inputs", inputs, got_inputs, 0.0, "images float32, labels int32, batch over every device"),
         row("arguments", arguments, arg, 0.0, "XLA argument_size_in_bytes"),
         row("activations and temporaries", total - arguments, got_total - arg, act_rtol,
-            "gradients, saved activations, workspace; XLA output - alias + temp"),
+            "gradients, update, saved activations, workspace; XLA output - alias + temp"),
         row("total", total, got_total, rtol, "XLA argument + output - alias + temp"),
     )
 

@@ -75,7 +75,8 @@ def _finite(seconds: float) -> float | None:
 def _gap(time_s: float, bound: float | None) -> float | None:
     if bound is None or not np.isfinite(bound) or bound <= 0:
         return None
-    return max(0.0, time_s / bound - 1.0)
+    gap = time_s / bound - 1.0
+    return 0.0 if gap < 1e-9 else gap  # time and bound are the same sum, rounded in another order
 
 
 def _stack(tables: Sequence) -> object:

@@ -119,9 +119,24 @@ def test_tiny_table_by_hand(tiny):
     # Filter over m = 2: half the weights, all-reduced over the d = 2 data ranks of the node.
     bucket_d = 2 * (9e-6 + bucket / 2 / 50e9)
     assert float(t.grad_sync_s[fc, Strategy.FILTER]) == pytest.approx(bucket_d * dense_params * 2 / bucket, rel=1e-5)
-    # Memory: adam = 16 B per parameter, split in 2 under filter; the flatten saves nothing.
-    assert float(t.state_bytes[fc, Strategy.FILTER]) == pytest.approx(16 * dense_params / 2, rel=1e-6)
-    assert float(t.state_bytes[fc, Strategy.DATA]) == pytest.approx(16 * dense_params, rel=1e-6)
+    # Channel over m = 2: the kernel's 512 input rows split, the 16 biases whole
+    # (paradl.md §4.7): 512 * 16 / 2 + 16 = 4,112 gradients per device.
+    assert float(t.grad_sync_s[fc, Strategy.CHANNEL]) == pytest.approx(bucket_d * 4112 * 4 / bucket, rel=1e-5)
+    # Memory: adam fp32 = 4 (weights) + 4 (gradients) + 2 x 4 (slots) + 4 (the update
+    # XLA keeps at the optimizer step) = 20 B per parameter held: all 8,208 under data,
+    # half under filter (kernel and bias), 4,112 under channel (the bias whole).
+    assert float(t.state_bytes[fc, Strategy.FILTER]) == pytest.approx(20 * dense_params / 2, rel=1e-6)
+    assert float(t.state_bytes[fc, Strategy.DATA]) == pytest.approx(20 * dense_params, rel=1e-6)
+    assert float(t.state_bytes[fc, Strategy.CHANNEL]) == pytest.approx(20 * 4112, rel=1e-6)
+    # conv 4 -> 8, 3x3: 288 kernel + 8 bias; channel holds 144 + 8 = 152.
+    assert float(t.state_bytes[conv, Strategy.CHANNEL]) == pytest.approx(20 * 152, rel=1e-6)
+    assert float(t.state_bytes[flat, Strategy.DATA]) == 0.0  # the flatten has no parameters
+    # Workspace: the input and output gradients of one layer per device, 4 B each. The
+    # conv (4 x 64 in, 8 x 64 out per sample, the group's 4 samples): under data both
+    # split by batch over m = 2 (2 samples); under filter the input gradient is whole
+    # (partial sums) and the output gradient split by channels.
+    assert float(t.workspace_bytes[conv, Strategy.DATA]) == pytest.approx(4 * 2 * (256 + 512), rel=1e-6)
+    assert float(t.workspace_bytes[conv, Strategy.FILTER]) == pytest.approx(4 * 4 * (256 + 512 / 2), rel=1e-6)
     # The dense layer keeps its input: 512 floats x 4 samples per group, split by batch
     # under data (2 per device), replicated under filter.
     assert float(t.activation_bytes[fc, Strategy.DATA]) == pytest.approx(512 * 2 * 4, rel=1e-6)
@@ -130,7 +145,7 @@ def test_tiny_table_by_hand(tiny):
     # forward all-gather and backward reduce-scatter of 512 x 4 samples x 4 B over m = 2.
     group_bytes = 512 * 4 * 4
     one = 1 * (9e-6 + group_bytes / 2 / 50e9)
-    e = [i for i, (s, d) in enumerate(g.edges) if (s, d) == (flat, fc)][0]
+    e = next(i for i, (s, d) in enumerate(g.edges) if (s, d) == (flat, fc))
     assert float(t.reshard_s[e, Strategy.DATA, Strategy.FILTER]) == pytest.approx(2 * one, rel=1e-5)
     assert float(t.reshard_s[e, Strategy.DATA, Strategy.DATA]) == 0.0
     # fc under filter is the model output: its channel-split logits are gathered for
@@ -148,10 +163,11 @@ def test_tiny_table_by_hand(tiny):
         moved = 3 * 4 * (4 * 64 + 8 * 64) * samples + 4 * 4 * params / shard
         expect = max(flops * samples / (15.7e12 * 0.6), moved / (900e9 * 0.8))
         assert float(t.compute_s[conv, s]) == pytest.approx(expect, rel=1e-5)
-    # Spatial halo of a 3x3 SAME conv: 1 row each way of x (4 ch x 8 wide) and of dy
-    # (8 ch x 8 wide) for the group's 4 samples; four point-to-point messages on NVLink.
-    x_row, y_row = 4 * 8 * 4 * 4, 8 * 8 * 4 * 4
-    halo = 2 * (9e-6 + x_row / 50e9) + 2 * (9e-6 + y_row / 50e9)
+    # Spatial halo of a 3x3 SAME conv: 1 row each way of x (4 ch x 8 wide, the group's
+    # 4 samples) forward, and again for the weight gradient; the conv reads the model
+    # input, so no input gradient and no rows of dy: four messages on NVLink.
+    x_row = 4 * 8 * 4 * 4
+    halo = 4 * (9e-6 + x_row / 50e9)
     assert float(t.halo_s[conv, Strategy.SPATIAL]) == pytest.approx(halo, rel=1e-5)
     assert float(t.halo_s[conv, Strategy.DATA]) == 0.0
 
@@ -169,6 +185,41 @@ def test_masks_by_hand(tiny):
     t16 = cost_table(g.arrays, hardware_arrays(ABCI), 8.0, 1.0, 16.0)
     assert not np.asarray(t16.feasible)[0, Strategy.SPATIAL]  # 8 rows < 16 shards
     assert not np.asarray(t16.feasible)[0, Strategy.DATA]  # 8 samples < 16 devices
+    # spatial needs two rows per shard: 8 rows over m = 4 give 2 each, over m = 8 one.
+    t4 = cost_table(g.arrays, hardware_arrays(ABCI), 8.0, 1.0, 4.0)
+    t8 = cost_table(g.arrays, hardware_arrays(ABCI), 8.0, 1.0, 8.0)
+    assert np.asarray(t4.feasible)[0, Strategy.SPATIAL]
+    assert not np.asarray(t8.feasible)[0, Strategy.SPATIAL]
+    assert np.asarray(t8.feasible)[0, Strategy.FILTER]  # 8 output channels over 8
+
+
+def test_halo_of_first_and_later_layers_by_hand():
+    # conv0 reads the model input; pool (3x3, stride 1, SAME) and conv1 follow it.
+    b = GraphBuilder("halo", (4, 8, 8))
+    c0 = b.conv("conv0", b.input, 8, 3)
+    p = b.max_pool("pool", c0, 3, stride=1, padding="SAME")
+    b.conv("conv1", p, 16, 3)
+    g = b.build()
+    t = cost_table(g.arrays, hardware_arrays(ABCI), 8.0, 2.0, 2.0)  # group of 4 samples, m = 2 on NVLink
+    msg = lambda nbytes: 9e-6 + nbytes / 50e9
+    x0, x1, y1 = 4 * 8 * 4 * 4, 8 * 8 * 4 * 4, 16 * 8 * 4 * 4  # one row of x or dy, 4 B
+    # 3x3, stride 1: one row from each neighbour per exchange.
+    # conv0: forward x, weight gradient x again; no input gradient.
+    assert float(t.halo_s[0, Strategy.SPATIAL]) == pytest.approx(4 * msg(x0), rel=1e-5)
+    # pool: forward x and the input gradient's dy; no weights.
+    assert float(t.halo_s[1, Strategy.SPATIAL]) == pytest.approx(2 * msg(x1) + 2 * msg(x1), rel=1e-5)
+    # conv1: forward x, input gradient dy (16 channels), weight gradient x again.
+    assert float(t.halo_s[2, Strategy.SPATIAL]) == pytest.approx(4 * msg(x1) + 2 * msg(y1), rel=1e-5)
+    # The plain-Python evaluator agrees (all spatial: halos + compute + gradients).
+    choice = np.full(t.layer_mask.shape[0], int(Strategy.SPATIAL))  # padded rows cost nothing
+    assert float(iteration_time(t, one_hot(choice, S))) == pytest.approx(
+        reference_iteration_time(g, choice, ABCI, 8, 2, 2), rel=2e-5)
+    recs = [r for r in plan_collectives(g, choice, 8, 2, 2) if r.kind == "collective-permute"]
+    # the collective list counts the same exchanges as bytes (both rows at once)
+    assert [(r.where, r.bytes_per_device) for r in recs] == [
+        ("conv0", 2 * x0), ("conv0 (weight gradient)", 2 * x0),
+        ("pool", 2 * x1), ("pool", 2 * x1),
+        ("conv1", 2 * x1), ("conv1", 2 * y1), ("conv1 (weight gradient)", 2 * x1)]
 
 
 # -- the one-hot identity against an independent evaluator -------------------------------------
@@ -224,7 +275,7 @@ def test_gradients_match_finite_differences():
     probs = jax.nn.softmax(jnp.where(t.feasible, logits, -1e9), axis=-1)
     direction = jax.random.normal(jax.random.key(1), probs.shape) * t.feasible
     for f in (iteration_time, memory_per_device):
-        grad = jax.grad(lambda p: f(t, p))(probs)
+        grad = jax.grad(lambda p, f=f: f(t, p))(probs)
         eps = 1e-2  # the time is quadratic in probs, so central differences are exact up to rounding
         fd = (f(t, probs + eps * direction) - f(t, probs - eps * direction)) / (2 * eps)
         assert float(jnp.vdot(grad, direction)) == pytest.approx(float(fd), rel=2e-3)

@@ -49,6 +49,14 @@ CASES = {  # name: (mesh, one strategy for all, or per-layer strategies)
 }
 
 
+# The tiny CNN's compiled temporaries are dominated by what XLA:CPU adds for its
+# two max-pool gradients: SelectAndScatterExpander turns each select-and-scatter
+# into a scatter driven by int32 iota tensors of the pool's input shape, which the
+# (platform-independent) cost model does not count: about 64 kB of 246 kB under
+# splitbrain (see test_memory_against_hand_counts). Hence 40% on the total here.
+TINY_MEMORY_RTOL = 0.40
+
+
 @pytest.fixture(scope="module")
 def reports(devices):
     model, x = tiny()
@@ -56,7 +64,7 @@ def reports(devices):
     for name, (mesh, s) in CASES.items():
         kw = {"strategy": s} if isinstance(s, str) else {"strategies": s}
         plan = fixed_plan(model, x, mesh, batch=B, optimizer="adam", **kw)
-        out[name] = (plan, validate(model, plan))
+        out[name] = (plan, validate(model, plan, memory_rtol=TINY_MEMORY_RTOL))
     return out
 
 
@@ -86,6 +94,13 @@ def test_memory_against_hand_counts(reports):
     local = CONV0 + CONV1 + BN + (FC0_W + FC0_B) / 4 + FC1_W / 4 + FC1_B
     assert mem["parameters"].compiled_bytes == local * 4 == mem["parameters"].predicted_bytes
     assert mem["arguments"].compiled_bytes == mem["arguments"].predicted_bytes
+    # What the prediction lacks on CPU: the first pool's gradient (2 samples per device
+    # under the data-parallel convs, 16 x 16 x 8) expanded by XLA:CPU into a scatter with
+    # four int32 iota tensors of its input's shape, 4 x 4,096 x 4 B = 65,536 B; with
+    # them the total agrees within 5% (measured: 245,848 B compiled).
+    for name in ("splitbrain", "megatron"):
+        total = {r.part: r for r in reports[name][1].memory}["total"]
+        assert total.compiled_bytes == pytest.approx(total.predicted_bytes + 4 * 4096 * 4, rel=0.05)
 
 
 @pytest.mark.slow
@@ -183,7 +198,8 @@ def test_cli(tmp_path, monkeypatch, capsys, devices):
     (tmp_path / "tiny_factory.py").write_text(FACTORY)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
-    assert main(["validate", "tiny_factory:make", "--plan", str(path), "--json"]) == 0
+    assert main(["validate", "tiny_factory:make", "--plan", str(path), "--json",
+                 "--memory-rtol", str(TINY_MEMORY_RTOL)]) == 0
     data = json.loads(capsys.readouterr().out)
     assert {"memory", "collectives", "ok"} <= set(data)
     assert {"part", "predicted_bytes", "compiled_bytes"} <= set(data["memory"][0])
