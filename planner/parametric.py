@@ -333,7 +333,7 @@ def parametric_graph(template: LayerGraph, groups: GroupSpec, *, channel_multipl
     width), or is a function from a layer name to a group index or ``None``.
     ``rounded=True`` calls round channels to multiples of ``channel_multiple``."""
     if not isinstance(template, LayerGraph):
-        raise ValueError(f"template must be a LayerGraph, got {type(template).__name__}")
+        raise ValueError(f"template must be a LayerGraph, got {type(template).__name__}")  # noqa: TRY004
     if not (isinstance(channel_multiple, int) and channel_multiple >= 1):
         raise ValueError(f"channel_multiple must be a positive integer, got {channel_multiple!r}")
     if callable(groups):
@@ -344,7 +344,8 @@ def parametric_graph(template: LayerGraph, groups: GroupSpec, *, channel_multipl
         def of(name: str) -> int | None:
             return next((int(groups[p]) for p in prefixes if name.startswith(p)), None)
     else:
-        raise ValueError("groups must map layer-name prefixes to group indices, or be a function of the layer name")
+        raise ValueError(  # noqa: TRY004 (user errors are ValueErrors)
+            "groups must map layer-name prefixes to group indices, or be a function of the layer name")
     kind = np.asarray(template.arrays.kind)[: template.num_layers].astype(int)
     scalable = np.isin(kind, (LayerKind.CONV, LayerKind.DENSE, LayerKind.OTHER))
     group = np.array([(-1 if (g := of(nm)) is None else int(g)) if s else -1

@@ -23,8 +23,17 @@ from costmodels import (
     hardware_arrays,
     load_hardware,
 )
-from planner._plan_dp import best_plan, dp_schedule, frontier_size, soft_min_time
-from planner.automl import PlanConfig, _plan_batch, cost_fn, plan_many
+from planner._plan_dp import (
+    INFEASIBLE_S,
+    best_plan,
+    best_plans,
+    dp_schedule,
+    frontier_size,
+    pad_schedule,
+    soft_min_time,
+)
+from planner.automl import PlanConfig, cost_fn, plan_many
+from planner.batch_planning import _batch_tables, _plan_batch
 from planner.builder import GraphBuilder
 from planner.graph import LayerArrays
 from planner.parametric import (
@@ -37,6 +46,7 @@ from planner.parametric import (
 from planner.planning import plan
 from planner.zoo import get_model
 from search import discrete_problem, plan_time, solve_brute, solve_dp
+from search.problem import plan_times
 
 ROOT = Path(__file__).resolve().parents[1]
 S = 5
@@ -161,7 +171,7 @@ def random_edges(n: int, seed: int):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_hard_dp_is_the_brute_force_optimum(seed):
-    n = 8
+    n = 8 if seed else 1  # seed 0: one layer, no edge (no carried axis)
     edges = random_edges(n, seed)
     t = random_table(seed, n, edges)
     g = graph_like(n, edges)
@@ -172,6 +182,46 @@ def test_hard_dp_is_the_brute_force_optimum(seed):
     brute = solve_brute(p)
     np.testing.assert_allclose(float(value), brute.time_s, rtol=1e-6)
     np.testing.assert_allclose(plan_time(p, np.asarray(choice)[:n]), brute.time_s, rtol=1e-6)
+
+
+def test_lanes_with_a_padded_schedule_are_each_the_brute_force_optimum():
+    # three tables of one structure as lanes, the schedule widened by an axis, an
+    # input column and 5 events (dummies, padding events): each lane is its own optimum
+    n = 7
+    edges = random_edges(n, 11)
+    g = graph_like(n, edges)
+    sched = dp_schedule(g)
+    k, inputs, steps = len(sched.slots), sched.in_edge.shape[1], sched.layer.shape[0]
+    tables = [random_table(seed, n, edges) for seed in (20, 21, 22)]
+    lt = jnp.stack([jnp.where(t.feasible, t.layer_time_s, INFEASIBLE_S) for t in tables], axis=-1)
+    reshard = jnp.stack([t.reshard_s for t in tables], axis=-1)
+    value, choice = jax.jit(best_plans)(lt, reshard, pad_schedule(sched, k + 1, inputs + 1, steps + 5))
+    for b, t in enumerate(tables):
+        p = discrete_problem(t)
+        brute = solve_brute(p)
+        np.testing.assert_allclose(float(value[b]), brute.time_s, rtol=1e-6)
+        np.testing.assert_allclose(plan_time(p, np.asarray(choice)[:n, b]), brute.time_s, rtol=1e-6)
+
+
+def test_soft_min_and_its_gradient_are_the_gibbs_sum_over_all_plans():
+    # enumerate all 5^6 plans: F = -tau log sum exp(-time / tau), dF/dcompute = marginals
+    n = 6
+    edges = random_edges(n, 3)
+    t = random_table(3, n, edges)
+    p = discrete_problem(t)
+    plans = np.stack(np.meshgrid(*[np.arange(S)] * n, indexing="ij"), axis=-1).reshape(-1, n)
+    times = plan_times(p, plans)  # inf where a layer is infeasible
+    tau = 2e-3  # comparable to the spread of plan times: many plans carry weight
+    z = -(times - times.min()) / tau
+    w = np.exp(z)
+    ref = times.min() - tau * np.log(w.sum())
+    marg = np.stack([np.bincount(plans[:, i], weights=w, minlength=S) for i in range(n)]) / w.sum()  # [n, S]
+    sched = dp_schedule(graph_like(n, edges))
+    f = lambda c: soft_min_time(t._replace(compute_s=c), sched, tau)
+    value, grad = jax.jit(jax.value_and_grad(f))(t.compute_s)
+    np.testing.assert_allclose(float(value), ref, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad)[:n], marg, atol=2e-4)
+    assert 0.05 < marg.max(axis=1).min() < 0.95  # the test is not the hard minimum in disguise
 
 
 def test_soft_min_tends_to_the_dp_optimum_on_a_chain():
@@ -273,17 +323,26 @@ def test_total_forward_flops_is_the_graph_total():
 def test_plan_many_equals_plan_one_by_one_and_compiles_once():
     # small models: plan() is exact on them (the DP on the chain, the MILP on the
     # 54-layer DAG), so the times must agree exactly; one has a binding limit.
+    # plus a graph too wide for the DP (planned by plan())
+    wide = GraphBuilder("wide", (4, 8, 8))
+    x = wide.conv("stem", wide.input, 4, 1)
+    for i in range(28):  # 36 layers: the bucket of the others, so plan() compiles nothing new
+        x = wide.relu(f"r{i}", x)
+    wide.concat("cat", [wide.conv(f"c{i}", x, 4, 1) for i in range(6)])
     configs = [
         PlanConfig(tiny(), 8, "dgx-a100"),
         PlanConfig("vgg16-cifar10", 16, "abci-v100"),
         PlanConfig(tiny((16, 16, 32, 32), name="tiny-b"), 16, "abci-v100", batch=64),
         PlanConfig("vgg16-cifar10", 8, "abci-v100", memory_limit="100MB", batch=64),
+        PlanConfig(wide.build(), 8, "dgx-a100"),
     ]
-    before = _plan_batch._cache_size()
-    out = plan_many(configs)
-    after = _plan_batch._cache_size()
-    assert after - before <= 1  # (0 if an earlier test compiled these shapes)
-    assert out.certified.tolist() == [True, True, True, False] and out.fallback.tolist() == [False] * 3 + [True]
+    cache = lambda: (_batch_tables._cache_size(), _plan_batch._cache_size())
+    before = cache()
+    out = plan_many(configs)  # two graph structures, one compilation of each stage
+    after = cache()
+    assert all(a - b <= 1 for a, b in zip(after, before, strict=True))  # (0 if an earlier test compiled these)
+    assert out.certified.tolist() == [True, True, True, False, False]
+    assert out.fallback.tolist() == [False, False, False, True, True]
     for i, c in enumerate(configs):
         p = plan(c.model, devices=c.devices, hardware=c.hardware, memory_limit=c.memory_limit, batch=c.batch)
         np.testing.assert_allclose(out.iteration_s[i], p.iteration_s, rtol=1e-6)
@@ -291,7 +350,7 @@ def test_plan_many_equals_plan_one_by_one_and_compiles_once():
         assert out.memory_bytes_per_device[i] <= out.memory_limit_bytes[i]
     # other models of the same buckets and the same padded batch: no new compilation
     again = plan_many([PlanConfig(tiny((8, 8, 8, 8), name=f"t{i}"), 8, "dgx-a100") for i in range(3)])
-    assert _plan_batch._cache_size() == after and again.certified.all()
+    assert cache() == after and again.certified.all()
 
 
 def test_plan_many_reports_uncertified_rows_without_fallback():
@@ -299,6 +358,8 @@ def test_plan_many_reports_uncertified_rows_without_fallback():
     assert not out.certified[0] and not out.feasible[0] and np.isnan(out.iteration_s[0])
     with pytest.raises(ValueError, match="at least one"):
         plan_many([])
+    with pytest.raises(ValueError, match="chunk must be a positive integer"):
+        plan_many([PlanConfig("vgg16-cifar10", 8)], chunk=0)
 
 
 # -- examples ------------------------------------------------------------------------------------
