@@ -334,10 +334,12 @@ def profile_layers(
     timer: Callable[[], float] = time.perf_counter,
     callback: Callable[[ProfileEvent], None] | None = None,
     device: str | None = None,
+    meshes: Sequence[tuple[int, int]] | None = None,
 ) -> Profile:
     """Time every layer of ``graph`` (or only ``layers``) forward + backward on
     the default JAX device at the shard shapes of global batch ``batch`` on
-    every mesh of up to ``max_devices`` devices (module docstring).
+    every mesh of up to ``max_devices`` devices (module docstring), or only
+    on ``meshes`` (``(d, m)`` pairs, e.g. one plan's mesh).
     ``device`` names what was measured in the calibration (default: the
     JAX device kind). ``Profile.calibration()`` is the calibration."""
     batch = _positive_int(batch, "batch")
@@ -345,7 +347,12 @@ def profile_layers(
     repeats = _positive_int(repeats, "repeats")
     if dtype not in PROFILE_DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(PROFILE_DTYPES)}")
-    meshes = menu_meshes(max_devices)
+    if meshes is None:
+        meshes = menu_meshes(max_devices)
+    else:
+        meshes = tuple((int(d), int(m)) for d, m in meshes)
+        if not meshes or any(d < 1 or m < 1 for d, m in meshes):
+            raise ValueError(f"meshes must be (d, m) pairs of positive integers, got {meshes!r}")
     a = graph.arrays
     n = graph.num_layers
     kinds = np.asarray(a.kind)[:n].astype(int)

@@ -42,3 +42,25 @@ def test_train_vgg16_cifar10_example(capsys, tmp_path):
     y = jax.random.randint(ky, (32,), 0, 10)
     reference = float(optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean())
     assert losses[0] == pytest.approx(reference, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_gpu_steps_script_smoke_runs(capsys):
+    """benchmarks/gpu_steps.py (for a session with an accelerator) runs end to end
+    on CPU: both parts print, part 2 has a row per profiled layer of the plan."""
+    import planner
+    from planner.profile import PROFILED_KINDS
+    from planner.zoo import get_model
+
+    spec = importlib.util.spec_from_file_location("gpu_steps", EXAMPLES.parent / "benchmarks" / "gpu_steps.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "1. whole training steps at P = 1" in out and "2. per-layer shard shapes of the 8-device plan" in out
+    plan = planner.plan("vgg16-cifar10", devices=8, hardware="h200", batch_per_device=2)
+    g = get_model("vgg16-cifar10")
+    kinds = dict(zip(g.names, g.unpadded().kind, strict=True))
+    profiled = [r.name for r in plan.layers if int(kinds[r.name]) in PROFILED_KINDS]
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith("  ") and line.split()[0] in plan.strategies]
+    assert rows == profiled

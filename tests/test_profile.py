@@ -312,3 +312,17 @@ def test_fit_rejects_bad_input():
         fit_hardware([graph, other], [StepTime(1.0, 8)], hw)
     with pytest.raises(ValueError, match="names model 'nope'"):
         fit_hardware([graph, other], [StepTime(1.0, 8, model="nope")], hw)
+
+
+def test_only_the_meshes_asked_for():
+    """meshes=[(1, 2)]: only that mesh's shards, by hand as in
+    test_fake_clock_bookkeeping: data, filter, spatial and replicated of each
+    layer (channel cannot split the conv's 3 input channels)."""
+    graph = _conv_relu()
+    clock = FakeClock(lambda k: 1.0)
+    prof = profile_layers(graph, 4, max_devices=2, repeats=1, warmup=0, timer=clock, meshes=[(1, 2)])
+    assert {t.mesh for t in prof.timings} == {(1, 2)}
+    assert {(t.layer, t.strategy) for t in prof.timings} == {
+        (layer, s) for layer in ("conv", "relu") for s in ("data", "filter", "spatial", "replicated")}
+    with pytest.raises(ValueError, match="meshes must be"):
+        profile_layers(graph, 4, meshes=[])
