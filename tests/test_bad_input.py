@@ -22,15 +22,8 @@ from costmodels import load_calibration, load_hardware
 from planner.cli import main
 from planner.netfile import parse_net
 from planner.zoo import get_model
+from reference_files import TINY_NET
 
-TINY_NET = """Dataset|Tiny
-Input|100x3x8x8
-Model|tiny
-CONV1|3x8x8|3x4x3x3|4x8x8|0.5
-RELU|4x8x8|4x4x0x0|4x8x8|0
-MPOOL|4x8x8|0x0x2x2|4x4x4|0
-FC|4x4x4|4x10x4x4|10x1x1|0
-"""
 
 
 def _graph(**change):

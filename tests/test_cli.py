@@ -17,20 +17,13 @@ from planner.netfile import parse_net
 
 REPO = Path(__file__).resolve().parents[1]
 from reference_files import PARADL_MODELS as MODELS  # noqa: E402
+from reference_files import TINY_NET  # noqa: E402
 
 LAYER_KEYS = {
     "name", "kind", "input_shape", "output_shape", "params", "flops_forward", "flops_backward", "activation_bytes",
 }
 TOTAL_KEYS = {"layers", "params", "flops_forward", "flops_backward", "activation_bytes"}
 
-TINY_NET = """Dataset|Tiny
-Input|100x3x8x8
-Model|tiny
-CONV1|3x8x8|3x4x3x3|4x8x8|0.5
-RELU|4x8x8|4x4x0x0|4x8x8|0
-MPOOL|4x8x8|0x0x2x2|4x4x4|0
-FC|4x4x4|4x10x4x4|10x1x1|0
-"""
 
 
 def _run_json(capsys, *argv: str) -> dict:

@@ -11,7 +11,7 @@ import pytest
 from planner.graph import LayerGraph, LayerKind
 from planner.netfile import layer_type, load_net, paradl_totals, parse_net
 
-from reference_files import MISSING_REASON
+from reference_files import MISSING_REASON, TINY_NET
 from reference_files import PARADL_MODELS as MODELS
 
 # paradl.md §5 "Shipped networks" (per sample, elements; Σx and Σy exclude
@@ -29,14 +29,6 @@ TABLE = {
 
 needs_models = pytest.mark.skipif(not MODELS.is_dir(), reason=MISSING_REASON)
 
-TINY = """Dataset|Tiny
-Input|100x3x8x8
-Model|tiny
-CONV1|3x8x8|3x4x3x3|4x8x8|0.5
-RELU|4x8x8|4x4x0x0|4x8x8|0
-MPOOL|4x8x8|0x0x2x2|4x4x4|0
-FC|4x4x4|4x10x4x4|10x1x1|0
-"""
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +113,7 @@ def test_json_round_trip_is_exact(graphs, name):
 
 
 def test_parse_tiny_string():
-    g = parse_net(TINY)
+    g = parse_net(TINY_NET)
     assert g.model_name == "tiny" and g.input_shape == (3, 8, 8)
     assert g.names == ("CONV1", "RELU", "MPOOL", "FC/flatten", "FC")
     assert g.total("params") == 3 * 4 * 9 + 64 * 10
@@ -130,13 +122,13 @@ def test_parse_tiny_string():
 
 
 def test_comments_whitespace_and_crlf():
-    text = "# header\r\n" + TINY.replace("\n", " \r\n").replace("4x8x8|0x0", " 4x8x8 | 0x0") + "# trailing|0\r\n"
+    text = "# header\r\n" + TINY_NET.replace("\n", " \r\n").replace("4x8x8|0x0", " 4x8x8 | 0x0") + "# trailing|0\r\n"
     text = text.replace("RELU|4x8x8|4x4x0x0|4x8x8|0", "RELU|4x8x8|4x4x0x0|4x8x8 |0   # inline comment")
-    assert parse_net(text).to_json() == parse_net(TINY).to_json()
+    assert parse_net(text).to_json() == parse_net(TINY_NET).to_json()
 
 
 def test_no_time_and_names_made_unique():
-    text = TINY.replace("|0.5", "").replace("MPOOL|", "RELU|4x8x8|4x4x0x0|4x8x8\nMPOOL|")
+    text = TINY_NET.replace("|0.5", "").replace("MPOOL|", "RELU|4x8x8|4x4x0x0|4x8x8\nMPOOL|")
     g = parse_net(text)
     assert g.measured_time_per_sample_s is None
     assert g.names[:3] == ("CONV1", "RELU", "RELU_1")
@@ -150,7 +142,7 @@ def test_layer_type_uses_paradl_order():
 
 
 def _replace_line(lineno: int, new: str) -> str:
-    lines = TINY.splitlines()
+    lines = TINY_NET.splitlines()
     lines[lineno - 1] = new
     return "\n".join(lines) + "\n"
 
@@ -175,8 +167,8 @@ def _replace_line(lineno: int, new: str) -> str:
         (_replace_line(2, "Input|100x3"), 2, "Input"),
         (_replace_line(2, "Input|lots"), 2, "Input"),
         (_replace_line(1, "Dataset"), 1, "Dataset|VALUE"),
-        (TINY.replace("Model|tiny\n", ""), 3, "Model|"),
-        (TINY + "Model|again\n", 8, "header"),
+        (TINY_NET.replace("Model|tiny\n", ""), 3, "Model|"),
+        (TINY_NET + "Model|again\n", 8, "header"),
     ],
 )
 def test_malformed_input_names_file_and_line(text, line, words):
