@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from costmodels.calibration import Calibration
 from costmodels.compute import DTYPE_BYTES
 from costmodels.hardware import Hardware
-from costmodels.strategies import Layout, Strategy
+from costmodels.strategies import STRATEGY_NAMES, Layout, Strategy
 from costmodels.table import OPTIMIZER_SLOTS, CostSettings
 from planner.graph import LayerGraph, LayerKind
 
@@ -97,11 +98,29 @@ def _convert(src: int, dst: int, group_bytes: float, m: float, a: float, bw: flo
     return (m - 1) * (a + per / m / bw)  # all-to-all
 
 
+def _measured_seconds(calibration: Calibration, name: str, strategy: int, work: float) -> float | None:
+    """A layer's calibrated seconds at ``work``: the strategy's own points, else
+    the layer's work-only points, else None (the roofline). Log-log linear
+    between points, the end segment beyond them, proportional with one point."""
+    pts = calibration.strategies.get(name, {}).get(STRATEGY_NAMES[strategy]) or calibration.layers.get(name)
+    if not pts:
+        return None
+    if len(pts) == 1:
+        return pts[0][1] * work / pts[0][0]
+    j = 1
+    while j < len(pts) - 1 and pts[j][0] < work:
+        j += 1
+    (w0, s0), (w1, s1) = pts[j - 1], pts[j]
+    slope = (math.log(s1) - math.log(s0)) / (math.log(w1) - math.log(w0))
+    return math.exp(math.log(s0) + slope * (math.log(work) - math.log(w0)))
+
+
 def reference_iteration_time(
     graph: LayerGraph, choice: Sequence[int], hw: Hardware, batch: float, d: int, m: int,
-    settings: CostSettings = CostSettings(),
+    settings: CostSettings = CostSettings(), calibration: Calibration | None = None,
 ) -> float:
-    """Seconds per iteration of the discrete plan ``choice`` (one strategy per real layer)."""
+    """Seconds per iteration of the discrete plan ``choice`` (one strategy per real layer).
+    ``calibration`` replaces the roofline compute of the layers it measured."""
     a = graph.arrays
     n = graph.num_layers
     delta = DTYPE_BYTES[settings.dtype]
@@ -127,6 +146,9 @@ def reference_iteration_time(
         e = eff["conv"] if kind == LayerKind.CONV else eff["matmul"] if kind == LayerKind.DENSE else eff["elementwise"]
         moved = 3 * delta * (in_el + out_el) * samples + 4 * delta * local
         comp = max(flops / (peak * e), moved / (dev.memory_bandwidth_bytes_per_s * eff["memory"]))
+        if calibration is not None:
+            measured = _measured_seconds(calibration, graph.names[i], s, samples)
+            comp = comp if measured is None else measured
         bwd_total += comp * (bflops / flops if flops > 0 else 2 / 3)
         # gradient sync: this layer's share of bucketed all-reduces
         if s in (Strategy.DATA, Strategy.SPATIAL):

@@ -107,7 +107,8 @@ def cost_table(
     """Build the :class:`CostTable` of ``arrays`` (a :class:`planner.LayerArrays`)
     for a global ``batch`` on a ``d x m`` (data x model) mesh. Layers that
     ``calibration`` measured take its interpolated times instead of the
-    roofline."""
+    roofline (per strategy: the strategy's own points, else the layer's
+    work-only points)."""
     a = arrays
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     batch, d, m = f32(batch), f32(d), f32(m)
@@ -156,7 +157,7 @@ def cost_table(
     compute = roofline_s(hw, flops, act_moved + w_moved, eff)
     if calibration is not None:
         measured = calibrated_seconds(calibration, work)
-        compute = jnp.where((calibration.count > 0)[:, None], measured, compute)
+        compute = jnp.where(calibration.measured, measured, compute)  # own points, else work-only, else roofline
     bwd_share = jnp.where(flops > 0, bwd_flops / jnp.maximum(flops, 1.0), 2.0 / 3.0)
     backward = compute * bwd_share
 

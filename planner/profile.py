@@ -27,10 +27,12 @@ Identical shard ops (the same shapes, within a layer or across layers) are
 measured once.
 
 A calibration keys measurements by *work* = samples per device / shard ways
-(:mod:`costmodels.calibration`): for each layer and each work value the
-calibration records the median over the distinct shard shapes with that
-work. Flatten and unmodelled (``other``) layers are not measured; they keep
-the roofline.
+(:mod:`costmodels.calibration`): for each layer, strategy and work value
+the calibration records the median over that strategy's distinct shard
+shapes with that work (the strategy's own points), and for each layer and
+work value the median over all the distinct shapes with that work (the
+work-only points, the fallback). Flatten and unmodelled (``other``) layers
+are not measured; they keep the roofline.
 
 The clock is a parameter (``timer``) so the bookkeeping can be tested with a
 fake one; progress goes to an optional callback.
@@ -123,17 +125,28 @@ class Profile:
     timings: tuple[ShardTiming, ...]
 
     def calibration(self) -> Calibration:
-        """Per layer, per work value: the median over the distinct shard
-        shapes with that work (at most ``MAX_POINTS`` work values; the
-        largest ones are dropped beyond that)."""
+        """Per layer and strategy, per work value: the median over the
+        distinct shard shapes of that strategy with that work (the strategy's
+        own points); and per layer, per work value, the median over every
+        strategy's distinct shapes with that work (the work-only points, for
+        strategies without their own and for version-1 readers). At most
+        ``MAX_POINTS`` work values each; the largest ones are dropped beyond
+        that."""
         per: dict[str, dict[float, dict[str, float]]] = {}
+        own: dict[str, dict[str, dict[float, dict[str, float]]]] = {}
         for t in self.timings:
             per.setdefault(t.layer, {}).setdefault(t.work, {})[t.shape] = t.seconds
-        layers = {
-            name: tuple((w, float(statistics.median(by_shape[w].values()))) for w in sorted(by_shape)[:MAX_POINTS])
-            for name, by_shape in per.items()
+            own.setdefault(t.layer, {}).setdefault(t.strategy, {}).setdefault(t.work, {})[t.shape] = t.seconds
+
+        def points(by_work: dict[float, dict[str, float]]) -> tuple[tuple[float, float], ...]:
+            return tuple((w, float(statistics.median(by_work[w].values()))) for w in sorted(by_work)[:MAX_POINTS])
+
+        layers = {name: points(by_work) for name, by_work in per.items()}
+        strategies = {
+            name: {s: points(by_strategy[s]) for s in STRATEGY_NAMES if s in by_strategy}
+            for name, by_strategy in own.items()
         }
-        return Calibration(hardware=self.device, dtype=self.dtype, layers=layers)
+        return Calibration(hardware=self.device, dtype=self.dtype, layers=layers, strategies=strategies)
 
 
 def menu_meshes(max_devices: int) -> tuple[tuple[int, int], ...]:

@@ -4,6 +4,8 @@ an independent plain-Python evaluator, gradients against finite differences,
 one compilation for 1,000 vmapped configurations, and SplitBrain's memory
 saving and group-local exchanges."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -419,6 +421,109 @@ def test_bad_calibration_rejected(tiny, layers, message):
     with pytest.raises(ValueError, match=message):
         data = {"schema": "shardplan/calibration", "version": 1, "hardware": "x", "dtype": "float32", "layers": layers}
         calibration_arrays(Calibration.from_dict(data), g)
+
+
+def _cal_v2(layers, version=2):
+    return {"schema": "shardplan/calibration", "version": version, "hardware": "x", "dtype": "float32",
+            "layers": layers}
+
+
+_CONV_POINTS = {"work": [1, 4, 16], "seconds": [1e-3, 2e-3, 8e-3]}
+
+
+def test_strategy_points_take_precedence(tiny):
+    """A strategy with its own points uses them, the others the layer's
+    work-only points, and a layer with only some strategies' points keeps
+    the roofline for the rest; the plain-Python evaluator agrees."""
+    import itertools
+
+    from costmodels.calibration import Calibration, calibration_arrays
+
+    g, t = tiny
+    cal = Calibration.from_dict(_cal_v2({
+        "conv": {**_CONV_POINTS, "strategies": {"filter": {"work": [1, 4], "seconds": [4e-3, 1.6e-2]}}},
+        "fc": {"strategies": {"channel": {"work": [2], "seconds": [5e-4]}}},
+    }))
+    arrays = calibration_arrays(cal, g)
+    tc = cost_table(g.arrays, hardware_arrays(ABCI), 8.0, 2.0, 2.0, calibration=arrays)
+    c = np.asarray(tc.compute_s)
+    # batch 8 on 2 x 2: work 2 for data / filter / channel / spatial, 4 for replicated.
+    assert c[0, Strategy.FILTER] == pytest.approx(8e-3, rel=1e-5)  # own points, slope 1: 4e-3 * 2
+    for s in (Strategy.DATA, Strategy.CHANNEL, Strategy.SPATIAL):
+        assert c[0, s] == pytest.approx(1e-3 * 2**0.5, rel=1e-5)  # work-only, log-log midpoint of 1 and 4
+    assert c[0, Strategy.REPLICATED] == pytest.approx(2e-3, rel=1e-5)
+    assert c[2, Strategy.CHANNEL] == pytest.approx(5e-4, rel=1e-5)  # fc's only measured strategy
+    for s in (Strategy.DATA, Strategy.FILTER, Strategy.REPLICATED):
+        assert c[2, s] == float(t.compute_s[2, s])  # not measured: the roofline
+    # d(seconds)/d(batch) of filter conv: 4e-3 s per sample-equivalent, work = batch / 4.
+    grad = jax.grad(lambda b: cost_table(g.arrays, hardware_arrays(ABCI), b, 2.0, 2.0,
+                                         calibration=arrays).compute_s[0, Strategy.FILTER])(8.0)
+    assert float(grad) == pytest.approx(1e-3, rel=1e-4)
+    feasible = np.asarray(tc.feasible)
+    rows = [np.flatnonzero(feasible[i]) for i in range(g.num_layers)]
+    for choice in itertools.product(*rows):
+        choice = np.array(list(choice) + [0] * (feasible.shape[0] - g.num_layers))
+        assert float(iteration_time(tc, one_hot(choice, S))) == pytest.approx(
+            reference_iteration_time(g, choice, ABCI, 8, 2, 2, calibration=cal), rel=2e-5)
+
+
+def test_version_1_file_applies_to_every_strategy(tiny):
+    """A version-1 file (work-only points) gives the same table as a
+    version-2 file that repeats those points for every strategy, and the
+    plain-Python evaluator agrees with it."""
+    from costmodels.calibration import Calibration, calibration_arrays
+
+    g, _ = tiny
+    fc = {"work": [2], "seconds": [3e-4]}
+    v1 = Calibration.from_dict(_cal_v2({"conv": _CONV_POINTS, "fc": fc}, version=1))
+    v2 = Calibration.from_dict(_cal_v2({  # conv's own work-only point is never used: every strategy has its own
+        "conv": {"work": [7], "seconds": [1.0], "strategies": {s.name.lower(): _CONV_POINTS for s in Strategy}},
+        "fc": {"strategies": {s.name.lower(): fc for s in Strategy}},
+    }))
+    assert v1.to_dict()["version"] == 1 and v2.to_dict()["version"] == 2
+    assert Calibration.from_dict(v2.to_dict()) == v2
+    hw = hardware_arrays(ABCI)
+    t1 = cost_table(g.arrays, hw, 8.0, 2.0, 2.0, calibration=calibration_arrays(v1, g))
+    t2 = cost_table(g.arrays, hw, 8.0, 2.0, 2.0, calibration=calibration_arrays(v2, g))
+    np.testing.assert_array_equal(np.asarray(t1.compute_s), np.asarray(t2.compute_s))
+    assert float(t1.compute_s[0, Strategy.FILTER]) == pytest.approx(1e-3 * 2**0.5, rel=1e-5)
+    feasible = np.asarray(t1.feasible)
+    for s in (Strategy.DATA, Strategy.FILTER, Strategy.CHANNEL, Strategy.REPLICATED):
+        choice = np.where(feasible[:, s], int(s), int(Strategy.REPLICATED))
+        assert float(iteration_time(t1, one_hot(choice, S))) == pytest.approx(
+            reference_iteration_time(g, choice, ABCI, 8, 2, 2, calibration=v1), rel=2e-5)
+
+
+_GOOD = {"work": [1, 2], "seconds": [1e-3, 2e-3]}
+
+
+@pytest.mark.parametrize(
+    "layers, version, message",
+    [
+        ({"conv": {"strategies": {"diagonal": _GOOD}}}, 2, "unknown strategy 'diagonal'"),
+        ({"conv": {"strategies": {"filter": {"work": [1, 2], "seconds": [1e-3, math.nan]}}}}, 2,
+         r"\['filter'\]: seconds values must be positive finite"),
+        ({"conv": {"strategies": {"filter": {"work": [1, math.inf], "seconds": [1e-3, 1e-3]}}}}, 2,
+         r"\['filter'\]: work values must be positive finite"),
+        ({"conv": {"strategies": {"data": {"work": [0], "seconds": [1e-3]}}}}, 2, r"\['data'\]: work .*positive"),
+        ({"conv": {"strategies": {"data": {"work": [1], "seconds": [-1.0]}}}}, 2, "seconds values must be positive"),
+        ({"conv": {"strategies": {"data": {"work": [1, 2], "seconds": [1.0]}}}}, 2, r"\['data'\]: .*equal length"),
+        ({"conv": {"strategies": {"data": {"work": [1]}}}}, 2, r"\['data'\] must be"),
+        ({"conv": {"strategies": {}}}, 2, "non-empty"),
+        ({"conv": {"strategies": [_GOOD]}}, 2, "non-empty object"),
+        ({"conv": {}}, 2, "must be"),
+        ({"conv": {**_GOOD, "speed": 1}}, 2, "must be"),
+        ({"conv": {**_GOOD, "strategies": {"filter": _GOOD}}}, 1, '"version": 2'),
+        ({"nope": {"strategies": {"filter": _GOOD}}}, 2, "does not have"),
+        ({"conv": _GOOD}, 3, "version 3 is not supported"),
+    ],
+)
+def test_bad_strategy_calibration_rejected(tiny, layers, version, message):
+    from costmodels.calibration import Calibration, calibration_arrays
+
+    g, _ = tiny
+    with pytest.raises(ValueError, match=message):
+        calibration_arrays(Calibration.from_dict(_cal_v2(layers, version)), g)
 
 
 def test_mask_needs_whole_samples_per_device(tiny):

@@ -101,6 +101,18 @@ def test_fake_clock_bookkeeping():
     cal = profile_layers(graph, 4, max_devices=2, repeats=3, warmup=0, timer=clock).calibration()
     assert cal.layers == {"conv": ((2.0, 5.0), (4.0, 1.0)), "relu": ((2.0, 7.0), (4.0, 2.0))}
     assert cal.dtype == "float32"
+    # Per strategy, the median over that strategy's own distinct shapes at each work. On
+    # m = 1 every strategy runs the whole layer: 1x1 (work 4) and 2x1 (work 2); replicated
+    # on 1x2 is the 1x1 shape (work 4) and data on 1x2 the 2x1 shape. Channel is not on the
+    # menu at m = 2 (3 input channels) nor for relu at all.
+    assert cal.strategies == {
+        "conv": {"data": ((2.0, 3.0), (4.0, 1.0)), "filter": ((2.0, 4.0), (4.0, 1.0)),  # {3, 5}
+                 "channel": ((2.0, 3.0), (4.0, 1.0)), "spatial": ((2.0, 4.5), (4.0, 1.0)),  # {3, 6}
+                 "replicated": ((2.0, 3.0), (4.0, 1.0))},
+        "relu": {"data": ((2.0, 4.0), (4.0, 2.0)), "filter": ((2.0, 5.5), (4.0, 2.0)),  # {4, 7}
+                 "spatial": ((2.0, 6.0), (4.0, 2.0)), "replicated": ((2.0, 4.0), (4.0, 2.0))},  # {4, 8}
+    }
+    assert cal.to_dict()["version"] == 2 and Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
 
 
 def test_shard_ops_have_the_layer_graphs_shapes():
@@ -203,9 +215,9 @@ def test_cli_profile_then_plan_uses_the_measurements(tmp_path, capsys):
                  "--calibration", str(cal_path), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     d, m = plan["mesh"]
-    for row in plan["layers"]:  # measured points are hit exactly: work 2 or 4
+    for row in plan["layers"]:  # each strategy's own measured points are hit exactly: work 2 or 4
         work = 4 / d if row["strategy"] == "replicated" else 4 / (d * m)
-        assert row["compute_s"] == pytest.approx(dict(cal.layers[row["name"]])[work], rel=1e-5)
+        assert row["compute_s"] == pytest.approx(dict(cal.strategies[row["name"]][row["strategy"]])[work], rel=1e-5)
 
 
 def _chain():
@@ -227,6 +239,11 @@ def test_oracle_calibration_replaces_layer_compute(tmp_path, capsys):
     rep = oracle(graph, "abci-v100", [1, 2], ["data", "filter"], batch_per_device=4, calibration=cal)
     assert rep.row("data", 1).compute_s == pytest.approx(12e-3, rel=1e-5)
     assert rep.row("filter", 2).compute_s == pytest.approx(10e-3, rel=1e-5)
+    # The oracle uses the work-only points: per-strategy points (10x slower) change nothing.
+    own = {n: {"filter": ((1.0, 1e-2),), "data": ((1.0, 1e-2),)} for n in graph.names}
+    rep2 = oracle(graph, "abci-v100", [1, 2], ["data", "filter"], batch_per_device=4,
+                  calibration=dataclasses.replace(cal, strategies=own))
+    assert rep2.row("filter", 2).compute_s == pytest.approx(10e-3, rel=1e-5)
     plain = oracle(graph, "abci-v100", [1], ["data"], batch_per_device=4)
     only_conv = oracle(graph, "abci-v100", [1], ["data"], batch_per_device=4,
                        calibration=Calibration("x", "float32", {"conv": ((4.0, 1.0),)}))
