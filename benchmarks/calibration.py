@@ -22,8 +22,8 @@ prints the median and the worst over all shards, and per layer kind.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
-import statistics
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -61,14 +61,11 @@ def predictions(graph, hw, dtype, batch, timings, calibration):
     return np.asarray(out)
 
 
-def restricted(calibration: Calibration, timings, max_devices: int) -> Calibration:
-    """The calibration from the shards of meshes of at most ``max_devices`` only."""
-    keep: dict[str, dict[float, dict[str, float]]] = {}
-    for t in timings:
-        if t.mesh[0] * t.mesh[1] <= max_devices:
-            keep.setdefault(t.layer, {}).setdefault(t.work, {})[t.shape] = t.seconds
-    layers = {n: tuple((w, float(statistics.median(v[w].values()))) for w in sorted(v)) for n, v in keep.items()}
-    return Calibration(calibration.hardware, calibration.dtype, layers)
+def restricted(profile, max_devices: int) -> Calibration:
+    """The calibration from the shards of meshes of at most ``max_devices`` only
+    (per strategy and per layer, as ``Profile.calibration`` builds it)."""
+    kept = tuple(t for t in profile.timings if t.mesh[0] * t.mesh[1] <= max_devices)
+    return dataclasses.replace(profile, timings=kept).calibration()
 
 
 def main() -> None:
@@ -97,7 +94,7 @@ def main() -> None:
         "calibrated": predictions(graph, hw, args.dtype, args.batch, timings, cal),
     }
     if args.max_devices >= 2:
-        half = restricted(cal, first.timings, args.max_devices // 2)
+        half = restricted(first, args.max_devices // 2)
         unseen = [i for i, t in enumerate(timings) if t.work not in dict(half.layers.get(t.layer, ()))]
         columns[f"calibrated at P <= {args.max_devices // 2} (unseen work)"] = predictions(
             graph, hw, args.dtype, args.batch, timings, half)
