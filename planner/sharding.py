@@ -14,9 +14,10 @@ from jax.sharding import Mesh
 
 from planner.export import AXES, TrainState, make_mesh, producer_layouts, shard_training
 from planner.extraction import extract
+from planner.graph import LayerGraph
 from planner.planning import Plan
 
-__all__ = ["shard"]
+__all__ = ["plan_mesh", "planned_graph", "shard"]
 
 
 def shard(
@@ -37,6 +38,18 @@ def shard(
     ``d x m`` mesh over all devices, with axes ``("data", "model")``; across
     several processes, :func:`planner.distributed.process_mesh` (the model
     axis inside a process)."""
+    graph = planned_graph(model, plan)
+    mesh = plan_mesh(plan, mesh)
+    kwargs: dict[str, Any] = {} if loss_fn is None else {"loss_fn": loss_fn}
+    # each module's input pinned to its producer's planned layout, so the functional ops between modules
+    # (activations, pooling, flatten) run where the plan costs them (docs/validation.md)
+    return shard_training(model, plan.strategies, mesh, optimizer,
+                          input_layouts=producer_layouts(graph, plan.strategies), **kwargs)
+
+
+def planned_graph(model: nnx.Module, plan: Plan) -> LayerGraph:
+    """The layer graph of ``model``, checked to be the one ``plan`` was made
+    for (same fingerprint); a ``ValueError`` saying so otherwise."""
     c, *spatial = plan.input_shape
     example = jax.ShapeDtypeStruct((1, *spatial, c), jnp.float32)
     try:
@@ -51,6 +64,14 @@ def shard(
             f"this plan was made for another model (plan {plan.model!r}, fingerprint {plan.graph_fingerprint}; "
             f"the model given extracts to {graph.fingerprint}); plan this model with planner.plan first"
         )
+    return graph
+
+
+def plan_mesh(plan: Plan, mesh: Mesh | None = None) -> Mesh:
+    """``mesh`` checked against the plan's ``d x m`` mesh over ``("data",
+    "model")``, or by default that mesh over all devices; across several
+    processes, :func:`planner.distributed.process_mesh` (the model axis
+    inside a process)."""
     if mesh is None:
         if jax.process_count() > 1:  # several processes: keep each model group inside one (docs/multi-host.md)
             from planner.distributed import process_mesh
@@ -62,8 +83,4 @@ def shard(
         raise ValueError(
             f"mesh {dict(mesh.shape)} does not match the plan's {plan.mesh[0]}x{plan.mesh[1]} mesh over {AXES}"
         )
-    kwargs: dict[str, Any] = {} if loss_fn is None else {"loss_fn": loss_fn}
-    # each module's input pinned to its producer's planned layout, so the functional ops between modules
-    # (activations, pooling, flatten) run where the plan costs them (docs/validation.md)
-    return shard_training(model, plan.strategies, mesh, optimizer,
-                          input_layouts=producer_layouts(graph, plan.strategies), **kwargs)
+    return mesh

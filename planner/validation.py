@@ -64,10 +64,11 @@ from costmodels.collective_list import (
     sharded_parameters,
 )
 from costmodels.table import OPTIMIZER_SLOTS
-from planner.export import AXES, lower_training, make_mesh, producer_layouts
+from planner.export import lower_training, producer_layouts
 from planner.extraction import extract
 from planner.hlo import parse_collectives
 from planner.planning import Plan
+from planner.sharding import plan_mesh, planned_graph
 
 __all__ = ["CollectiveRow", "MemoryRow", "ValidationReport", "default_optimizer", "fixed_plan", "validate"]
 
@@ -187,19 +188,8 @@ def validate(
     if plan.batch % (d * m):
         raise ValueError(f"validate splits the batch over all {d * m} devices; the plan's batch {plan.batch} "
                          f"is not a multiple of {d * m}")
-    try:
-        graph = extract(model, jax.ShapeDtypeStruct((1, *spatial, c), jnp.float32))
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"this plan was made for another model (plan {plan.model!r} takes inputs of "
-                         f"{plan.input_shape}, channels first, which the model given cannot run: {e})") from None
-    if graph.fingerprint != plan.graph_fingerprint:
-        raise ValueError(f"this plan was made for another model (plan {plan.model!r}, fingerprint "
-                         f"{plan.graph_fingerprint}; the model given extracts to {graph.fingerprint}); "
-                         "plan this model with planner.plan first")
-    if mesh is None:
-        mesh = make_mesh(d, m)
-    elif tuple(mesh.axis_names) != AXES or tuple(mesh.devices.shape) != (d, m):
-        raise ValueError(f"mesh {dict(mesh.shape)} does not match the plan's {d}x{m} mesh over {AXES}")
+    graph = planned_graph(model, plan)
+    mesh = plan_mesh(plan, mesh)
     tx = default_optimizer(plan.optimizer) if optimizer is None else optimizer
 
     x = jax.ShapeDtypeStruct((plan.batch, *spatial, c), jnp.float32)
