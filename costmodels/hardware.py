@@ -119,8 +119,12 @@ def preset_names() -> tuple[str, ...]:
     return tuple(sorted(f.name[: -len(".json")] for f in files if f.name.endswith(".json")))
 
 
-def load_hardware(name_or_path: str | Path) -> Hardware:
-    """A preset by name (``abci-v100``) or a hardware JSON file by path."""
+def load_hardware(name_or_path: str | Path | Hardware) -> Hardware:
+    """A preset by name (``abci-v100``) or a hardware JSON file by path; a
+    :class:`Hardware` is returned as it is (every public function that takes
+    ``hardware=`` accepts all three through this)."""
+    if isinstance(name_or_path, Hardware):
+        return name_or_path
     key = str(name_or_path)
     if key in preset_names():
         text = resources.files("costmodels").joinpath("presets", f"{key}.json").read_text()

@@ -38,6 +38,7 @@ from costmodels import (
     cost_table,
     hardware_arrays,
     iteration_time,
+    load_hardware,
     memory_per_device,
     one_hot,
 )
@@ -49,7 +50,7 @@ from planner._plan_dp import (
     dp_schedule,
     soft_min_lanes,
 )
-from planner.batch_planning import PlanBatch, PlanConfig, _hardware, plan_many  # re-exported: the AutoML entry points
+from planner.batch_planning import PlanBatch, PlanConfig, plan_many  # re-exported: the AutoML entry points
 from planner.parametric import ArchParams, ParametricGraph
 from planner.planning import mesh_shapes, parse_memory_limit
 
@@ -192,7 +193,7 @@ def cost_fn(
         raise ValueError(f"temperature must be positive, got {temperature!r}")
     if not memory_penalty >= 0:
         raise ValueError(f"memory_penalty must be non-negative, got {memory_penalty!r}")
-    hw = _hardware(hardware)
+    hw = load_hardware(hardware)
     limit = hw.device.memory_bytes if memory_limit is None else parse_memory_limit(memory_limit)
     meshes = tuple(mesh_shapes(int(devices), int(devices), hw.devices_per_node, allow_cross_node_model_axis))
     sched = dp_schedule(build_graph.template)

@@ -47,10 +47,6 @@ from planner.planning import InfeasibleMemoryError, mesh_shapes, parse_memory_li
 __all__ = ["PlanBatch", "PlanConfig", "ROW_MULTIPLE", "plan_many"]
 
 
-def _hardware(hardware: str | Path | Hardware) -> Hardware:
-    return hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
-
-
 @dataclasses.dataclass(frozen=True)
 class PlanConfig:
     """One configuration to plan: the arguments of :func:`planner.plan`."""
@@ -223,7 +219,7 @@ def plan_many(
         key = id(c.hardware) if isinstance(c.hardware, Hardware) else str(c.hardware)
         if key not in loaded:
             loaded[key] = len(hws)
-            hws.append(_hardware(c.hardware))
+            hws.append(load_hardware(c.hardware))
         hw = hws[loaded[key]]
         B = resolve_batch(c.devices, c.batch, c.batch_per_device)
         graphs.append(g)

@@ -190,7 +190,7 @@ def oracle(
     """
     if compat not in (None, *COMPAT_MODES):
         raise ValueError(f"unknown compat mode {compat!r}; expected None (the default mode) or 'paradl'")
-    hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
+    hw = load_hardware(hardware)
     graph, size = _resolve_model(model)
     layers = oracle_layers(graph)
     cal = None

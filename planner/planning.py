@@ -348,7 +348,7 @@ def plan(
         graph = model
     else:
         raise ValueError(f"model must be a built-in model name or a LayerGraph, got {type(model).__name__}")
-    hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
+    hw = load_hardware(hardware)
     P = positive_int(devices, "devices")
     B = resolve_batch(P, batch, batch_per_device)
     limit = hw.device.memory_bytes if memory_limit is None else parse_memory_limit(memory_limit)
