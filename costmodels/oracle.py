@@ -27,11 +27,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from costmodels import oracle_compat, oracle_default
 from costmodels.calibration import CalibrationArrays
 from costmodels.hardware import Hardware
-from costmodels.oracle_compat import PARADL_COMPAT, compat_strategy
+from costmodels.oracle_compat import PARADL_COMPAT
 from costmodels.oracle_cost import COMM_KINDS, COMM_LABELS, OracleContext, StrategyCost
-from costmodels.oracle_default import default_strategy
 from costmodels.oracle_layers import OracleLayers, per_sample_compute_s, resolve_masks
 from costmodels.oracle_pipeline import pipeline
 from costmodels.table import OPTIMIZER_SLOTS
@@ -133,9 +133,14 @@ def strategy_cost(ctx: OracleContext, strategy: str, p: int, b: float, segments:
         raise ValueError(f"device counts must be positive integers, got {p}")
     if strategy == "pipeline":
         return pipeline(ctx, p, b, segments)
-    if ctx.compat:
-        return compat_strategy(ctx, strategy, p, b)
-    return default_strategy(ctx, strategy, p, b)
+    formulas = oracle_compat if ctx.compat else oracle_default  # the original's formulas, or the corrected ones
+    if strategy in ("filter", "channel"):
+        return formulas.filter_or_channel(ctx, p, b, strategy)
+    one = {"data": formulas.data, "spatial": formulas.spatial, "data+filter": formulas.data_filter,
+           "data+spatial": formulas.data_spatial}.get(strategy)
+    if one is None:
+        raise ValueError(f"no formula for strategy {strategy!r}")
+    return one(ctx, p, b)
 
 
 def oracle_table(

@@ -25,7 +25,7 @@ import numpy as np
 from costmodels.collectives import allgather_s, ring_allreduce_s
 from costmodels.oracle_cost import OracleContext, StrategyCost, Tier, cost_row, f, tier
 
-__all__ = ["PARADL_COMPAT", "compat_strategy", "host_tier"]
+__all__ = ["PARADL_COMPAT", "data", "data_filter", "data_spatial", "filter_or_channel", "host_tier", "spatial"]
 
 # paradl.md §3.2: get_network_factor(GPUDIRECT=False) and the contention
 # factors of analysis_hybrid_df / analysis_hybrid_ds; §2, §4.10 NODE_SPEED.
@@ -248,19 +248,3 @@ def data_spatial(ctx: OracleContext, p: int, b: float) -> StrategyCost:
                     memory_bytes_per_device=2 * d * (B * (x_sum + y_sum) / p1 + W),
                     tiers=(("halo", th.name), ("act_allgather", tg.name),
                            ("grad_allreduce", tw.name if p1 > 1 else tl.name)), limit=limit)
-
-
-def compat_strategy(ctx: OracleContext, strategy: str, p: int, b: float) -> StrategyCost:
-    """One of data, spatial, filter, channel, data+filter, data+spatial in
-    the original's formulas (pipeline: :mod:`costmodels.oracle_pipeline`)."""
-    if strategy == "data":
-        return data(ctx, p, b)
-    if strategy in ("filter", "channel"):
-        return filter_or_channel(ctx, p, b, strategy)
-    if strategy == "spatial":
-        return spatial(ctx, p, b)
-    if strategy == "data+filter":
-        return data_filter(ctx, p, b)
-    if strategy == "data+spatial":
-        return data_spatial(ctx, p, b)
-    raise ValueError(f"no compat formula for strategy {strategy!r}")

@@ -41,7 +41,7 @@ from costmodels.oracle_cost import (
 )
 from costmodels.oracle_layers import layer_compute_s, weight_update_s
 
-__all__ = ["compute_s", "default_strategy", "halo_rows", "spatial_halo_s"]
+__all__ = ["compute_s", "data", "data_filter", "data_spatial", "filter_or_channel", "halo_rows", "spatial", "spatial_halo_s"]
 
 
 def compute_s(ctx: OracleContext, samples: float, split: np.ndarray | float = 1.0) -> float:
@@ -254,19 +254,3 @@ def data_spatial(ctx: OracleContext, p: int, b: float) -> StrategyCost:
                     act_allgather_s=s["act_allgather_s"], grad_allreduce_s=grad, weight_update_s=_wu(ctx, W),
                     memory_bytes_per_device=_memory(ctx, b, s["acts"], W),
                     tiers=(("halo", s["tier"]), ("act_allgather", s["tier"]), ("grad_allreduce", name)), limit=limit)
-
-
-def default_strategy(ctx: OracleContext, strategy: str, p: int, b: float) -> StrategyCost:
-    """One of data, spatial, filter, channel, data+filter, data+spatial
-    (pipeline: :mod:`costmodels.oracle_pipeline`)."""
-    if strategy == "data":
-        return data(ctx, p, b)
-    if strategy in ("filter", "channel"):
-        return filter_or_channel(ctx, p, b, strategy)
-    if strategy == "spatial":
-        return spatial(ctx, p, b)
-    if strategy == "data+filter":
-        return data_filter(ctx, p, b)
-    if strategy == "data+spatial":
-        return data_spatial(ctx, p, b)
-    raise ValueError(f"no formula for strategy {strategy!r}")
