@@ -3,22 +3,10 @@ model's parameters, optimizer state and activations, and a jitted, sharded
 training step. JAX's own SPMD partitioner (GSPMD/Shardy) and runtime do the
 distributed work; this module only states layouts.
 
-Layouts follow :mod:`costmodels.strategies` on a ``("data", "model")``
-mesh with ``AxisType.Auto`` axes (jax-notes.md §2: explicit axes would turn
-sharding constraints into assertions):
-
-=============  ==========================  ===========================================
-strategy       conv / dense kernel          activations (NHWC, channels last)
-=============  ==========================  ===========================================
-data           replicated                   batch over ("data", "model")
-filter         last dim (out) over model    in: batch over data; out: channels over model
-channel        2nd-last (in) over model     in: channels over model; out: left to XLA (partial sums)
-spatial        replicated                   batch over data, first spatial dim over model
-replicated     replicated                   batch over data
-=============  ==========================  ===========================================
-
-1-D parameters (biases, batch-norm scale, shift and statistics) follow the
-output channels: split over ``model`` under ``filter``, replicated otherwise.
+Layouts are :mod:`planner.plan_specs`'s (the cost model's own tables, and
+what the plan file records) on a ``("data", "model")`` mesh with
+``AxisType.Auto`` axes (jax-notes.md §2: explicit axes would turn sharding
+constraints into assertions).
 """
 
 from __future__ import annotations
@@ -33,8 +21,15 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from costmodels.strategies import STRATEGY_NAMES, io_layout_names
-from planner.plan_specs import activation_spec_entries, param_spec_entries, to_partition_spec
+from planner.plan_specs import (
+    BATCH_AXES,
+    CHANNELWISE_LAYOUTS,
+    PARAM_LAYOUTS,
+    activation_spec_entries,
+    check_strategy,
+    param_spec_entries,
+    to_partition_spec,
+)
 
 __all__ = [
     "AXES",
@@ -50,7 +45,6 @@ __all__ = [
 ]
 
 AXES = ("data", "model")
-_BATCH_AXES = ("data", "model")
 
 
 def make_mesh(d: int, m: int, devices: Any = None) -> Mesh:
@@ -59,12 +53,6 @@ def make_mesh(d: int, m: int, devices: Any = None) -> Mesh:
     if d * m != len(devices):
         raise ValueError(f"a {d}x{m} mesh needs {d * m} devices, but {len(devices)} are available")
     return jax.make_mesh((d, m), AXES, axis_types=(AxisType.Auto, AxisType.Auto), devices=devices)
-
-
-def _check(strategy: str) -> str:
-    if strategy not in STRATEGY_NAMES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGY_NAMES)}")
-    return strategy
 
 
 def param_spec(strategy: str, ndim: int) -> P:
@@ -80,9 +68,6 @@ def activation_spec(layout: str, ndim: int) -> P | None:
     return to_partition_spec(activation_spec_entries(layout, ndim))
 
 
-# strategy -> (input layout, output layout), from the cost model's own tables
-_IN_OUT = io_layout_names(param_layer=True)  # conv / dense
-_CHANNELWISE = io_layout_names(param_layer=False)  # batch norm and the other per-channel layers
 _PARAM_MODULES = (nnx.Conv, nnx.Linear)
 
 
@@ -138,7 +123,7 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
             name = paths.get(id(self))
             if name is None or name not in strategies:
                 return orig(self, x, *args, **kwargs)
-            table = _IN_OUT if isinstance(self, _PARAM_MODULES) else _CHANNELWISE
+            table = PARAM_LAYOUTS if isinstance(self, _PARAM_MODULES) else CHANNELWISE_LAYOUTS
             lin, lout = table[strategies[name]]
             if last_layout is not None:
                 last_layout.append(lout)
@@ -173,7 +158,7 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
            input_layouts: Mapping[str, str] | None = None) -> tuple[Any, Any, Any, Any, Any]:
     """(jitted step, state shardings, params, other, batch sharding)."""
     for s in strategies.values():
-        _check(s)
+        check_strategy(s)
     graphdef, params, other = nnx.split(model, nnx.Param, ...)
     p_sh = shardings(params, strategies, mesh)
     o_sh = shardings(other, strategies, mesh)
@@ -181,7 +166,7 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
     opt_sh = optax.tree_map_params(optimizer, lambda _, s: s, opt_abs, p_sh,
                                    transform_non_params=lambda _: NamedSharding(mesh, P()))
     state_sh = TrainState(p_sh, o_sh, opt_sh)
-    batch_sh = NamedSharding(mesh, P(_BATCH_AXES))
+    batch_sh = NamedSharding(mesh, P(BATCH_AXES))
 
     def train_step(state: TrainState, x: jax.Array, y: jax.Array) -> tuple[TrainState, jax.Array]:
         def loss_of(params: Any) -> tuple[jax.Array, Any]:
@@ -279,6 +264,6 @@ def producer_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, str
             continue
         src = graph.names[u]
         param = graph.kind_names[u] == "dense" or graph.kind_names[u].startswith("conv")
-        table = _IN_OUT if param else _CHANNELWISE
-        out[name] = table[_check(strategies.get(src, "replicated"))][1]
+        table = PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS
+        out[name] = table[check_strategy(strategies.get(src, "replicated"))][1]
     return out

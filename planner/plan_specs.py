@@ -38,10 +38,14 @@ from jax.sharding import PartitionSpec
 from costmodels.strategies import STRATEGY_NAMES, io_layout_names
 
 __all__ = [
+    "BATCH_AXES",
+    "CHANNELWISE_LAYOUTS",
+    "PARAM_LAYOUTS",
     "Spec",
     "LayerSpecs",
     "param_spec_entries",
     "activation_spec_entries",
+    "check_strategy",
     "layer_specs",
     "layer_specs_from_kinds",
     "to_partition_spec",
@@ -50,15 +54,16 @@ __all__ = [
 Entry = None | str | tuple[str, ...]
 Spec = tuple[Entry, ...]  # one entry per leading dim; see the module docstring
 
-_BATCH_AXES = ("data", "model")
-_PARAM_LAYOUTS = io_layout_names(param_layer=True)  # conv / dense
-_CHANNELWISE_LAYOUTS = io_layout_names(param_layer=False)  # batch norm and the other per-channel layers
+BATCH_AXES = ("data", "model")
+PARAM_LAYOUTS = io_layout_names(param_layer=True)  # conv / dense
+CHANNELWISE_LAYOUTS = io_layout_names(param_layer=False)  # batch norm and the other per-channel layers
 # The parameters Flax gives each layer kind (nnx and linen share the names).
 _PARAM_NAMES = {"conv": ("kernel", "bias"), "dense": ("kernel", "bias"),
                 "batch_norm": ("scale", "bias", "mean", "var")}
 
 
-def _check(strategy: str) -> str:
+def check_strategy(strategy: str) -> str:
+    """``strategy`` if it is one of the menu's names (exactly), else a ValueError naming them."""
     if strategy not in STRATEGY_NAMES:
         raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGY_NAMES)}")
     return strategy
@@ -66,7 +71,7 @@ def _check(strategy: str) -> str:
 
 def param_spec_entries(strategy: str, ndim: int) -> Spec:
     """Spec of a parameter of rank ``ndim`` in a layer run under ``strategy``."""
-    _check(strategy)
+    check_strategy(strategy)
     if ndim == 0:
         return ()
     if ndim == 1:
@@ -83,7 +88,7 @@ def activation_spec_entries(layout: str, ndim: int) -> Spec | None:
     layout (``batch``, ``replicated``, ``channel``, ``spatial``); None where
     XLA decides (``partial``)."""
     if layout == "batch":
-        return (_BATCH_AXES,)
+        return (BATCH_AXES,)
     if layout == "replicated":
         return ("data",)
     if layout == "channel":
@@ -121,8 +126,8 @@ class LayerSpecs:
 
 def _one(name: str, kind: str, strategy: str, in_ndim: int, out_ndim: int) -> LayerSpecs:
     base = "conv" if kind.startswith("conv") else kind
-    table = _PARAM_LAYOUTS if base in ("conv", "dense") else _CHANNELWISE_LAYOUTS
-    lin, lout = table[_check(strategy)]
+    table = PARAM_LAYOUTS if base in ("conv", "dense") else CHANNELWISE_LAYOUTS
+    lin, lout = table[check_strategy(strategy)]
     params: list[tuple[str, Spec]] = []
     for p in _PARAM_NAMES.get(base, ()):
         ndim = (in_ndim if base == "conv" else 2) if p == "kernel" else 1
