@@ -26,8 +26,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from costmodels.transport import Environment, environment_from_dict
+
 __all__ = [
     "Device",
+    "KernelSpec",
     "NetworkTier",
     "Hardware",
     "HARDWARE_SCHEMA",
@@ -40,6 +43,12 @@ __all__ = [
 HARDWARE_SCHEMA = "shardplan/hardware"
 HARDWARE_VERSION = 1
 DTYPES = ("float32", "bfloat16", "float16")
+# Tensor-core math modes a peak may be given for: the dtypes, plus TF32 (float32 matmuls
+# and convolutions on tensor cores, NVIDIA A100/H100 datasheets).
+MATH_MODES = ("float32", "tf32", "bfloat16", "float16")
+# jax.default_matmul_precision names (JAX docs, "jax.lax.Precision"): on GPUs XLA runs
+# float32 dots and convolutions as TF32 at DEFAULT and HIGH, as true float32 at HIGHEST.
+MATMUL_PRECISIONS = ("default", "high", "highest")
 # Bounds no real accelerator or network crosses; a value outside is a unit mistake.
 _PLAUSIBLE: dict[str, tuple[float, float, str]] = {  # field -> (min, max, example in the right unit)
     "peak_flops_per_s": (1e9, math.inf, "15.7e12 for 15.7 TFLOP/s"),
@@ -47,18 +56,59 @@ _PLAUSIBLE: dict[str, tuple[float, float, str]] = {  # field -> (min, max, examp
     "memory_bytes": (1e6, math.inf, "16e9 for 16 GB"),
     "latency_s": (0.0, 0.1, "9e-6 for 9 us"),
     "bandwidth_bytes_per_s": (1e6, math.inf, "12.5e9 for 12.5 GB/s"),
+    "launch_s": (0.0, 1e-2, "5e-6 for 5 us"),
+    "dispatch_s": (0.0, 1.0, "2e-4 for 0.2 ms"),
 }
 OP_CLASSES = ("conv", "matmul", "elementwise", "memory")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """How one kernel's time departs from the roofline (costmodels/compute.py).
+    The defaults are the plain roofline: no fixed cost, no tiles, no
+    saturation, compute and memory fully overlapped."""
+
+    launch_s: float = 0.0  # fixed cost of every kernel launch (forward, backward-data, backward-weight, epilogue)
+    channel_tile: float = 1.0  # a GEMM's output-feature dim is padded to a multiple of this (thread-block tile width)
+    reduction_tile: float = 1.0  # its reduction dim is padded to a multiple of this (tensor-core k step)
+    saturation_output_elements: float = 0.0  # output elements at which a kernel reaches half its peak rate
+    compute_memory_exponent: float | None = None  # p of the p-norm combining compute and memory time; None = max
+    dispatch_s: float = 0.0  # host-side cost of one jitted call, paid once per training step
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class Device:
     """One accelerator."""
 
-    peak_flops_per_s: dict[str, float]  # per dtype name, dense
+    peak_flops_per_s: dict[str, float]  # per math mode (float32, tf32, bfloat16, float16), dense
     memory_bandwidth_bytes_per_s: float
     memory_bytes: float
-    efficiency: dict[str, float]  # attained fraction of peak per op class (conv, matmul, elementwise, memory)
+    # attained fraction of peak per op class (conv, matmul, elementwise, memory): one number,
+    # or one per math mode (tf32, bfloat16, ...), the mode the op runs in choosing
+    efficiency: dict[str, float | dict[str, float]]
+    matmul_precision: str = "default"  # as jax.default_matmul_precision; decides float32's math mode
+    kernel: KernelSpec = KernelSpec()
+
+    def math_mode(self, dtype: str) -> str:
+        """The math mode convolutions and matmuls of ``dtype`` run in: float32
+        runs as TF32 at precision default/high where the device has a TF32 peak."""
+        if dtype == "float32" and self.matmul_precision != "highest" and "tf32" in self.peak_flops_per_s:
+            return "tf32"
+        return dtype
+
+    def efficiency_of(self, op_class: str, mode: str) -> float:
+        """Attained fraction of peak for ``op_class`` in math ``mode`` (falling
+        back from tf32 to float32, then to 1.0)."""
+        e = self.efficiency.get(op_class, 1.0)
+        if isinstance(e, dict):
+            for key in (mode, "float32" if mode == "tf32" else mode):
+                if key in e:
+                    return e[key]
+            return 1.0
+        return e
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +131,8 @@ class Hardware:
     gradient_overlap: float  # fraction of the gradient all-reduce hidden behind backward compute; 0 = ParaDL
     tiers: tuple[NetworkTier, ...]
     sources: tuple[str, ...] = ()
+    # the software environment the collectives run in (costmodels/transport.py); None = ParaDL's ideal network
+    environment: Environment | None = None
 
     def tier_for(self, ranks: int, crosses_nodes: bool) -> NetworkTier:
         """The tier a collective over ``ranks`` devices runs on (paradl.md §3.2)."""
@@ -105,11 +157,14 @@ class Hardware:
                 "peak_flops_per_s": dict(d.peak_flops_per_s),
                 "memory_bandwidth_bytes_per_s": d.memory_bandwidth_bytes_per_s,
                 "memory_bytes": d.memory_bytes,
-                "efficiency": dict(d.efficiency),
+                "efficiency": {k: dict(v) if isinstance(v, dict) else v for k, v in d.efficiency.items()},
+                "matmul_precision": d.matmul_precision,
+                "kernel": d.kernel.to_dict(),
             },
             "devices_per_node": self.devices_per_node,
             "gradient_overlap": self.gradient_overlap,
             "tiers": [dataclasses.asdict(t) for t in self.tiers],
+            **({"environment": self.environment.to_dict()} if self.environment is not None else {}),
         }
 
 
@@ -192,6 +247,32 @@ def _keys(d: Any, where: str, required: tuple[str, ...], optional: tuple[str, ..
     return d
 
 
+def _kernel_spec(data: Any, where: str) -> KernelSpec:
+    k = _keys(data, where, (), tuple(f.name for f in dataclasses.fields(KernelSpec)))
+
+    def tile(name: str) -> float:
+        v = _positive(k.get(name, 1.0), f"{where}.{name}")
+        if v != int(v):
+            raise ValueError(f"{where}.{name} must be a whole number of elements, got {v!r}")
+        return v
+
+    exponent = k.get("compute_memory_exponent")
+    if exponent is not None:
+        exponent = _positive(exponent, f"{where}.compute_memory_exponent")
+        if exponent < 1.0:
+            raise ValueError(f"{where}.compute_memory_exponent must be at least 1 (1 = compute and memory "
+                             f"time add, null = they overlap fully), got {exponent!r}")
+    return KernelSpec(
+        launch_s=_positive(k.get("launch_s", 0.0), f"{where}.launch_s", allow_zero=True, plausible="launch_s"),
+        channel_tile=tile("channel_tile"),
+        reduction_tile=tile("reduction_tile"),
+        saturation_output_elements=_positive(k.get("saturation_output_elements", 0.0),
+                                             f"{where}.saturation_output_elements", allow_zero=True),
+        compute_memory_exponent=exponent,
+        dispatch_s=_positive(k.get("dispatch_s", 0.0), f"{where}.dispatch_s", allow_zero=True, plausible="dispatch_s"),
+    )
+
+
 def hardware_from_dict(data: Any, *, source: str = "hardware") -> Hardware:
     """Validate and build a :class:`Hardware` from its JSON form."""
     if isinstance(data, dict) and "schema" in data and data["schema"] != HARDWARE_SCHEMA:
@@ -200,7 +281,7 @@ def hardware_from_dict(data: Any, *, source: str = "hardware") -> Hardware:
     top = _keys(
         data, source,
         ("schema", "version", "name", "device", "devices_per_node", "tiers"),
-        ("description", "sources", "gradient_overlap"),
+        ("description", "sources", "gradient_overlap", "environment"),
     )
     if top["schema"] != HARDWARE_SCHEMA:
         raise ValueError(f'{source}: "schema" is {top["schema"]!r}, expected {HARDWARE_SCHEMA!r}')
@@ -210,17 +291,32 @@ def hardware_from_dict(data: Any, *, source: str = "hardware") -> Hardware:
         raise ValueError(f'{source}: "name" must be a non-empty string')
     dev = _keys(
         top["device"], f"{source}: device",
-        ("peak_flops_per_s", "memory_bandwidth_bytes_per_s", "memory_bytes"), ("efficiency",),
+        ("peak_flops_per_s", "memory_bandwidth_bytes_per_s", "memory_bytes"),
+        ("efficiency", "matmul_precision", "kernel"),
     )
-    peaks = _keys(dev["peak_flops_per_s"], f"{source}: device.peak_flops_per_s", ("float32",), DTYPES[1:])
+    peaks = _keys(dev["peak_flops_per_s"], f"{source}: device.peak_flops_per_s", ("float32",), MATH_MODES[1:])
     eff = _keys(dev.get("efficiency", {}), f"{source}: device.efficiency", (), OP_CLASSES)
+    precision = dev.get("matmul_precision", "default")
+    if precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"{source}: device.matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)} "
+                         f"(as jax.default_matmul_precision), got {precision!r}")
+
+    def efficiency(c: str, v: Any) -> float | dict[str, float]:
+        where = f"{source}: efficiency.{c}"
+        if isinstance(v, dict):
+            per = _keys(v, where, (), MATH_MODES)
+            return {k: _positive(x, f"{where}.{k}", upper=1.0) for k, x in per.items()}
+        return _positive(v, where, upper=1.0)
+
     device = Device(
         peak_flops_per_s={k: _positive(v, f"{source}: peak_flops_per_s.{k}", plausible="peak_flops_per_s")
                           for k, v in peaks.items()},
         memory_bandwidth_bytes_per_s=_positive(dev["memory_bandwidth_bytes_per_s"], f"{source}: memory_bandwidth_bytes_per_s",
                                                plausible="memory_bandwidth_bytes_per_s"),
         memory_bytes=_positive(dev["memory_bytes"], f"{source}: memory_bytes", plausible="memory_bytes"),
-        efficiency={c: _positive(eff.get(c, 1.0), f"{source}: efficiency.{c}", upper=1.0) for c in OP_CLASSES},
+        efficiency={c: efficiency(c, eff.get(c, 1.0)) for c in OP_CLASSES},
+        matmul_precision=precision,
+        kernel=_kernel_spec(dev.get("kernel", {}), f"{source}: device.kernel"),
     )
     dpn = top["devices_per_node"]
     if isinstance(dpn, bool) or not isinstance(dpn, int) or dpn < 1:
@@ -255,4 +351,6 @@ def hardware_from_dict(data: Any, *, source: str = "hardware") -> Hardware:
         gradient_overlap=_positive(top.get("gradient_overlap", 0.0), f"{source}: gradient_overlap", allow_zero=True, upper=1.0),
         tiers=tuple(tiers),
         sources=tuple(sources),
+        environment=None if top.get("environment") is None else environment_from_dict(
+            top["environment"], [t.name for t in tiers], source=source),
     )

@@ -115,6 +115,68 @@ def _measured_seconds(calibration: Calibration, name: str, strategy: int, work: 
     return math.exp(math.log(s0) + slope * (math.log(work) - math.log(w0)))
 
 
+def _kernel_seconds(hw: Hardware, flops: float, rows: float, features: float, reduction: float,
+                    nbytes: float, peak: float, eff: float) -> float:
+    """One kernel, written out: launch + p-norm of padded compute and memory time."""
+    if flops <= 0 and nbytes <= 0:
+        return 0.0
+    k, dev = hw.device.kernel, hw.device
+    if features > 0:  # a GEMM: pad N and K to the tiles, saturate on the padded output
+        n_pad = math.ceil(features / k.channel_tile) * k.channel_tile / features
+        k_pad = math.ceil(reduction / k.reduction_tile) * k.reduction_tile / reduction if reduction > 0 else 1.0
+        out = rows * features * n_pad
+        sat = out / (out + k.saturation_output_elements) if k.saturation_output_elements > 0 else 1.0
+    else:
+        n_pad = k_pad = sat = 1.0
+    tc = flops * n_pad * k_pad / (peak * eff * sat)
+    tm = nbytes / (dev.memory_bandwidth_bytes_per_s * dev.efficiency_of("memory", "float32"))
+    p = k.compute_memory_exponent
+    both = max(tc, tm) if p is None else (tc**p + tm**p) ** (1.0 / p)
+    return k.launch_s + both
+
+
+def _shard_seconds(graph: LayerGraph, i: int, s: int, hw: Hardware, dtype: str, gb: float, m: int
+                   ) -> tuple[float, float]:
+    """(forward + backward, backward) seconds of layer ``i``'s shard under strategy ``s``."""
+    a = graph.arrays
+    kind = int(a.kind[i])
+    if kind in (LayerKind.PAD, LayerKind.FLATTEN):
+        return 0.0, 0.0
+    delta = DTYPE_BYTES[dtype]
+    dev = hw.device
+    C, F = float(a.in_channels[i]), float(a.out_channels[i])
+    b = gb / m if s == Strategy.DATA else gb
+    c = C / m if s == Strategy.CHANNEL else C
+    f = F / m if s == Strategy.FILTER else F
+    in_sp = [float(x) for x in a.in_spatial[i]]
+    out_sp = [float(x) for x in a.out_spatial[i]]
+    full_out = out_sp[0] * out_sp[1] * out_sp[2]
+    if s == Strategy.SPATIAL:  # own output rows, and the input rows they read (halo included)
+        rows = math.ceil(out_sp[0] / m)
+        halo = max(0.0, (float(a.kernel[i][0]) - 1) * float(a.dilation[i][0]) + 1 - float(a.stride[i][0]))
+        in_sp[0] = min(rows * float(a.stride[i][0]) + halo, in_sp[0])
+        out_sp[0] = rows
+    in_px, out_px = in_sp[0] * in_sp[1] * in_sp[2], out_sp[0] * out_sp[1] * out_sp[2]
+    share = f / F * out_px / full_out * (c / C if kind in (LayerKind.CONV, LayerKind.DENSE) else 1.0)
+    fl = [float(x) * b * share for x in (a.flops_fwd[i], a.flops_bwd_data[i], a.flops_bwd_weight[i])]
+    x_el, y_el = b * c * in_px, b * f * out_px
+    if kind in (LayerKind.CONV, LayerKind.DENSE):
+        mode = dev.math_mode(dtype)
+        peak = dev.peak_flops_per_s[mode]
+        eff = dev.efficiency_of("conv" if kind == LayerKind.CONV else "matmul", mode)
+        g = max(float(a.groups[i]), 1.0)
+        win = float(a.kernel[i][0] * a.kernel[i][1] * a.kernel[i][2])
+        moved = (x_el + c / g * win * f + y_el) * delta
+        shapes = [(b * out_px * g, f / g, c / g * win), (b * in_px * g, c / g, f / g * win), (c * win, f / g, b * out_px)]
+        t = [_kernel_seconds(hw, fl[j], *shapes[j], moved if fl[j] > 0 else 0.0, peak, eff) for j in range(3)]
+        return t[0] + t[1] + t[2], t[1] + t[2]
+    peak, eff = dev.peak_flops_per_s["float32"], dev.efficiency_of("elementwise", "float32")
+    fwd = _kernel_seconds(hw, fl[0], 0.0, 0.0, 0.0, (x_el + y_el) * delta, peak, eff)
+    has_bwd = float(a.flops_bwd_data[i]) > 0 or float(a.saved_elements[i]) > 0
+    bwd = _kernel_seconds(hw, fl[1], 0.0, 0.0, 0.0, (2 * x_el + y_el) * delta, peak, eff) if has_bwd else 0.0
+    return fwd + bwd, bwd
+
+
 def reference_iteration_time(
     graph: LayerGraph, choice: Sequence[int], hw: Hardware, batch: float, d: int, m: int,
     settings: CostSettings = CostSettings(), calibration: Calibration | None = None,
@@ -125,8 +187,6 @@ def reference_iteration_time(
     n = graph.num_layers
     delta = DTYPE_BYTES[settings.dtype]
     dev = hw.device
-    peak = dev.peak_flops_per_s[settings.dtype]
-    eff = dev.efficiency
     dpn = hw.devices_per_node
     P = d * m
     gb = batch / d
@@ -141,15 +201,12 @@ def reference_iteration_time(
         out_el = cout * float(a.out_spatial[i][0] * a.out_spatial[i][1] * a.out_spatial[i][2])
         local = _local_params(graph, i, s, m)
         samples = gb if s == Strategy.REPLICATED else gb / m
-        flops = float(a.flops_fwd[i] + a.flops_bwd_data[i] + a.flops_bwd_weight[i]) * samples
-        bflops = float(a.flops_bwd_data[i] + a.flops_bwd_weight[i]) * samples
-        e = eff["conv"] if kind == LayerKind.CONV else eff["matmul"] if kind == LayerKind.DENSE else eff["elementwise"]
-        moved = 3 * delta * (in_el + out_el) * samples + 4 * delta * local
-        comp = max(flops / (peak * e), moved / (dev.memory_bandwidth_bytes_per_s * eff["memory"]))
+        comp, bwd = _shard_seconds(graph, i, s, hw, settings.dtype, gb, m)
         if calibration is not None:
             measured = _measured_seconds(calibration, graph.names[i], s, samples)
-            comp = comp if measured is None else measured
-        bwd_total += comp * (bflops / flops if flops > 0 else 2 / 3)
+            if measured is not None:
+                bwd, comp = bwd / comp * measured if comp > 0 else measured * 2 / 3, measured
+        bwd_total += bwd
         # gradient sync: this layer's share of bucketed all-reduces
         if s in (Strategy.DATA, Strategy.SPATIAL):
             ranks, per_node = P, min(P, dpn)

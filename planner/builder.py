@@ -81,7 +81,10 @@ class GraphBuilder:
 
     input = MODEL_INPUT
 
-    def __init__(self, model_name: str, input_shape: Sequence[int]) -> None:
+    def __init__(self, model_name: str, input_shape: Sequence[int], *, input_gradient: bool = False) -> None:
+        """``input_gradient``: layers fed by the model input compute its gradient
+        too (a sub-graph of a larger model, or a benchmark timing
+        ``jax.grad`` w.r.t. the input); by default they do not."""
         shape = tuple(int(x) for x in input_shape)
         if not 1 <= len(shape) <= 1 + MAX_SPATIAL_DIMS or any(x < 1 for x in shape):
             raise ValueError(
@@ -89,6 +92,7 @@ class GraphBuilder:
             )
         self.model_name = model_name
         self.input_shape = shape
+        self.input_gradient = bool(input_gradient)
         self._rows: list[dict[str, Any]] = []
         self._names: list[str] = []
         self._edges: list[tuple[int, int]] = []
@@ -150,7 +154,7 @@ class GraphBuilder:
             return list(v) + [fill] * (MAX_SPATIAL_DIMS - len(v))
 
         idx = len(self._rows)
-        only_model_input = all(i == MODEL_INPUT for i in inputs)
+        only_model_input = all(i == MODEL_INPUT for i in inputs) and not self.input_gradient
         self._rows.append(
             dict(
                 mask=1.0,
@@ -172,7 +176,7 @@ class GraphBuilder:
                 buffers=buffers,
                 flops_fwd=flops.forward,
                 # No gradient flows into the model input: jax.grad w.r.t. the
-                # parameters never computes it (XLA drops it).
+                # parameters never computes it (XLA drops it), unless asked for.
                 flops_bwd_data=0.0 if only_model_input else flops.backward_data,
                 flops_bwd_weight=flops.backward_weight,
                 saved_elements=saved_elements,

@@ -9,13 +9,19 @@ adjusts
   elementwise, memory), and
 * when some measurement runs on more than one device, every network tier's
   latency and bandwidth,
+* on request (``fit=(..., "kernel")``), the kernel model's fixed cost per
+  kernel (``launch_s``), its saturation (``saturation_output_elements``),
+  the compute/memory exponent, the per-call ``dispatch_s``, and the channel
+  tile, which is discrete: the fit runs once per tile of
+  :data:`CHANNEL_TILES` and keeps the best (costmodels/compute.py),
 
 to minimise the mean squared error of log time,
 ``mean_k (log predicted_k - log measured_k)^2``, with Adam (optax). Each
 parameter is optimised as its logarithm, so it stays positive. The
 prediction of a measurement is :func:`costmodels.iteration_time` of its plan
 on :func:`costmodels.cost_table` (the same cost ``shardplan evaluate``
-reports). Parameters that no measurement depends on (a roofline branch no
+reports), plus one jitted call's ``dispatch_s`` (each measured step is one
+call; plans leave it out, as no plan changes it). Parameters that no measurement depends on (a roofline branch no
 layer reaches, a tier no collective uses) get zero gradient and keep their
 starting values.
 
@@ -46,7 +52,8 @@ from planner.graph import LayerGraph
 
 __all__ = ["FIT_GROUPS", "FitEvent", "HardwareFit", "StepTime", "fit_hardware"]
 
-FIT_GROUPS = ("efficiency", "network")
+FIT_GROUPS = ("efficiency", "network", "kernel")
+CHANNEL_TILES = (16.0, 32.0, 64.0, 128.0)  # tile widths of GPU GEMM kernels tried by the "kernel" group
 _CHUNK = 100  # Adam steps per compiled scan (progress is reported after each)
 _MIN_LATENCY_S = 1e-9  # a zero latency starts here (its log must be finite)
 
@@ -117,18 +124,24 @@ def _hardware_arrays(base, params, tiers: int):
         latency_s=padded(jnp.exp(params["log_latency_s"])),
         bandwidth_bytes_per_s=padded(jnp.exp(params["log_bandwidth_bytes_per_s"])),
     )
-    return base._replace(efficiency=jnp.exp(params["log_efficiency"]), network=net)
+    return base._replace(
+        efficiency=jnp.exp(params["log_efficiency"]), network=net,
+        launch_s=jnp.exp(params["log_launch_s"]),
+        saturation_output_elements=jnp.exp(params["log_saturation_output_elements"]),
+        compute_memory_exponent=1.0 + jnp.exp(params["log_exponent_minus_one"]),
+        dispatch_s=jnp.exp(params["log_dispatch_s"]),
+    )
 
 
 def _predict(params, base, tiers, groups, settings):
     """Predicted seconds of every measurement, group by group (one graph each)."""
     hwa = _hardware_arrays(base, params, tiers)
 
-    def one(arrays, b, d, m, probs):
-        return iteration_time(cost_table(arrays, hwa, b, d, m, settings), probs)
+    def one(arrays, b, d, m, probs):  # a measured step is one jitted call: one dispatch
+        return iteration_time(cost_table(arrays, hwa, b, d, m, settings), probs) + hwa.dispatch_s
 
     return jnp.concatenate([
-        jax.vmap(one, in_axes=(None, 0, 0, 0, 0))(g["arrays"], g["batch"], g["d"], g["m"], g["probs"]) for g in groups
+        jax.vmap(one)(g["arrays"], g["batch"], g["d"], g["m"], g["probs"]) for g in groups
     ])
 
 
@@ -151,7 +164,7 @@ def _run(params, state, data, tiers, settings, learning_rate, n):
     def step(carry, _):
         p, s = carry
         loss, grads = jax.value_and_grad(loss_fn)(p)
-        grads = {k: v * trainable[k] for k, v in grads.items()}  # frozen groups: zero gradient, no Adam step
+        grads = {k: jnp.where(trainable[k] > 0, v, 0.0) for k, v in grads.items()}  # frozen groups: no Adam step
         updates, s = tx.update(grads, s, p)
         return (optax.apply_updates(p, updates), s), loss
 
@@ -159,28 +172,35 @@ def _run(params, state, data, tiers, settings, learning_rate, n):
     return params, state, losses
 
 
-def _result_hardware(hw: Hardware, dtype: str, start, params, fitted: tuple[str, ...], n: int) -> Hardware:
+def _result_hardware(hw: Hardware, dtype: str, start, params, fitted: tuple[str, ...], n: int,
+                     channel_tile: float) -> Hardware:
     def moved(key):  # which entries the fit changed (the others keep their exact starting values)
         return np.asarray(params[key]) != np.asarray(start[key])
 
-    eff = dict(hw.device.efficiency)
-    fitted_eff = np.exp(np.asarray(params["log_efficiency"], np.float64))
-    for c, v, changed in zip(OP_CLASSES, fitted_eff, moved("log_efficiency"), strict=True):
-        if changed:
-            eff[c] = float(v)
-    peaks = dict(hw.device.peak_flops_per_s)
-    bandwidth = hw.device.memory_bandwidth_bytes_per_s
+    dev = hw.device
+    mode = dev.math_mode(dtype)  # the efficiencies and peak the fit saw are this math mode's
+    fitted_eff = dict(zip(OP_CLASSES, np.exp(np.asarray(params["log_efficiency"], np.float64)), strict=True))
+    changed = dict(zip(OP_CLASSES, moved("log_efficiency"), strict=True))
+    peaks = dict(dev.peak_flops_per_s)
+    bandwidth = dev.memory_bandwidth_bytes_per_s
     # Only peak * efficiency enters a compute time (and bandwidth * efficiency a
     # memory time): fold efficiencies above 1 into the peak, times unchanged.
-    top = max(eff["conv"], eff["matmul"], eff["elementwise"])
+    top = max(fitted_eff["conv"], fitted_eff["matmul"]) if changed["conv"] or changed["matmul"] else 1.0
     if top > 1.0:
-        peaks[dtype] = peaks[dtype] * top
-        for c in ("conv", "matmul", "elementwise"):
-            eff[c] /= top
-    if eff["memory"] > 1.0:
-        bandwidth *= eff["memory"]
-        eff["memory"] = 1.0
-    eff = {c: min(v, 1.0) for c, v in eff.items()}
+        peaks[mode] = peaks[mode] * top
+        fitted_eff["conv"] /= top
+        fitted_eff["matmul"] /= top
+    if changed["elementwise"] and fitted_eff["elementwise"] > 1.0:  # element-wise runs at the float32 peak
+        peaks["float32"] = peaks["float32"] * fitted_eff["elementwise"]
+        fitted_eff["elementwise"] = 1.0
+    if fitted_eff["memory"] > 1.0:
+        bandwidth *= fitted_eff["memory"]
+        fitted_eff["memory"] = 1.0
+    eff = dict(dev.efficiency)
+    for c in OP_CLASSES:
+        if changed[c]:  # a per-mode entry keeps its other modes
+            v = min(float(fitted_eff[c]), 1.0)
+            eff[c] = {**eff[c], mode: v} if isinstance(eff[c], dict) else v
     lat = np.exp(np.asarray(params["log_latency_s"], np.float64))
     bw = np.exp(np.asarray(params["log_bandwidth_bytes_per_s"], np.float64))
     tiers = tuple(
@@ -190,8 +210,15 @@ def _result_hardware(hw: Hardware, dtype: str, start, params, fitted: tuple[str,
         for t, a, b, da, db in zip(hw.tiers, lat, bw, moved("log_latency_s"), moved("log_bandwidth_bytes_per_s"),
                                    strict=True)
     )
-    device = dataclasses.replace(hw.device, peak_flops_per_s=peaks, memory_bandwidth_bytes_per_s=float(bandwidth),
-                                 efficiency=eff)
+    kernel = dev.kernel
+    if "kernel" in fitted:
+        value = lambda key: float(np.exp(np.asarray(params[key], np.float64)))  # noqa: E731
+        kernel = dataclasses.replace(
+            kernel, launch_s=value("log_launch_s"), saturation_output_elements=value("log_saturation_output_elements"),
+            compute_memory_exponent=1.0 + value("log_exponent_minus_one"), dispatch_s=value("log_dispatch_s"),
+            channel_tile=float(channel_tile))
+    device = dataclasses.replace(dev, peak_flops_per_s=peaks, memory_bandwidth_bytes_per_s=float(bandwidth),
+                                 efficiency=eff, kernel=kernel)
     return dataclasses.replace(
         hw, name=f"{hw.name}-fitted", device=device, tiers=tiers,
         description=f"{hw.description} (fitted to {n} measured step times: {', '.join(fitted)})".strip(),
@@ -213,7 +240,7 @@ def fit_hardware(
 ) -> HardwareFit:
     """Fit ``hardware``'s efficiencies (and network tiers) to
     ``measurements`` of ``graphs`` (module docstring). ``fit``: the groups
-    to fit, of ``("efficiency", "network")``; default: efficiency, plus
+    to fit, of ``("efficiency", "network", "kernel")``; default: efficiency, plus
     network when some measurement uses more than one device. ``optimizer``
     is the training optimizer the measured steps ran (its state sizes the
     cost model's memory, not the fit)."""
@@ -237,19 +264,20 @@ def fit_hardware(
     settings = CostSettings(dtype=dtype, optimizer=optimizer)
     base = hardware_arrays(hardware, dtype)
 
-    # group the measurements by graph, remembering their order
-    grouped: dict[str, list[int]] = {}
-    choices = []
+    # group the measurements by bucket (graphs of one padded size share one compiled
+    # cost table: their arrays are stacked per measurement), remembering their order
+    grouped: dict[tuple, list[int]] = {}
+    choices, chosen = [], []
     for k, t in enumerate(measurements):
         g = _graph_for(by_name, t.model)
         choices.append(_choice(g, t))
-        grouped.setdefault(g.model_name, []).append(k)
+        chosen.append(g)
+        grouped.setdefault((np.shape(g.arrays.mask), np.shape(g.arrays.edge_mask)), []).append(k)
     order = np.concatenate([np.asarray(ix) for ix in grouped.values()])
     groups = []
-    for name, ix in grouped.items():
-        g = by_name[name]
+    for ix in grouped.values():
         groups.append({
-            "arrays": jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g.arrays),
+            "arrays": jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs), jnp.float32), *[chosen[k].arrays for k in ix]),
             "batch": jnp.asarray([float(measurements[k].batch) for k in ix]),
             "d": jnp.asarray([float(measurements[k].mesh[0]) for k in ix]),
             "m": jnp.asarray([float(measurements[k].mesh[1]) for k in ix]),
@@ -259,37 +287,58 @@ def fit_hardware(
     log_measured = jnp.asarray(np.log(measured[order]), jnp.float32)
 
     tiers = len(hardware.tiers)
-    e = hardware.device.efficiency
+    k = hardware.device.kernel
     params = {
-        "log_efficiency": jnp.log(jnp.asarray([e[c] for c in OP_CLASSES], jnp.float32)),
+        "log_efficiency": jnp.log(base.efficiency),  # the dtype's math mode (costmodels.Device.math_mode)
         "log_latency_s": jnp.log(jnp.asarray([max(t.latency_s, _MIN_LATENCY_S) for t in hardware.tiers], jnp.float32)),
         "log_bandwidth_bytes_per_s": jnp.log(jnp.asarray([t.bandwidth_bytes_per_s for t in hardware.tiers],
                                                          jnp.float32)),
+        # kernel group: a zero start is moved to a small positive value (its log must be finite)
+        "log_launch_s": jnp.log(jnp.float32(max(k.launch_s, 1e-7) if "kernel" in fitted else max(k.launch_s, 1e-30))),
+        "log_saturation_output_elements": jnp.log(jnp.float32(
+            max(k.saturation_output_elements, 1e3) if "kernel" in fitted else max(k.saturation_output_elements, 1e-30))),
+        "log_exponent_minus_one": jnp.log(jnp.float32(
+            (k.compute_memory_exponent or 3.0) - 1.0 if "kernel" in fitted or k.compute_memory_exponent else 1e30)),
+        "log_dispatch_s": jnp.log(jnp.float32(max(k.dispatch_s, 1e-6) if "kernel" in fitted else max(k.dispatch_s, 1e-30))),
     }
     trainable = {
         "log_efficiency": jnp.float32("efficiency" in fitted),
         "log_latency_s": jnp.float32("network" in fitted),
         "log_bandwidth_bytes_per_s": jnp.float32("network" in fitted),
+        **{key: jnp.float32("kernel" in fitted) for key in
+           ("log_launch_s", "log_saturation_output_elements", "log_exponent_minus_one", "log_dispatch_s")},
     }
+    if "kernel" not in fitted:  # the starting hardware exactly, saturation and launch 0 included
+        params["log_launch_s"] = jnp.log(jnp.float32(k.launch_s))
+        params["log_saturation_output_elements"] = jnp.log(jnp.float32(k.saturation_output_elements))
+        params["log_dispatch_s"] = jnp.log(jnp.float32(k.dispatch_s))
+        params["log_exponent_minus_one"] = jnp.log(base.compute_memory_exponent - 1.0)
     start = params
-    data = (groups, log_measured, trainable, base)
-    state = optax.adam(learning_rate).init(params)
-    initial = np.asarray(_predict_all(params, data, tiers, settings), np.float64)
-    history: list[float] = []
-    chunk = min(steps, _CHUNK)
-    while len(history) < steps:
-        n = min(chunk, steps - len(history))
-        params, state, losses = _run(params, state, data, tiers, settings, float(learning_rate), n)
-        for loss in np.asarray(losses, np.float64):
-            history.append(float(loss))
-            if callback is not None:
-                callback(FitEvent(len(history), steps, float(loss)))
-    final = np.asarray(_predict_all(params, data, tiers, settings), np.float64)
-    history.append(float(np.mean(np.square(np.log(final) - np.log(measured[order])))))
+    tiles = CHANNEL_TILES if "kernel" in fitted else (k.channel_tile,)
+    total_steps = steps * len(tiles)
+    initial = np.asarray(_predict_all(params, (groups, log_measured, trainable, base), tiers, settings), np.float64)
+    best = None
+    for r, tile in enumerate(tiles):  # the tile is discrete: one fit per candidate, keep the best
+        data = (groups, log_measured, trainable, base._replace(channel_tile=jnp.float32(tile)))
+        p, state = start, optax.adam(learning_rate).init(start)
+        history: list[float] = []
+        chunk = min(steps, _CHUNK)
+        while len(history) < steps:
+            n = min(chunk, steps - len(history))
+            p, state, losses = _run(p, state, data, tiers, settings, float(learning_rate), n)
+            for loss in np.asarray(losses, np.float64):
+                history.append(float(loss))
+                if callback is not None:
+                    callback(FitEvent(r * steps + len(history), total_steps, float(loss)))
+        final = np.asarray(_predict_all(p, data, tiers, settings), np.float64)
+        history.append(float(np.mean(np.square(np.log(final) - np.log(measured[order])))))
+        if best is None or history[-1] < best[0][-1]:
+            best = (history, p, final, tile)
+    history, params, final, tile = best
     unsort = np.empty_like(order)
     unsort[order] = np.arange(len(order))
     return HardwareFit(
-        hardware=_result_hardware(hardware, dtype, start, params, fitted, len(measurements)),
+        hardware=_result_hardware(hardware, dtype, start, params, fitted, len(measurements), tile),
         loss_history=tuple(history),
         measured_s=tuple(float(x) for x in measured),
         initial_s=tuple(float(x) for x in initial[unsort]),
