@@ -17,10 +17,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from costmodels.calibration import CalibrationArrays, calibrated_seconds
+from costmodels.calibration import CalibrationArrays, ShapeCalibrationArrays, calibrate_compute
 from costmodels.collectives import allreduce_s, p2p_s, tier_of
-from costmodels.compute import DTYPE_BYTES, HardwareArrays, op_class_efficiency, roofline_s
+from costmodels.compute import DTYPE_BYTES, HardwareArrays, shard_compute_s
 from costmodels.reshard import conversion_s
+from costmodels.shards import shard_shapes
 from costmodels.strategies import Layout, Strategy, strategy_layouts, strategy_mask
 
 __all__ = ["CostSettings", "CostTable", "cost_table", "OPTIMIZER_SLOTS"]
@@ -102,13 +103,13 @@ def cost_table(
     d,
     m,
     settings: CostSettings = CostSettings(),
-    calibration: CalibrationArrays | None = None,
+    calibration: CalibrationArrays | ShapeCalibrationArrays | None = None,
 ) -> CostTable:
     """Build the :class:`CostTable` of ``arrays`` (a :class:`planner.LayerArrays`)
     for a global ``batch`` on a ``d x m`` (data x model) mesh. Layers that
-    ``calibration`` measured take its interpolated times instead of the
-    roofline (per strategy: the strategy's own points, else the layer's
-    work-only points)."""
+    ``calibration`` measured take its times instead of the model's
+    (:func:`costmodels.calibration.calibrate_compute`: version 3 by shard
+    shape and operation trend; versions 1/2 by work, per strategy)."""
     a = arrays
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     batch, d, m = f32(batch), f32(d), f32(m)
@@ -147,18 +148,15 @@ def cost_table(
         params[:, None] / m,
         jnp.where(strat == Strategy.CHANNEL, (params - kernel_el * (1.0 - 1.0 / m))[:, None], params[:, None]),
     )  # [L, S] parameters per device
-    flops = f32(a.flops_total)[:, None] * work
-    bwd_flops = (f32(a.flops_bwd_data) + f32(a.flops_bwd_weight))[:, None] * work
-    eff = op_class_efficiency(hw, kind)[:, None]
-    # Bytes moved: forward reads x and writes y; backward reads dy and x, writes dx;
-    # weights are read three times (fwd, dx, dw) and the gradient written once.
-    act_moved = 3.0 * delta * (in_el + out_el)[:, None] * work
-    w_moved = 4.0 * delta * local_params
-    compute = roofline_s(hw, flops, act_moved + w_moved, eff)
-    if calibration is not None:
-        measured = calibrated_seconds(calibration, work)
-        compute = jnp.where(calibration.measured, measured, compute)  # own points, else work-only, else roofline
-    bwd_share = jnp.where(flops > 0, bwd_flops / jnp.maximum(flops, 1.0), 2.0 / 3.0)
+    # Each device's shard, costed kernel by kernel (costmodels/compute.py).
+    shapes = shard_shapes(a, batch, d, m)
+    model = shard_compute_s(hw, a, shapes, delta)
+    compute = model.total_s
+    if calibration is not None:  # costmodels/calibration.py: v3 by shard shape, v1/v2 by work
+        measured, calibrated = calibrate_compute(
+            calibration, a, work, shapes, compute, lambda arr, sh: shard_compute_s(hw, arr, sh, delta).total_s)
+        compute = jnp.where(measured, calibrated, compute)  # measured shard, else the operation's trend, else the model
+    bwd_share = jnp.where(model.total_s > 0, model.backward_s / jnp.where(model.total_s > 0, model.total_s, 1.0), 2.0 / 3.0)
     backward = compute * bwd_share
 
     # -- gradient all-reduce (paradl.md §4.3, §4.8), in buckets -------------------

@@ -160,7 +160,7 @@ def _run_oracle(args: argparse.Namespace) -> int:
         args.model, args.hardware, devices, args.strategies.split(",") if args.strategies else None,
         batch_per_device=args.batch_per_device, batch=args.batch, segments=args.segments,
         compat=args.compat, dataset_size=args.dataset_size, lc=args.lc, optimizer=args.optimizer,
-        calibration=args.calibration,
+        calibration=args.calibration, allow_other_hardware=args.allow_other_hardware,
     )
     if args.plot:
         plot_report(report, args.plot)
@@ -209,6 +209,8 @@ def add_oracle_commands(sub: Any) -> None:
                    help="weight-update time and state in the default mode (default sgd, as ParaDL)")
     p.add_argument("--calibration", metavar="FILE",
                    help="measured per-layer times (shardplan profile) instead of the roofline; default mode only")
+    p.add_argument("--allow-other-hardware", action="store_true",
+                   help="use a calibration measured on other hardware than --hardware")
     p.add_argument("--rank", action="store_true", help="order the strategies at each device count")
     p.add_argument("--json", action="store_true", help="print JSON even on a terminal")
     p.add_argument("--plot", metavar="FILE.png", help="also draw time per iteration against GPU count")

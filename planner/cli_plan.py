@@ -88,7 +88,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             graph, devices=args.devices, hardware=hw, memory_limit=limit, batch=args.batch,
             batch_per_device=args.batch_per_device, method=args.method, seed=args.seed, dtype=args.dtype,
             optimizer=args.optimizer, allow_cross_node_model_axis=args.allow_cross_node_model_axis,
-            calibration=calibration, callback=callback,
+            calibration=calibration, allow_other_hardware=args.allow_other_hardware, callback=callback,
         )
     except InfeasibleMemoryError as e:
         print(f"{PROG}: error: {_one_line(str(e))}", file=sys.stderr)
@@ -133,6 +133,8 @@ def add_plan_commands(sub: Any) -> None:
     pl.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     pl.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="adam")
     pl.add_argument("--calibration", metavar="FILE", help="measured per-layer times (shardplan profile)")
+    pl.add_argument("--allow-other-hardware", action="store_true",
+                    help="use a calibration measured on other hardware than --hardware")
     pl.add_argument("--allow-cross-node-model-axis", action="store_true",
                     help="also try model axes larger than one node")
     pl.add_argument("--json", action="store_true", help="print JSON even on a terminal")

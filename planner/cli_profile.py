@@ -2,7 +2,8 @@
 a calibration file.
 
 ``shardplan profile MODEL --batch B [--max-devices 8] [--dtype float32|bfloat16]
-[--warmup 2] [--repeats 5] [--layers NAME,NAME,...] [--device-name NAME] [-o calibration.json]``
+[--warmup 2] [--repeats 5] [--layers NAME,NAME,...] [--hardware NAME|FILE] [--device-name NAME]
+[-o calibration.json]``
 
 Times every layer's forward + backward as a standalone jitted op on the
 default JAX device (accelerator or CPU) at the shard shapes the strategy menu
@@ -10,8 +11,10 @@ produces for global batch B on up to ``--max-devices`` devices
 (:func:`planner.profile.profile_layers`), showing a progress bar on a
 terminal. ``-o FILE`` writes the calibration (then a per-layer summary is
 printed: a rich table on a terminal, JSON otherwise); without ``-o`` the
-calibration JSON goes to stdout. ``shardplan plan``, ``evaluate`` and
-``oracle`` read it with ``--calibration FILE``.
+calibration JSON goes to stdout (version 3: shard shapes and the device,
+``--hardware`` the preset this machine is). ``shardplan plan``, ``evaluate``
+and ``oracle`` read it with ``--calibration FILE`` and refuse it for other
+hardware unless ``--allow-other-hardware``.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ def _render(summary: dict[str, Any], output: str) -> None:
 
 
 def _run_profile(args: argparse.Namespace) -> int:
+    from costmodels import load_hardware
     from planner.cli import UsageError, _dump_json, load_model
     from planner.profile import profile_layers
 
@@ -91,6 +95,7 @@ def _run_profile(args: argparse.Namespace) -> int:
             raise UsageError(f"{name} must be an integer >= {low}, got {v}", f"expected e.g. {name} {max(low, 4)}")
     layers = [x.strip() for x in args.layers.split(",") if x.strip()] if args.layers else None
     graph = load_model(args.model)
+    hardware = load_hardware(args.hardware).name if args.hardware else ""
     bar, callback = None, None
     if sys.stderr.isatty():
         from rich.console import Console
@@ -100,13 +105,12 @@ def _run_profile(args: argparse.Namespace) -> int:
     try:
         profile = profile_layers(
             graph, args.batch, max_devices=args.max_devices, dtype=args.dtype, warmup=args.warmup,
-            repeats=args.repeats, layers=layers, callback=callback, device=args.device_name,
+            repeats=args.repeats, layers=layers, callback=callback, device=args.device_name, hardware=hardware,
         )
     finally:
         if bar is not None:
             bar.stop()
-    calibration = profile.calibration()
-    text = json.dumps(calibration.to_dict(), indent=1)
+    text = json.dumps(profile.calibration().to_dict(), indent=1)
     if not args.output:
         print(text)
         return 0
@@ -115,7 +119,7 @@ def _run_profile(args: argparse.Namespace) -> int:
             f.write(text + "\n")
     except OSError as e:
         raise ValueError(f"cannot write {args.output}: {e.strerror or e}; give a writable path to -o") from None
-    summary = _summary(profile, calibration)
+    summary = _summary(profile, profile.layer_calibration())
     if args.json or not sys.stdout.isatty():
         print(_dump_json(summary))
     else:
@@ -141,7 +145,10 @@ def add_profile_commands(sub: Any) -> None:
     p.add_argument("--repeats", type=int, default=5, metavar="N", help="timed calls per shard; the median is kept "
                                                                         "(default 5)")
     p.add_argument("--layers", metavar="NAME,...", help="only these layers (default: all)")
-    p.add_argument("--device-name", metavar="NAME", help="hardware name recorded in the file (default: the JAX "
+    p.add_argument("--hardware", metavar="NAME|FILE",
+                   help="the hardware preset (or file) this machine is, recorded in the file: plan, evaluate and "
+                        "oracle refuse the calibration for other hardware")
+    p.add_argument("--device-name", metavar="NAME", help="device name recorded in the file (default: the JAX "
                                                          "device kind)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON even on a terminal")
     p.add_argument("-o", "--output", metavar="FILE", help="write the calibration to FILE (default: stdout)")

@@ -34,7 +34,7 @@ from costmodels import (
     hardware_arrays,
     load_hardware,
 )
-from costmodels.calibration import Calibration, calibration_arrays
+from costmodels.calibration import Calibration, calibration_arrays, check_hardware
 from planner._version import __version__
 from planner.evaluate import LayerCost, evaluate, positive_int, resolve_batch
 from planner.graph import LayerGraph
@@ -332,6 +332,7 @@ def plan(
     optimizer: str = "adam",
     allow_cross_node_model_axis: bool = False,
     calibration: Calibration | None = None,
+    allow_other_hardware: bool = False,
     callback: Callable[[SearchEvent], None] | None = None,
     config: GradientConfig = GradientConfig(),
 ) -> Plan:
@@ -355,6 +356,8 @@ def plan(
     meshes = mesh_shapes(P, B, hw.devices_per_node, allow_cross_node_model_axis)
     settings = CostSettings(dtype=dtype, optimizer=optimizer)
     hwa = hardware_arrays(hw, dtype)
+    if calibration is not None:
+        check_hardware(calibration, hw.name, allow_other_hardware=allow_other_hardware)
     cal = calibration_arrays(calibration, graph) if calibration is not None else None
     if callback is not None:
         callback(SearchEvent("tables", f"{graph.model_name}: {len(meshes)} mesh shape(s) on {P} devices, batch {B}"))
@@ -380,11 +383,11 @@ def plan(
     d, m = meshes[best]
     mapping = dict(zip(graph.names, sol.strategies, strict=True))
     ev = evaluate(graph, hw, P, mesh=(d, m), plan=mapping, batch=B, dtype=dtype, optimizer=optimizer,
-                  calibration=calibration)
+                  calibration=calibration, allow_other_hardware=allow_other_hardware)
     dp_time = dp_memory = speedup = None
     if B % P == 0:
         base = evaluate(graph, hw, P, mesh=(P, 1), strategy="data", batch=B, dtype=dtype, optimizer=optimizer,
-                        calibration=calibration)
+                        calibration=calibration, allow_other_hardware=allow_other_hardware)
         dp_time, dp_memory = base.iteration_s, base.memory_bytes_per_device
         speedup = dp_time / ev.iteration_s if ev.iteration_s > 0 else None
     return Plan(

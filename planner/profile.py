@@ -26,13 +26,15 @@ calls the median of ``repeats`` timed calls (``block_until_ready``) is kept.
 Identical shard ops (the same shapes, within a layer or across layers) are
 measured once.
 
-A calibration keys measurements by *work* = samples per device / shard ways
-(:mod:`costmodels.calibration`): for each layer, strategy and work value
-the calibration records the median over that strategy's distinct shard
-shapes with that work (the strategy's own points), and for each layer and
-work value the median over all the distinct shapes with that work (the
-work-only points, the fallback). Flatten and unmodelled (``other``) layers
-are not measured; they keep the roofline.
+:meth:`Profile.calibration` keys every measured shard by its operation
+shape (version 3, :mod:`costmodels.calibration`): the layer's op and
+unsharded dims, the strategy, and the shard's dims as
+:func:`costmodels.shards.shard_shapes` gives them, with the device it ran
+on. :meth:`Profile.layer_calibration` gives the older per-layer form
+(version 1/2, keyed by *work* = samples per device / shard ways: per layer,
+strategy and work the median over that strategy's distinct shapes with that
+work, and per layer and work the median over all of them). Flatten and
+unmodelled (``other``) layers are not measured; they keep the model.
 
 The clock is a parameter (``timer``) so the bookkeeping can be tested with a
 fake one; progress goes to an optional callback.
@@ -51,7 +53,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from costmodels.calibration import MAX_POINTS, Calibration
+from costmodels.calibration import MAX_POINTS, Calibration, LayerDims, OpKey, ShapePoint, ShardDims, graph_op_keys
+from costmodels.shards import shard_shapes
 from costmodels.strategies import STRATEGY_NAMES, Strategy, strategy_mask
 from planner.graph import LayerGraph, LayerKind
 
@@ -101,6 +104,9 @@ class ShardTiming:
     work: float  # samples per device / shard ways (the calibration's x axis)
     shape: str  # ShardOp.description of what ran
     seconds: float  # median forward + backward wall time
+    op: OpKey | None = None  # the layer's operation (calibration key)
+    layer_dims: LayerDims | None = None  # the unsharded layer's dims
+    shard: ShardDims | None = None  # the shard's dims, as costmodels.shards.shard_shapes gives them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,14 +123,29 @@ class Profile:
     """What :func:`profile_layers` measured."""
 
     model: str
-    device: str  # what ran the ops (jax device kind), recorded as the calibration's hardware
+    device: str  # what ran the ops (jax device kind), recorded as the calibration's device name
     dtype: str
     batch: int  # global batch
     max_devices: int
     repeats: int
     timings: tuple[ShardTiming, ...]
+    hardware: str = ""  # the hardware preset the device is (recorded in the calibration; "" = not given)
 
     def calibration(self) -> Calibration:
+        """Version 3: one point per distinct (operation, layer dims,
+        strategy, shard) timed, with the device (``hardware``,
+        ``device``)."""
+        points = {}
+        for t in self.timings:
+            if t.op is None or t.layer_dims is None or t.shard is None:
+                continue
+            points.setdefault((t.op, t.layer_dims, t.strategy, t.shard), t.seconds)
+        return Calibration(
+            hardware=self.hardware, dtype=self.dtype, device_name=self.device,
+            points=tuple(ShapePoint(op, dims, s, shard, sec) for (op, dims, s, shard), sec in points.items()),
+        )
+
+    def layer_calibration(self) -> Calibration:
         """Per layer and strategy, per work value: the median over the
         distinct shard shapes of that strategy with that work (the strategy's
         own points); and per layer, per work value, the median over every
@@ -146,7 +167,8 @@ class Profile:
             name: {s: points(by_strategy[s]) for s in STRATEGY_NAMES if s in by_strategy}
             for name, by_strategy in own.items()
         }
-        return Calibration(hardware=self.device, dtype=self.dtype, layers=layers, strategies=strategies)
+        return Calibration(hardware=self.hardware or self.device, dtype=self.dtype, layers=layers,
+                           strategies=strategies)
 
 
 def menu_meshes(max_devices: int) -> tuple[tuple[int, int], ...]:
@@ -348,13 +370,16 @@ def profile_layers(
     callback: Callable[[ProfileEvent], None] | None = None,
     device: str | None = None,
     meshes: Sequence[tuple[int, int]] | None = None,
+    hardware: str = "",
 ) -> Profile:
     """Time every layer of ``graph`` (or only ``layers``) forward + backward on
     the default JAX device at the shard shapes of global batch ``batch`` on
     every mesh of up to ``max_devices`` devices (module docstring), or only
     on ``meshes`` (``(d, m)`` pairs, e.g. one plan's mesh).
     ``device`` names what was measured in the calibration (default: the
-    JAX device kind). ``Profile.calibration()`` is the calibration."""
+    JAX device kind), ``hardware`` the hardware preset it is (a calibration
+    is refused for other hardware). ``Profile.calibration()`` is the
+    calibration."""
     batch = _positive_int(batch, "batch")
     warmup = _positive_int(warmup, "warmup", 0)
     repeats = _positive_int(repeats, "repeats")
@@ -381,12 +406,14 @@ def profile_layers(
     out_channels = np.asarray(a.out_channels).astype(int)
     for s, d in graph.edges:
         producers_of[d].append(s)
-    # (layer, strategy, mesh, work, op) for every feasible shard of the menu
-    shards: list[tuple[int, Strategy, tuple[int, int], float, ShardOp]] = []
+    keys = graph_op_keys(graph, dtype)
+    # (layer, strategy, mesh, work, op, shard dims) for every feasible shard of the menu
+    shards: list[tuple[int, Strategy, tuple[int, int], float, ShardOp, ShardDims]] = []
     for d, m in meshes:
         if batch % d:
             continue
         feasible = np.asarray(strategy_mask(a, float(batch), float(d), float(m)))
+        dims = [np.asarray(x, np.float64) for x in shard_shapes(a, float(batch), float(d), float(m))]
         for i in todo:
             producers = producers_of[i]
             if kinds[i] == LayerKind.CONCAT:
@@ -404,11 +431,14 @@ def profile_layers(
                     shard_batch, split, work = batch // d, m, batch / (d * m)
                 strategy = Strategy.DATA if split == 1 else s  # m = 1: every strategy runs the whole layer
                 op = _shard_op(graph, i, strategy, shard_batch, split, parts, bool(producers), dtype)
-                shards.append((i, s, (d, m), work, op))
-    distinct = list(dict.fromkeys(op for *_, op in shards))
+                r, ro = int(a.spatial_rank[i]), int(a.out_spatial_rank[i])
+                sd = ShardDims(float(dims[0][i, s]), float(dims[1][i, s]), float(dims[2][i, s]),
+                               tuple(float(x) for x in dims[3][i, s, :r]), tuple(float(x) for x in dims[4][i, s, :ro]))
+                shards.append((i, s, (d, m), work, op, sd))
+    distinct = list(dict.fromkeys(op for *_, op, _ in shards))
     seconds: dict[ShardOp, float] = {}
     first_layer = {}
-    for i, *_, op in shards:
+    for i, *_, op, _ in shards:
         first_layer.setdefault(op, graph.names[i])
     if callback is not None:
         callback(ProfileEvent(0, len(distinct), ""))
@@ -418,10 +448,11 @@ def profile_layers(
             callback(ProfileEvent(k, len(distinct), first_layer[op]))
     timings = tuple(
         ShardTiming(layer=graph.names[i], strategy=STRATEGY_NAMES[s], mesh=mesh, work=work, shape=op.description,
-                    seconds=seconds[op])
-        for i, s, mesh, work, op in shards
+                    seconds=seconds[op], op=keys[i][0] if keys[i] else None,
+                    layer_dims=keys[i][1] if keys[i] else None, shard=sd)
+        for i, s, mesh, work, op, sd in shards
     )
     return Profile(
         model=graph.model_name, device=device or jax.devices()[0].device_kind, dtype=dtype, batch=batch,
-        max_devices=max_devices, repeats=repeats, timings=timings,
+        max_devices=max_devices, repeats=repeats, timings=timings, hardware=hardware,
     )
