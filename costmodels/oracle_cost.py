@@ -19,6 +19,16 @@ from costmodels.calibration import CalibrationArrays
 from costmodels.collectives import allreduce_s, network_arrays, ring_allreduce_s
 from costmodels.hardware import Hardware
 from costmodels.oracle_layers import OracleLayers
+from costmodels.transport import (
+    IDEAL,
+    Environment,
+    Transport,
+    contended_bandwidth,
+    host_staged_allgather_s,
+    host_staged_allreduce_s,
+    host_staged_p2p_s,
+    leader_allreduce_s,
+)
 
 __all__ = [
     "COMM_KINDS",
@@ -28,6 +38,11 @@ __all__ = [
     "Tier",
     "allreduce",
     "cost_row",
+    "env_allgather",
+    "env_allreduce",
+    "env_p2p",
+    "env_ring",
+    "environment",
     "f",
     "tier",
 ]
@@ -211,3 +226,114 @@ def allreduce(hw: Hardware, n: int, ranks_per_node: int, nbytes: float) -> tuple
     if n > g > 1 and t < flat * (1 - 1e-6):
         return t, hw.tier_for(max(n // g, 1), crosses_nodes=True).name
     return t, flat_tier.name
+
+
+# -- collectives in the hardware's environment (costmodels/transport.py) -----------------------
+
+
+def environment(hw: Hardware) -> Environment:
+    """The hardware's environment section, ParaDL's ideal network without one."""
+    return hw.environment if hw.environment is not None else IDEAL
+
+
+def _link(hw: Hardware, transport: Transport, span: int, crosses: bool, flows_per_node: float = 1.0):
+    """(α, per-flow bandwidth, label) of a collective spanning ``span``
+    devices on ``transport``: the tier by rank count (§3.2), its
+    over-subscription and the node's links shared by ``flows_per_node``
+    concurrent flows when it crosses nodes; the transport's message latency
+    added. Host staging inside a node uses no network (None bandwidth)."""
+    env = environment(hw)
+    t = hw.tier_for(max(int(span), 1), crosses_nodes=crosses)
+    host = transport.staging == "host"
+    label = t.name if not host else (f"{transport.name} ({t.name})" if crosses else transport.name)
+    if host and not crosses:
+        return 0.0, None, label
+    c = env.contention
+    bw = f(contended_bandwidth(t.bandwidth_bytes_per_s, c.divisor(t.name), flows_per_node if crosses else 0.0,
+                               c.inter_node_links_per_node if crosses else None))
+    return t.latency_s + (0.0 if host else transport.message_latency_s), bw, label
+
+
+def env_p2p(hw: Hardware, kind: str, crosses: bool, nbytes) -> tuple[np.ndarray, str]:
+    """Seconds of point-to-point messages of ``nbytes`` (array) on the
+    transport of ``kind``: α + m/bw on the device network (§3.1), or staged
+    through the host (:func:`costmodels.transport.host_staged_p2p_s`)."""
+    tr, _ = environment(hw).route(kind)
+    a, bw, label = _link(hw, tr, 2, crosses)
+    m = np.asarray(nbytes, dtype=np.float64)
+    if tr.staging == "host":
+        return host_staged_p2p_s(m, tr.message_latency_s, tr.copy_bandwidth_bytes_per_s, a, bw), label
+    return np.where(m > 0, a + m / bw, 0.0), label
+
+
+def env_allgather(hw: Hardware, kind: str, n: int, per_rank_bytes, flows_per_node: float = 1.0
+                  ) -> tuple[np.ndarray, str]:
+    """Seconds of ring all-gathers over ``n`` consecutive ranks, each rank
+    contributing ``per_rank_bytes`` (array), on the transport of ``kind``
+    (§3.1: (n-1)(α + mβ); host staged: :func:`costmodels.transport.host_staged_allgather_s`)."""
+    tr, _ = environment(hw).route(kind)
+    crosses = n > hw.devices_per_node
+    a, bw, label = _link(hw, tr, n, crosses, flows_per_node)
+    m = np.asarray(per_rank_bytes, dtype=np.float64)
+    if n <= 1:
+        return np.zeros_like(m), label
+    if tr.staging == "host":
+        return host_staged_allgather_s(n, m, tr.message_latency_s, tr.copy_bandwidth_bytes_per_s, a, bw), label
+    return (n - 1.0) * (a + m / bw), label
+
+
+def env_ring(hw: Hardware, kind: str, n: int, nbytes) -> tuple[np.ndarray, str]:
+    """Seconds of flat ring all-reduces of ``nbytes`` (array) over ``n``
+    consecutive ranks on the transport of ``kind`` (§3.1: 2(n-1)(α + m/n β))."""
+    tr, _ = environment(hw).route(kind)
+    return _ring(hw, tr, n, n, n > hw.devices_per_node, np.asarray(nbytes, dtype=np.float64))
+
+
+def _ring(hw: Hardware, tr: Transport, n: int, span: int, crosses: bool, m, flows: float = 1.0):
+    a, bw, label = _link(hw, tr, span, crosses, flows)
+    if n <= 1:
+        return np.zeros_like(m), label
+    if tr.staging == "host":
+        return host_staged_allreduce_s(n, m, tr.message_latency_s, tr.copy_bandwidth_bytes_per_s, a, bw), label
+    return 2.0 * (n - 1.0) * (a + m / n / bw), label  # §3.1 ring
+
+
+def env_allreduce(hw: Hardware, kind: str, n: int, ranks_per_node: int, nbytes, *, concurrent: int = 1
+                  ) -> tuple[float, str]:
+    """Seconds and tier label of an all-reduce of ``nbytes`` over ``n`` ranks,
+    ``ranks_per_node`` of them in each node, ``concurrent`` such all-reduces
+    leaving every node at once, on the transport and scheme of ``kind``:
+
+    * ring: the flat ring over every rank (§3.1);
+    * cheapest: the cheaper of the ring and reduce-scatter in the node, ring
+      across the nodes on 1/g of the buffer (g flows per node), all-gather in
+      the node (§4.8, §10) — without an environment exactly
+      :func:`allreduce`;
+    * leader: reduce to one leader per node and broadcast back on the
+      intra-node tier, the leaders' ring on the transport (§4.8, ChainerMN's
+      hierarchical communicator)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0, ""
+    env = environment(hw)
+    tr, scheme = env.route(kind)
+    g = max(1, min(int(ranks_per_node), n))
+    if hw.environment is None and scheme == "cheapest" and concurrent == 1:
+        return allreduce(hw, n, g, nbytes)  # ParaDL's ideal network: the legacy path, bit for bit
+    m = float(nbytes)
+    crosses = n > g
+    flat, flat_label = _ring(hw, tr, n, n, crosses, m, float(concurrent))
+    flat = f(flat)
+    intra = hw.tier_for(g, crosses_nodes=False)
+    if scheme == "leader" and not crosses:  # one node: reduce to the leader, broadcast back
+        return f(leader_allreduce_s(g, m, intra.latency_s, intra.bandwidth_bytes_per_s, 0.0)), intra.name
+    if not crosses or g <= 1 or scheme == "ring":
+        return flat, flat_label
+    k = max(n // g, 1)
+    if scheme == "leader":
+        leaders, label = _ring(hw, tr, k, n, True, m, float(concurrent))
+        return f(leader_allreduce_s(g, m, intra.latency_s, intra.bandwidth_bytes_per_s, leaders)), label
+    # cheapest: RS in the node, ring across nodes on m/g with g flows per node, AG in the node (§4.8, §10)
+    inter, label = _ring(hw, tr, k, k, True, m / g, float(g * concurrent))
+    a, bw = intra.latency_s, intra.bandwidth_bytes_per_s
+    hier = f((g - 1.0) * (a + m / g / bw) + inter + (g - 1.0) * (a + m / g / bw))
+    return (hier, label) if hier < flat * (1 - 1e-6) else (flat, flat_label)

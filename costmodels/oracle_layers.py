@@ -23,6 +23,7 @@ import dataclasses
 import os
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +31,10 @@ import numpy as np
 
 from costmodels.calibration import CalibrationArrays, calibrated_seconds
 from costmodels.compute import hardware_arrays, op_class_efficiency, roofline_s
-from costmodels.hardware import Hardware
+from costmodels.compute import shard_compute_s as kernel_model_s
+from costmodels.hardware import Hardware, KernelSpec
+from costmodels.shards import ShardShapes
+from costmodels.transport import IDEAL
 from planner.graph import LayerGraph, LayerKind
 from planner.netfile import layer_type
 
@@ -47,6 +51,7 @@ __all__ = [
     "parse_lc",
     "per_sample_compute_s",
     "resolve_masks",
+    "shard_compute_s",
     "weight_update_s",
 ]
 
@@ -81,6 +86,7 @@ class OracleLayers:
     sink: np.ndarray  # bool: no consumer (the model output)
     last_consumer: np.ndarray  # int: the last row reading this row's output (-1 if none)
     measured_time_per_sample_s: float | None
+    arrays: Any = None  # the graph's per-layer arrays at these rows (edges dropped), for the kernel model
 
     @property
     def n(self) -> int:
@@ -200,6 +206,8 @@ def oracle_layers(graph: LayerGraph) -> OracleLayers:
         sink=last < 0,
         last_consumer=last,
         measured_time_per_sample_s=graph.measured_time_per_sample_s,
+        arrays=a._replace(**{f: np.asarray(getattr(a, f), np.float64)[keep] for f in a._fields
+                             if not f.startswith("edge_")}),
     )
 
 
@@ -356,6 +364,92 @@ def layer_compute_s(
 
 
 _calibrated_seconds = jax.jit(calibrated_seconds)
+
+SPLIT_DIMS = ("filter", "channel", "rows")
+
+
+def kernel_model_fraction(layers: OracleLayers, hw: Hardware, samples: float, split: np.ndarray,
+                          split_dim: str, bytes_per_item: float = 4.0) -> np.ndarray:
+    """Each layer's shard time over its whole time on ``samples`` samples,
+    ``[n]``, by the kernel model of :mod:`costmodels.compute` (the device's
+    ``kernel`` block: tiles, saturation, launches). A layer split ``p`` ways
+    along its output channels (``filter``), input channels (``channel``) or
+    output rows (``rows``, whole rows per device, the input's halo included)."""
+    a = layers.arrays
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    n = layers.n
+    p = np.asarray(split, np.float64)
+    full_c, full_f = np.asarray(a.in_channels, np.float64), np.asarray(a.out_channels, np.float64)
+    in_sp, out_sp = np.asarray(a.in_spatial, np.float64), np.asarray(a.out_spatial, np.float64)
+    c, f = full_c.copy(), full_f.copy()
+    shard_in, shard_out = in_sp.copy(), out_sp.copy()
+    if split_dim == "filter":
+        f = full_f / p
+    elif split_dim == "channel":
+        c = full_c / p
+    else:
+        rows = np.ceil(out_sp[:, 0] / p)
+        halo = np.maximum(0.0, (np.asarray(a.kernel)[:, 0] - 1) * np.asarray(a.dilation)[:, 0] + 1
+                          - np.asarray(a.stride)[:, 0])
+        shard_out[:, 0] = rows
+        shard_in[:, 0] = np.minimum(rows * np.asarray(a.stride)[:, 0] + halo, in_sp[:, 0])
+    b = np.full((n, 2), float(samples))
+    shapes = ShardShapes(batch=f32(b), in_channels=f32(np.stack([full_c, c], -1)),
+                         out_channels=f32(np.stack([full_f, f], -1)),
+                         in_spatial=f32(np.stack([in_sp, shard_in], 1)), out_spatial=f32(np.stack([out_sp, shard_out], 1)))
+    t = np.asarray(kernel_model_s(hardware_arrays(hw, "float32"), jax.tree.map(f32, a), shapes, bytes_per_item).total_s,
+                   np.float64)
+    return np.where(t[:, 0] > 0, t[:, 1] / np.where(t[:, 0] > 0, t[:, 0], 1.0), 1.0 / p)
+
+
+def shard_compute_s(
+    layers: OracleLayers,
+    hw: Hardware,
+    per_sample: np.ndarray | None,
+    samples: float,
+    split: np.ndarray | float,
+    split_dim: str = "filter",
+    bytes_per_item: float = 4.0,
+    calibration: CalibrationArrays | None = None,
+) -> np.ndarray:
+    """Seconds per iteration of each layer's shard on one device: the one
+    place the oracle's default mode costs split compute.
+
+    The whole layer's time (:func:`layer_compute_s`: the measured per-sample
+    time by FLOP share, or the roofline) times the shard's fraction, plus a
+    fixed cost per pass that no split divides:
+
+        t_l = T_l(samples) · frac_l + passes_l · kernel_fixed_s
+
+    frac_l for a layer split p_l ways along ``split_dim`` (filter, channel
+    or rows) is the shard's time over the whole layer's in the device's
+    kernel model (:func:`kernel_model_fraction`, :mod:`costmodels.compute`:
+    tile quantisation and saturation make a narrow shard run below peak,
+    paradl.md §8 "barely changes"); on a device without a kernel block it is
+    ParaDL's ideal 1/p for filter / channel (§4.6) and ⌈H/p⌉/H for rows (a
+    device owns whole rows). Unsplit layers: 1. passes_l = 3 (forward,
+    backward-data, backward-weight) for layers with weights, else 2;
+    kernel_fixed_s is the framework's cost per pass, from the hardware's
+    environment (``shard_compute``; 0 without one). Layers a
+    ``calibration`` measured keep its time at work = samples / split."""
+    if split_dim not in SPLIT_DIMS:
+        raise ValueError(f"unknown split dimension {split_dim!r}; expected one of {', '.join(SPLIT_DIMS)}")
+    sc = (hw.environment if hw.environment is not None else IDEAL).shard_compute
+    split = np.broadcast_to(np.asarray(split, dtype=np.float64), (layers.n,))
+    ideal = layer_compute_s(layers, hw, per_sample, samples, split, bytes_per_item)  # T_l(samples) / p_l
+    if hw.device.kernel != KernelSpec() and layers.arrays is not None:  # the device's kernel model
+        frac = kernel_model_fraction(layers, hw, samples, split, split_dim, bytes_per_item)
+    elif split_dim == "rows":  # whole output rows per device
+        rows = np.maximum(layers.out_spatial[:, 0], 1.0)
+        frac = np.ceil(rows / split) / rows
+    else:  # ParaDL's ideal split (paradl.md §4.6)
+        frac = 1.0 / np.maximum(split, 1.0)
+    t = ideal * np.where(split > 1, frac * split, 1.0)  # T_l·frac_l as (T_l/p_l)·p_l·frac_l: the roofline's bytes kept
+    t = t + np.where(layers.params > 0, 3.0, 2.0) * sc.kernel_fixed_s
+    if calibration is not None:
+        measured = layer_compute_s(layers, hw, per_sample, samples, split, bytes_per_item, calibration)
+        t = np.where(np.asarray(calibration.count) > 0, measured, t)
+    return t
 
 
 def oracle_calibration(calibration: CalibrationArrays, graph: LayerGraph, layers: OracleLayers) -> CalibrationArrays:

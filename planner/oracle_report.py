@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodels.calibration import Calibration, calibration_arrays, load_calibration
+from costmodels.calibration import Calibration, calibration_arrays, check_hardware, load_calibration
 from costmodels.hardware import Hardware, load_hardware
 from costmodels.oracle import STRATEGIES, oracle_context, oracle_table, parse_strategies
 from costmodels.oracle_cost import StrategyCost
@@ -168,6 +168,7 @@ def oracle(
     lc: LcSpec = None,
     optimizer: str = "sgd",
     calibration: Calibration | str | os.PathLike[str] | None = None,
+    allow_other_hardware: bool = False,
 ) -> OracleReport:
     """Evaluate ``strategies`` (default: all seven) of ``model`` on
     ``devices`` devices of ``hardware``.
@@ -186,7 +187,8 @@ def oracle(
     its state. ``calibration``: measured per-layer times (a
     :class:`~costmodels.Calibration` or a file ``shardplan profile`` wrote)
     replacing the compute time of the layers it measured (default mode
-    only).
+    only); one measured on other hardware than ``hardware`` is refused
+    unless ``allow_other_hardware``.
     """
     if compat not in (None, *COMPAT_MODES):
         raise ValueError(f"unknown compat mode {compat!r}; expected None (the default mode) or 'paradl'")
@@ -197,7 +199,8 @@ def oracle(
     if calibration is not None:
         if not isinstance(calibration, Calibration):
             calibration = load_calibration(calibration)
-        cal = oracle_calibration(calibration_arrays(calibration, graph), graph, layers)
+        check_hardware(calibration, hw.name, allow_other_hardware=allow_other_hardware)
+        cal = oracle_calibration(calibration_arrays(calibration, graph, by_layer=True), graph, layers)
     ctx = oracle_context(
         layers, hw, compat=compat == "paradl", masks=_resolve_masks(layers, lc),
         dataset_size=dataset_size if dataset_size is not None else size, optimizer=optimizer, calibration=cal,

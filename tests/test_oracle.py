@@ -32,6 +32,7 @@ from planner.cli import main
 from planner.oracle_report import net_dataset_size, oracle
 
 
+from builders import tiny_oracle_graph  # noqa: E402
 from reference_files import PARADL_MODELS as MODELS  # noqa: E402
 
 RESNET = MODELS / "RESNET50_ImageNet_profall.net_sc"
@@ -235,18 +236,7 @@ TINY_HW = {
 A_INTRA, BW_INTRA, A_INTER, BW_INTER = 1e-5, 1e10, 1e-4, 1e9
 
 
-def tiny_graph(t_sample: float | None = 1e-3):
-    """conv 3x3 2->4, relu, conv 3x3 4->4, max pool 2x2/2, flatten, dense 64->10 on 2x8x8.
-    Per sample: conv1 x 128 y 256 w 72; relu 256/256; conv2 256/256 w 144;
-    pool 256/64; dense 64/10 w 640. Σ|x| (no ReLU) 704, Σ|y| 586, Σ|w| 856."""
-    b = GraphBuilder("tiny", (2, 8, 8))
-    x = b.conv("conv1", b.input, 4, 3, bias=False)
-    x = b.relu("relu", x)
-    x = b.conv("conv2", x, 4, 3, bias=False)
-    x = b.max_pool("pool", x, 2)
-    x = b.flatten("flatten", x)
-    b.dense("fc", x, 10, bias=False)
-    return b.build(measured_time_per_sample_s=t_sample)
+tiny_graph = tiny_oracle_graph
 
 
 def run(graph, strategies, devices, b, **kw):
