@@ -20,6 +20,13 @@ feeding a filter-sharded FC gathers the group's batch (BATCH → REPLICATED,
 L_M), and one filter-sharded FC feeding another gathers the features
 (CHANNEL → REPLICATED, L_S); their backward passes reduce-scatter the
 partial input gradients (PARTIAL → BATCH / CHANNEL).
+
+A replicated layer fed split features (CHANNEL → REPLICATED) gathers them
+too, and its replicated input gradient is sliced back for free: what XLA
+compiles for the export's shardings, which pin that layer's input
+replicated (XLA SPMD partitioner, measured: docs/validation.md, item 11;
+unpinned, XLA would all-reduce partial outputs and gather the weight
+gradient instead, whatever their sizes).
 """
 
 from __future__ import annotations

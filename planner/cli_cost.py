@@ -133,6 +133,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         batch=args.batch, batch_per_device=args.batch_per_device,
         dtype=args.dtype, optimizer=args.optimizer,
         calibration=load_calibration(args.calibration) if args.calibration else None,
+        allow_other_hardware=args.allow_other_hardware,
     )
     data = ev.to_dict()
     if args.json or not sys.stdout.isatty():
@@ -159,19 +160,27 @@ def _render_evaluation(data: dict[str, Any]) -> None:
 
 def layer_cost_table(title: str, layers: list[dict[str, Any]]) -> Any:
     """A rich table of per-layer plan rows (name, kind, strategy, compute,
-    communication, resharding, memory), as ``evaluate`` and ``plan`` print."""
+    communication, resharding, memory), as ``evaluate`` and ``plan`` print.
+    A layer costed under another strategy than requested shows the costed
+    one with a ``*``, and a footnote below the table says what was requested
+    and why it cannot run there."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     from planner._format import format_bytes
+    from planner.evaluate import substitution_notes
 
-    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False)
+    notes = substitution_notes(layers)
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False,
+                  caption=Text("\n".join(notes)) if notes else None, caption_justify="left")
     for col, just in (("name", "left"), ("kind", "left"), ("strategy", "left"), ("compute ms", "right"),
                       ("comm ms", "right"), ("reshard ms", "right"), ("memory", "right")):
         table.add_column(col, justify=just, overflow="fold")
     for r in layers:
-        table.add_row(r["name"], r["kind"], r["strategy"], f"{r['compute_s'] * 1e3:.4f}", f"{r['comm_s'] * 1e3:.4f}",
-                      f"{r['reshard_s'] * 1e3:.4f}", format_bytes(r["memory_bytes"]))
+        mark = "*" if r.get("requested_strategy", r["strategy"]) != r["strategy"] else ""
+        table.add_row(r["name"], r["kind"], r["strategy"] + mark, f"{r['compute_s'] * 1e3:.4f}",
+                      f"{r['comm_s'] * 1e3:.4f}", f"{r['reshard_s'] * 1e3:.4f}", format_bytes(r["memory_bytes"]))
     return table
 
 
@@ -199,5 +208,7 @@ def add_cost_commands(sub: Any) -> None:
     ev.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ev.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="adam")
     ev.add_argument("--calibration", metavar="FILE", help="measured per-layer times (shardplan profile)")
+    ev.add_argument("--allow-other-hardware", action="store_true",
+                    help="use a calibration measured on other hardware than --hardware")
     ev.add_argument("--json", action="store_true", help="print JSON even on a terminal")
     ev.set_defaults(run=_run_evaluate)

@@ -7,13 +7,20 @@ layer (:func:`uniform_choice`: the strategy where the layer can run it,
 ``replicated`` where it cannot, as ParaDL replicates the layers a strategy
 does not apply to, paradl.md §2) or as a mapping from layer names to
 strategy names (every layer named).
+
+Nothing is substituted silently: a layer costed under another strategy
+than the one asked for (``uniform_choice``'s ``replicated``) keeps the
+strategy asked for in :attr:`LayerCost.requested_strategy` and why it
+could not run in :attr:`LayerCost.substitution_reason`
+(:func:`unavailable_reason`, the rules of
+:func:`costmodels.strategy_mask` in words).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -32,22 +39,36 @@ from costmodels import (
     parse_strategy,
     plan_collectives,
 )
-from costmodels.calibration import Calibration, calibration_arrays
+from costmodels.calibration import Calibration, calibration_arrays, check_hardware
 from costmodels.evaluate import reshard_per_edge
-from planner.graph import LayerGraph
+from planner.graph import LayerGraph, LayerKind
 
-__all__ = ["LayerCost", "Evaluation", "resolve_batch", "resolve_mesh", "uniform_choice", "evaluate"]
+__all__ = [
+    "LayerCost", "Evaluation", "resolve_batch", "resolve_mesh", "uniform_choice", "unavailable_reason",
+    "substitution_notes", "evaluate",
+]
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerCost:
     name: str
     kind: str
-    strategy: str
+    strategy: str  # the strategy costed
     compute_s: float  # forward + backward compute per iteration on one device
     comm_s: float  # gradient sync + halo exchange + output gathering
     reshard_s: float  # converting the layer's inputs into its layout (incoming edges), fwd + bwd
     memory_bytes: float  # weights, gradients, optimizer state and saved activations on one device
+    requested_strategy: str = ""  # the strategy asked for ("" on construction: the one costed)
+    substitution_reason: str | None = None  # why the requested strategy cannot run here; None: not substituted
+
+    def __post_init__(self) -> None:
+        if not self.requested_strategy:
+            object.__setattr__(self, "requested_strategy", self.strategy)
+
+    @property
+    def substituted(self) -> bool:
+        """True when the layer is costed under another strategy than requested."""
+        return self.requested_strategy != self.strategy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +89,11 @@ class Evaluation:
     @property
     def fits_memory(self) -> bool:
         return self.memory_bytes_per_device <= self.memory_capacity_bytes
+
+    @property
+    def substituted(self) -> tuple[LayerCost, ...]:
+        """The layers costed under another strategy than requested."""
+        return tuple(r for r in self.layers if r.substituted)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -130,10 +156,79 @@ def resolve_mesh(devices: int, mesh: tuple[int, int] | None, hardware: Hardware)
 
 
 def uniform_choice(feasible: np.ndarray, strategy: str | Strategy) -> np.ndarray:
-    """Every layer on ``strategy`` where it can run it, else ``replicated``."""
+    """Every layer on ``strategy`` where it can run it, else ``replicated``
+    (:func:`evaluate` marks those layers: ``LayerCost.requested_strategy``)."""
     s = parse_strategy(strategy) if isinstance(strategy, str) else Strategy(strategy)
     feasible = np.asarray(feasible)
     return np.where(feasible[:, s], int(s), int(Strategy.REPLICATED))
+
+
+def _fmt(x: Any) -> str:
+    return f"{float(x):g}"
+
+
+def unavailable_reason(graph: LayerGraph, i: int, strategy: str | Strategy, batch: float, d: int, m: int) -> str:
+    """Why layer ``i`` of ``graph`` cannot run ``strategy`` with a global
+    ``batch`` on a ``d x m`` mesh, in one clause: the rule of
+    :func:`costmodels.strategy_mask` that excludes it ("" when none does)."""
+    s = parse_strategy(strategy) if isinstance(strategy, str) else Strategy(strategy)
+    a = graph.arrays
+    kind = graph.kind_names[i]
+    code = int(a.kind[i])
+    param = code in (LayerKind.CONV, LayerKind.DENSE)
+    channelwise = code in (LayerKind.POOL, LayerKind.BATCH_NORM, LayerKind.ELEMENTWISE, LayerKind.ADD)
+    cin, cout, groups = float(a.in_channels[i]), float(a.out_channels[i]), int(a.groups[i])
+    if s is not Strategy.DATA and (batch < d or batch % d):
+        return f"{s.name.lower()} needs the batch {_fmt(batch)} to split over the {d} data-parallel groups"
+    if s is Strategy.DATA:
+        if code == LayerKind.OTHER:
+            return f"data does not apply to {kind} layers (no per-sample model)"
+        if batch < d * m or batch % (d * m):
+            return f"data needs the batch {_fmt(batch)} to split over {d * m} devices"
+    elif s is Strategy.FILTER:
+        if not (param or channelwise):
+            return f"filter does not apply to {kind} layers (no channels to split)"
+        if param and groups != 1:
+            return f"filter does not split grouped convolutions ({groups} groups)"
+        if cout % m:
+            return f"filter needs the model axis ({m}) to divide the {_fmt(cout)} output channels"
+    elif s is Strategy.CHANNEL:
+        if not param:
+            return f"channel needs a conv or dense layer (a contraction over channels), not {kind}"
+        if groups != 1:
+            return f"channel does not split grouped convolutions ({groups} groups)"
+        if cin % m:
+            return f"channel needs the model axis ({m}) to divide the {_fmt(cin)} input channels"
+    elif s is Strategy.SPATIAL:
+        if not (param or channelwise or code == LayerKind.CONCAT):
+            return f"spatial does not apply to {kind} layers"
+        if int(a.spatial_rank[i]) < 1:
+            return f"spatial needs a spatial dim to split; {kind} layers have none"
+        rows_in, rows_out = float(a.in_spatial[i][0]), float(a.out_spatial[i][0])
+        need = 2 * m if m > 1 else 1  # two rows per shard (XLA SPMD partitioner, measured: docs/validation.md)
+        if rows_in < need or rows_out < need:
+            return f"spatial needs >= 2 rows per shard ({need} rows in and out on a model axis of {m})"
+    return ""
+
+
+def substitution_notes(layers: Iterable[LayerCost | Mapping[str, Any]], shown: int = 3) -> list[str]:
+    """Footnotes for the layers (:class:`LayerCost` or their JSON rows)
+    costed under another strategy than requested, one line per requested
+    strategy and reason: ``* requested spatial (features/4, ...); cannot run
+    here: <reason>``. Tables mark those rows' strategy with ``*``."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for r in layers:
+        get = r.get if isinstance(r, Mapping) else lambda k, default=None, r=r: getattr(r, k, default)
+        strategy = get("strategy")
+        asked = get("requested_strategy") or strategy
+        if asked != strategy:
+            why = get("substitution_reason") or "the cost model excludes it on this mesh and batch"
+            groups.setdefault((asked, why), []).append(get("name"))
+    lines = []
+    for (asked, why), names in groups.items():
+        more = f" and {len(names) - shown} more" if len(names) > shown else ""
+        lines.append(f"* requested {asked} ({', '.join(names[:shown])}{more}); cannot run here: {why}")
+    return lines
 
 
 def _strategy(strategy: Any) -> Strategy:
@@ -164,13 +259,18 @@ def _check_plan_names(graph: LayerGraph, plan: Mapping[str, str]) -> None:
         parse_strategy(plan[name])
 
 
-def _choice_from_mapping(graph: LayerGraph, feasible: np.ndarray, plan: Mapping[str, str]) -> np.ndarray:
+def _choice_from_mapping(
+    graph: LayerGraph, feasible: np.ndarray, plan: Mapping[str, str],
+    batch: float | None = None, d: int = 1, m: int = 1,
+) -> np.ndarray:
     _check_plan_names(graph, plan)
     choice = np.full(feasible.shape[0], int(Strategy.REPLICATED))
     for i, name in enumerate(graph.names):
         s = parse_strategy(plan[name])
         if not feasible[i, s]:
-            raise ValueError(f"layer {name!r} cannot run strategy {s.name.lower()} on this mesh and batch")
+            why = (unavailable_reason(graph, i, s, batch, d, m) if batch is not None else "") or \
+                "the cost model excludes it on this mesh and batch"
+            raise ValueError(f"layer {name!r} cannot run strategy {s.name.lower()} here: {why}; choose another")
         choice[i] = int(s)
     return choice
 
@@ -188,6 +288,7 @@ def evaluate(
     dtype: str = "float32",
     optimizer: str = "adam",
     calibration: Calibration | None = None,
+    allow_other_hardware: bool = False,
 ) -> Evaluation:
     """Cost of one plan: ``strategy`` for every layer that can run it, or
     ``plan`` (layer name -> strategy name)."""
@@ -214,13 +315,15 @@ def evaluate(
             f"the calibration was measured in {calibration.dtype}, but the plan computes in {dtype}; "
             f"profile in {dtype} or evaluate with dtype {calibration.dtype}"
         )
+    if calibration is not None:
+        check_hardware(calibration, hardware.name, allow_other_hardware=allow_other_hardware)
     cal = calibration_arrays(calibration, graph) if calibration is not None else None
     table = cost_table(graph.arrays, hardware_arrays(hardware, dtype), float(B), float(d), float(m), settings, cal)
     feasible = np.asarray(table.feasible)
     if strategy is not None:
         choice = uniform_choice(feasible, strategy)
     else:
-        choice = _choice_from_mapping(graph, feasible, plan)
+        choice = _choice_from_mapping(graph, feasible, plan, B, d, m)
     if B % (d * m) and np.any(choice[: graph.num_layers] == Strategy.DATA):
         raise ValueError(f"batch {B} is not divisible by {d * m} devices, which data-parallel layers need")
     probs = one_hot(choice, len(Strategy))
@@ -232,10 +335,18 @@ def evaluate(
     per_edge = np.asarray(reshard_per_edge(table, probs))
     reshard = np.zeros(feasible.shape[0])
     np.add.at(reshard, np.asarray(table.edge_dst), per_edge)
+    asked = [strategy.name.lower() if strategy is not None else plan[n] for n in graph.names]
+
+    def reason(i: int) -> str | None:  # why layer i runs another strategy than asked (None: it does not)
+        if STRATEGY_NAMES[int(c[i])] == asked[i]:
+            return None
+        return unavailable_reason(graph, i, asked[i], B, d, m) or "the cost model excludes it on this mesh and batch"
+
     layers = tuple(
         LayerCost(
             name=n, kind=k, strategy=STRATEGY_NAMES[int(c[i])], compute_s=float(compute[i]),
             comm_s=float(comm[i]), reshard_s=float(reshard[i]), memory_bytes=float(memory[i]),
+            requested_strategy=asked[i], substitution_reason=reason(i),
         )
         for i, (n, k) in enumerate(zip(graph.names, graph.kind_names, strict=True))
     )

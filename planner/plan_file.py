@@ -117,10 +117,19 @@ def plan_from_dict(data: Any) -> Any:
         strategy = lr.string("strategy")
         if strategy not in STRATEGY_NAMES:
             raise ValueError(f"plan.layers[{i}].strategy {strategy!r} is not one of {', '.join(STRATEGY_NAMES)}")
+        # Optional (files before them read unchanged): the strategy asked for, where
+        # another was costed, and why (planner.evaluate; absent: the one costed).
+        requested = row.get("requested_strategy", strategy)
+        if requested not in STRATEGY_NAMES:
+            raise ValueError(f"plan.layers[{i}].requested_strategy {requested!r} is not one of "
+                             f"{', '.join(STRATEGY_NAMES)}")
+        reason = row.get("substitution_reason")
+        if reason is not None and not isinstance(reason, str):
+            raise ValueError(f"plan.layers[{i}].substitution_reason must be a string or null, got {reason!r}")
         layers.append(LayerCost(
             name=lr.string("name"), kind=lr.string("kind"), strategy=strategy,
             compute_s=lr.number("compute_s"), comm_s=lr.number("comm_s"), reshard_s=lr.number("reshard_s"),
-            memory_bytes=lr.number("memory_bytes"),
+            memory_bytes=lr.number("memory_bytes"), requested_strategy=requested, substitution_reason=reason,
         ))
         if version >= 2:
             specs.append(_layer_specs(lr, i, layers[-1].name))

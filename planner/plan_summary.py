@@ -35,7 +35,8 @@ def plan_summary(plan: Any) -> str:
     rows = []
     for r in plan.layers:
         s = specs.get(r.name)
-        rows.append((r.name, r.kind, r.strategy, _ms(r.compute_s), _ms(r.comm_s), _ms(r.reshard_s),
+        mark = "*" if getattr(r, "substituted", False) else ""  # costed under another strategy than requested
+        rows.append((r.name, r.kind, r.strategy + mark, _ms(r.compute_s), _ms(r.comm_s), _ms(r.reshard_s),
                      format_bytes(r.memory_bytes),
                      format_spec(s.input_spec) if s else "", format_spec(s.output_spec) if s else ""))
     rows.append(("total", "", "", _ms(sum(r.compute_s for r in plan.layers)), _ms(sum(r.comm_s for r in plan.layers)),
@@ -46,4 +47,6 @@ def plan_summary(plan: Any) -> str:
     def line(row: tuple[str, ...]) -> str:
         return "  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths))).rstrip()
 
-    return "\n".join([header, line(cols), *(line(r) for r in rows)])
+    from planner.evaluate import substitution_notes
+
+    return "\n".join([header, line(cols), *(line(r) for r in rows), *substitution_notes(plan.layers)])

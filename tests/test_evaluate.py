@@ -9,7 +9,8 @@ from planner.cli import main
 from planner.evaluate import evaluate
 from planner.zoo import get_model
 
-LAYER_KEYS = {"name", "kind", "strategy", "compute_s", "comm_s", "reshard_s", "memory_bytes"}
+LAYER_KEYS = {"name", "kind", "strategy", "compute_s", "comm_s", "reshard_s", "memory_bytes", "requested_strategy",
+              "substitution_reason"}
 
 
 def run_json(capsys, *argv):
@@ -38,6 +39,11 @@ def test_filter_strategy_shards_every_layer_that_can_be(capsys):
     for name, kind in ((r["name"], r["kind"]) for r in out["layers"]):
         expected = "replicated" if name in ("flatten", "classifier/0") else "filter"
         assert got[name] == expected, (name, kind)
+    # ... and says so: the strategy asked for, and why it cannot run there
+    marked = {r["name"]: r["substitution_reason"] for r in out["layers"] if r["requested_strategy"] != r["strategy"]}
+    assert set(marked) == {"flatten", "classifier/0"}
+    assert all(r["requested_strategy"] == "filter" for r in out["layers"])
+    assert marked["classifier/0"] == "filter needs the model axis (8) to divide the 10 output channels"
 
 
 def test_plan_file_round_trip(capsys, tmp_path):
@@ -101,3 +107,120 @@ def test_plan_with_infeasible_or_unknown_layers(capsys, tmp_path):
     trunc.write_text(json.dumps({"layers": rows})[:40])
     assert main(["evaluate", "vgg16-cifar10", "--devices", "8", "--plan", str(trunc)]) == 2
     assert "malformed JSON" in capsys.readouterr().err
+
+
+# -- no silent substitution -------------------------------------------------------------------
+
+
+def _rows_graph():
+    """conv0 on 16 rows, a 2x2 pool to 8 rows, conv1 on 8 rows, then a 10-way dense."""
+    from planner.builder import GraphBuilder
+
+    b = GraphBuilder("rows", (4, 16, 16))
+    c0 = b.conv("conv0", b.input, 8, 3, padding="SAME")
+    p = b.max_pool("pool", c0, 2)
+    c1 = b.conv("conv1", p, 8, 3, padding="SAME")
+    b.dense("fc", b.flatten("flatten", c1), 10)
+    return b.build()
+
+
+def test_spatial_substitution_is_marked_with_its_reason():
+    # Model axis 8: spatial needs 2 x 8 = 16 rows in and out. By hand: conv0 has 16 in
+    # and 16 out (runs spatial); the pool leaves 8 rows and conv1 has 8 (both replicated,
+    # marked); flatten and fc have no spatial dim (replicated, marked).
+    ev = evaluate(_rows_graph(), load_hardware("dgx-a100"), 8, mesh=(1, 8), strategy="spatial", batch=8)
+    by = {r.name: r for r in ev.layers}
+    assert by["conv0"].strategy == "spatial" and not by["conv0"].substituted
+    assert by["conv0"].requested_strategy == "spatial" and by["conv0"].substitution_reason is None
+    for name in ("pool", "conv1", "flatten", "fc"):
+        assert by[name].strategy == "replicated" and by[name].requested_strategy == "spatial", name
+    assert "2 rows per shard (16 rows" in by["conv1"].substitution_reason
+    assert "2 rows per shard (16 rows" in by["pool"].substitution_reason
+    assert "flatten" in by["flatten"].substitution_reason
+    assert [r.name for r in ev.substituted] == ["pool", "conv1", "flatten", "fc"]
+    rows = {r["name"]: r for r in ev.to_dict()["layers"]}
+    assert rows["conv1"]["requested_strategy"] == "spatial" and rows["conv1"]["strategy"] == "replicated"
+    assert rows["conv0"]["requested_strategy"] == "spatial" and rows["conv0"]["substitution_reason"] is None
+
+
+def test_no_mark_where_the_strategy_runs():
+    # Model axis 2 needs 4 rows: every map (16 and 8 rows) runs spatial; only flatten and fc
+    # (no spatial dim) fall back. Under data nothing is substituted.
+    g = _rows_graph()
+    ev = evaluate(g, load_hardware("dgx-a100"), 2, mesh=(1, 2), strategy="spatial", batch=8)
+    assert [r.name for r in ev.substituted] == ["flatten", "fc"]
+    ev = evaluate(g, load_hardware("dgx-a100"), 8, mesh=(8, 1), strategy="data", batch=8)
+    assert not ev.substituted
+    assert all(r["requested_strategy"] == r["strategy"] for r in ev.to_dict()["layers"])
+    # filter on m = 4: 8 conv filters split, the 10-way dense does not (10 % 4 != 0)
+    ev = evaluate(g, load_hardware("dgx-a100"), 4, mesh=(1, 4), strategy="filter", batch=8)
+    by = {r.name: r for r in ev.layers}
+    assert [r.name for r in ev.substituted] == ["flatten", "fc"]
+    assert by["fc"].substitution_reason == "filter needs the model axis (4) to divide the 10 output channels"
+
+
+def test_every_infeasible_strategy_has_a_reason():
+    # The words follow strategy_mask's rules: wherever the mask excludes a strategy,
+    # unavailable_reason names a rule (not the fallback), and where it allows one, none.
+    import numpy as np
+
+    from costmodels import cost_table, hardware_arrays
+    from planner.evaluate import unavailable_reason
+
+    hw = hardware_arrays(load_hardware("dgx-a100"))
+    for model, batch, d, m in (("resnet50", 64, 2, 4), ("vgg16-cifar10", 64, 1, 8), ("alexnet", 32, 4, 2)):
+        g = get_model(model)
+        feasible = np.asarray(cost_table(g.arrays, hw, float(batch), float(d), float(m)).feasible)
+        for i in range(g.num_layers):
+            for s in range(feasible.shape[1]):
+                why = unavailable_reason(g, i, s, batch, d, m)
+                assert bool(why) == (not feasible[i, s]), (model, g.names[i], s, why)
+
+
+def test_table_marks_substitutions_with_a_footnote(capsys, monkeypatch):
+    from planner.cli_cost import _render_evaluation
+
+    monkeypatch.setenv("COLUMNS", "200")
+    ev = evaluate(_rows_graph(), load_hardware("dgx-a100"), 8, mesh=(1, 8), strategy="spatial", batch=8)
+    _render_evaluation(ev.to_dict())
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+    assert rows["conv1"][2] == "replicated*" and rows["conv0"][2] == "spatial"
+    assert "* requested spatial (pool, conv1); cannot run here: spatial needs >= 2 rows per shard" in " ".join(
+        out.split())
+
+
+def test_plan_file_keeps_the_requested_strategy(tmp_path):
+    import json as _json
+
+    from planner.planning import Plan
+
+    g = _rows_graph()
+    ev = evaluate(g, load_hardware("dgx-a100"), 8, mesh=(1, 8), strategy="spatial", batch=8)
+    plan = _plan_of(ev, g)
+    back = Plan.from_json(plan.to_json())
+    assert back == plan and [r.name for r in back.layers if r.substituted] == ["pool", "conv1", "flatten", "fc"]
+    assert "replicated*" in back.summary() and "* requested spatial" in back.summary()
+    # A file written before the fields existed reads unchanged: requested = costed.
+    old = _json.loads(plan.to_json())
+    for row in old["layers"]:
+        row.pop("requested_strategy"), row.pop("substitution_reason")
+    layers = Plan.from_dict(old).layers
+    assert all(r.requested_strategy == r.strategy and r.substitution_reason is None for r in layers)
+
+
+def _plan_of(ev, g):
+    from costmodels import load_hardware as _lh
+    from planner.plan_specs import layer_specs
+    from planner.planning import AXIS_NAMES, Plan
+
+    return Plan(
+        model=ev.model, hardware=ev.hardware, devices=ev.devices, mesh=ev.mesh, axis_names=AXIS_NAMES,
+        batch=ev.batch, dtype=ev.dtype, optimizer=ev.optimizer, layers=ev.layers, collectives=ev.collectives,
+        iteration_s=ev.iteration_s, memory_bytes_per_device=ev.memory_bytes_per_device,
+        memory_capacity_bytes=ev.memory_capacity_bytes, memory_limit_bytes=ev.memory_capacity_bytes,
+        data_parallel_iteration_s=None, data_parallel_memory_bytes=None, speedup_over_data_parallel=None,
+        method="fixed", seed=0, seconds=0.0, optimality_gap=None, meshes=(), graph_fingerprint=g.fingerprint,
+        input_shape=tuple(g.input_shape), layer_specs=layer_specs(g, [r.strategy for r in ev.layers]),
+        hardware_spec=_lh(ev.hardware), package_version="test",
+    )
