@@ -60,7 +60,6 @@ proportional to work with one point (:func:`calibrated_seconds`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping
@@ -75,6 +74,7 @@ from costmodels.compute import DTYPE_BYTES
 from costmodels.shards import ShardShapes
 from costmodels.strategies import STRATEGY_NAMES
 from planner.graph import LayerGraph, LayerKind
+from costmodels.files import read_json
 
 __all__ = [
     "Calibration",
@@ -529,16 +529,7 @@ def _points(entry: Mapping[str, Any], where: str) -> Points:
 
 def load_calibration(path: str | Path) -> Calibration:
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ValueError(f"{p}: not a text file; expected a calibration JSON file (shardplan profile)") from None
-    except OSError as e:
-        raise ValueError(f"cannot read calibration file {str(p)!r}: {e.strerror}; expected a calibration JSON file") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: malformed JSON: {e}") from None
+    data = read_json(p, "calibration JSON file (shardplan profile)")
     return Calibration.from_dict(data, source=str(p))
 
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from costmodels.transport import Environment, environment_from_dict
+from costmodels.files import parse_json, read_json
 
 __all__ = [
     "Device",
@@ -197,18 +197,8 @@ def load_hardware(name_or_path: str | Path | Hardware) -> Hardware:
             raise ValueError(
                 f"unknown hardware {key!r}{hint}: not a preset ({', '.join(preset_names())}) nor an existing JSON file"
             )
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"{path}: not a text file; expected a hardware JSON file") from None
-        except OSError as e:
-            raise ValueError(f"cannot read hardware file {key!r}: {e.strerror}; expected a hardware JSON file") from None
-        source = str(path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{source}: malformed JSON: {e}") from None
-    return hardware_from_dict(data, source=source)
+        return hardware_from_dict(read_json(path, "hardware JSON file"), source=str(path))
+    return hardware_from_dict(parse_json(text, source), source=source)
 
 
 def _positive(v: Any, where: str, *, allow_zero: bool = False, upper: float | None = None,

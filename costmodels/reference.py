@@ -186,7 +186,6 @@ def reference_iteration_time(
     a = graph.arrays
     n = graph.num_layers
     delta = DTYPE_BYTES[settings.dtype]
-    dev = hw.device
     dpn = hw.devices_per_node
     P = d * m
     gb = batch / d
@@ -195,10 +194,7 @@ def reference_iteration_time(
     fed = {v for (_, v) in graph.edges}  # layers with a producer
     for i in range(n):
         s = int(choice[i])
-        kind = int(a.kind[i])
         cin, cout = float(a.in_channels[i]), float(a.out_channels[i])
-        in_el = cin * float(a.in_spatial[i][0] * a.in_spatial[i][1] * a.in_spatial[i][2])
-        out_el = cout * float(a.out_spatial[i][0] * a.out_spatial[i][1] * a.out_spatial[i][2])
         local = _local_params(graph, i, s, m)
         samples = gb if s == Strategy.REPLICATED else gb / m
         comp, bwd = _shard_seconds(graph, i, s, hw, settings.dtype, gb, m)

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from costmodels.files import read_json
 from planner.graph import LayerGraph
 from planner.netfile import NET_SUFFIXES, load_net
 
@@ -116,12 +117,9 @@ def _load_file(path: Path) -> LayerGraph:
     if path.suffix in NET_SUFFIXES or head.removeprefix(b"\xef\xbb\xbf").startswith(_NET_MAGIC):
         return load_net(path)
     if path.suffix == ".json":
+        data = read_json(path, "layer-graph JSON file (LayerGraph.to_json)")  # its errors name the file
         try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"{path}: not a text file; expected a layer-graph JSON file") from None
-        try:
-            return LayerGraph.from_json(text)
+            return LayerGraph.from_dict(data)
         except ValueError as e:
             raise ValueError(f"{path}: {e}; expected a layer-graph JSON file written by LayerGraph.to_json") from None
     raise UsageError(

@@ -19,8 +19,8 @@ import argparse
 import json
 import re
 import sys
-from pathlib import Path
 from typing import Any
+from costmodels.files import read_json
 
 __all__ = ["add_cost_commands", "layer_cost_table", "parse_mesh"]
 
@@ -47,16 +47,7 @@ def _no_constant(path: str):
 def _read_plan(path: str, graph: Any) -> dict[str, str]:
     """Layer name -> strategy from a plan file, which must be for ``graph``:
     its ``graph_fingerprint`` (or, without one, its ``model``) must match."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a text file; {_PLAN_ACCEPTED}") from None
-    except OSError as e:
-        raise ValueError(f"cannot read plan file {path!r}: {e.strerror}; {_PLAN_ACCEPTED}") from None
-    try:
-        data = json.loads(text, parse_constant=_no_constant(path))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: malformed JSON: {e}; expected a plan with a layers list") from None
+    data = read_json(path, f"plan file ({_PLAN_ACCEPTED})")
     rows = data.get("layers") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not all(
         isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("strategy"), str) for r in rows

@@ -17,6 +17,7 @@ matplotlib).
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import sys
 from typing import Any
@@ -132,8 +133,14 @@ def plot_report(report: Any, path: str) -> None:
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="solid: total; dashed: compute",
               title_fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    import io
+
+    from costmodels.files import write_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format=os.path.splitext(str(path))[1].lstrip(".").lower() or "png", dpi=120)
     plt.close(fig)
+    write_atomic(path, buf.getvalue())  # a kill mid-write leaves any previous plot whole
 
 
 def _check_matplotlib() -> None:
@@ -151,6 +158,9 @@ def _run_oracle(args: argparse.Namespace) -> int:
 
     if args.plot:
         _check_matplotlib()
+        from costmodels.files import check_writable
+
+        check_writable(args.plot, "--plot")  # before the oracle runs, not after it
     devices = parse_devices(args.devices)
     for name, v in (("--batch", args.batch), ("--batch-per-device", args.batch_per_device),
                     ("--segments", args.segments), ("--dataset-size", args.dataset_size)):

@@ -28,6 +28,9 @@ def _run_plot(args: argparse.Namespace) -> int:
     _require_matplotlib()  # before reading anything: the one-line install hint
     if args.dpi < 1:
         raise UsageError(f"--dpi must be a positive integer, got {args.dpi}", "expected e.g. --dpi 120")
+    from costmodels.files import check_writable
+
+    check_writable(args.output, "-o")
     plan = Plan.read(args.plan)
     if args.history and not getattr(plan, "history", ()):
         raise UsageError(

@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 from typing import Any
+from costmodels.files import check_writable, write_atomic
 
 __all__ = ["add_profile_commands"]
 
@@ -94,6 +95,8 @@ def _run_profile(args: argparse.Namespace) -> int:
         if v < low:
             raise UsageError(f"{name} must be an integer >= {low}, got {v}", f"expected e.g. {name} {max(low, 4)}")
     layers = [x.strip() for x in args.layers.split(",") if x.strip()] if args.layers else None
+    if args.output:
+        check_writable(args.output, "-o")  # before profiling, not after it
     graph = load_model(args.model)
     hardware = load_hardware(args.hardware).name if args.hardware else ""
     bar, callback = None, None
@@ -114,11 +117,7 @@ def _run_profile(args: argparse.Namespace) -> int:
     if not args.output:
         print(text)
         return 0
-    try:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    except OSError as e:
-        raise ValueError(f"cannot write {args.output}: {e.strerror or e}; give a writable path to -o") from None
+    write_atomic(args.output, text + "\n")  # the path was checked before profiling
     summary = _summary(profile, profile.layer_calibration())
     if args.json or not sys.stdout.isatty():
         print(_dump_json(summary))

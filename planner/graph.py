@@ -260,12 +260,10 @@ class LayerGraph:
         return graph_from_dict(data)
 
     @classmethod
-    def from_json(cls, text: str) -> LayerGraph:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"layer-graph JSON is malformed: {e}") from None
-        return cls.from_dict(data)
+    def from_json(cls, text: str, source: str = "layer-graph JSON") -> LayerGraph:
+        from costmodels.files import parse_json
+
+        return cls.from_dict(parse_json(text, source))
 
 
 def _num(x: Any) -> int | float:

@@ -24,7 +24,6 @@ first to the last one the ``.lc`` marks (the span the run split).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ from costmodels.hardware import Hardware
 from costmodels.oracle_layers import oracle_layers, parse_lc
 from planner.netfile import load_net
 from planner.oracle_report import oracle
+from costmodels.files import read_json
 
 __all__ = ["MODES", "SeriesFidelity", "FidelityReport", "accuracy", "paradl_fidelity"]
 
@@ -157,12 +157,7 @@ def paradl_fidelity(
             raise ValueError("give models_dir (the ParaDL .net/.lc folder) when the measurements are not a file")
     else:
         path = Path(os.fspath(measurements))
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise ValueError(f"cannot read measurements {path}: {e.strerror}; expected paradl-abci-fig2.json") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: malformed JSON: {e}") from None
+        data = read_json(path, "measurements file (paradl-abci-fig2.json)")
         if models_dir is None:
             models_dir = path.resolve().parent.parent / "paradl" / "models"
     models = Path(os.fspath(models_dir))

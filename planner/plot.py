@@ -20,11 +20,13 @@ imported on first use; without it the functions raise a one-line
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from costmodels.files import write_atomic
 from costmodels.strategies import STRATEGY_NAMES
 
 __all__ = ["STRATEGY_COLORS", "plot_history", "plot_plan", "plot_plan_memory", "plot_plan_time"]
@@ -264,8 +266,7 @@ def plot_plan(plan: Any, path: str | Path | None = None, *, history: bool = Fals
         if suffix not in formats:
             raise ValueError(f"cannot write a plot to {str(path)!r}: unknown file type {suffix!r}; "
                              f"use one of {', '.join('.' + f for f in sorted(formats))}")
-        try:
-            fig.savefig(path, dpi=dpi)
-        except OSError as e:
-            raise ValueError(f"cannot write {str(path)!r}: {e.strerror or e}; give a writable path") from None
+        buf = io.BytesIO()
+        fig.savefig(buf, format=suffix, dpi=dpi)
+        write_atomic(path, buf.getvalue())  # a kill mid-write leaves any previous plot whole
     return fig

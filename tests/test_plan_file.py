@@ -51,7 +51,7 @@ def test_malformed_plans_rejected(vgg_plan, mutate, message):
 def test_truncated_and_missing_files(vgg_plan, tmp_path):
     with pytest.raises(ValueError, match="malformed JSON"):
         Plan.from_json(vgg_plan.to_json()[:100])
-    with pytest.raises(ValueError, match="cannot read plan file"):
+    with pytest.raises(ValueError, match="No such file or directory; expected a plan file"):
         Plan.read(tmp_path / "nope.json")
 
 

@@ -197,7 +197,7 @@ def test_cli_plot_bad_input(plan_file, tmp_path, capsys):
     assert main(["plot", str(bad), "-o", str(tmp_path / "x.png")]) == 2
     _one_error_line(capsys, "malformed JSON")
     assert main(["plot", str(tmp_path / "missing.json"), "-o", str(tmp_path / "x.png")]) == 2
-    _one_error_line(capsys, "cannot read plan file")
+    _one_error_line(capsys, "No such file or directory; expected a plan file")
     assert main(["plot", str(plan_file), "-o", str(tmp_path / "x.xyz")]) == 2
     _one_error_line(capsys, "unknown file type", ".png")
     assert main(["plot", str(plan_file), "-o", str(tmp_path / "no_dir" / "x.png")]) == 2
