@@ -57,11 +57,21 @@ NO_FLOPS = LayerFlops(0.0, 0.0, 0.0)
 
 def valid_taps(n_in: int, n_out: int, kernel: int, stride: int, dilation: int, pad_lo: int) -> int:
     """Number of (output position, kernel tap) pairs along one dim whose input
-    index falls inside ``[0, n_in)``, i.e. that are not padding."""
-    o = np.arange(n_out)[:, None]
-    k = np.arange(kernel)[None, :]
-    idx = o * stride - pad_lo + k * dilation
-    return int(np.count_nonzero((idx >= 0) & (idx < n_in)))
+    index ``o * stride - pad_lo + j * dilation`` falls inside ``[0, n_in)``,
+    i.e. that are not padding. Counted in closed form along the shorter of
+    the two axes (outputs or taps), so the work is bounded by min(n_out,
+    kernel), not by the image size."""
+    if n_out <= 0 or kernel <= 0:
+        return 0
+    if kernel <= n_out:  # per tap j: the outputs o with 0 <= o s - p + j d < n_in
+        j = np.arange(kernel, dtype=np.int64)
+        lo = np.maximum(0, -((j * dilation - pad_lo) // stride))  # ceil((p - j d) / s), at least 0
+        hi = np.minimum(n_out - 1, (n_in - 1 + pad_lo - j * dilation) // stride)
+    else:  # per output o: the taps j with 0 <= o s - p + j d < n_in
+        o = np.arange(n_out, dtype=np.int64)
+        lo = np.maximum(0, -((o * stride - pad_lo) // dilation))
+        hi = np.minimum(kernel - 1, (n_in - 1 + pad_lo - o * stride) // dilation)
+    return int(np.sum(np.maximum(0, hi - lo + 1)))
 
 
 def conv_flops(

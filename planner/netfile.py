@@ -327,7 +327,11 @@ def _infer_window(
         )
     strides, pads = [], []
     for n, out, k in zip(in_sp, out_sp, window, strict=True):
-        for s in dict.fromkeys((max(1, n // out), *range(1, n + 1))):
+        # strides that can give `out` positions with at most k - 1 padding: (out - 1) s in
+        # [n - k, n - 1]; a bounded range whatever the sizes (not a loop over n)
+        lo_s = max(1, (n - k) // max(out - 1, 1))
+        hi_s = max(lo_s, (n - 1) // max(out - 1, 1)) + 1
+        for s in dict.fromkeys((max(1, n // out), *range(lo_s, min(hi_s, lo_s + 64) + 1))):
             total = (out - 1) * s + k - n
             if total < 0:  # without padding the window leaves a remainder
                 total = 0 if (n - k) // s + 1 == out else -1
