@@ -273,6 +273,8 @@ def _run_layers(args: argparse.Namespace) -> int:
 
 def _parser() -> _Parser:
     p = _Parser(prog=PROG, description="Plan per-layer sharding of CNN training.")
+    p.add_argument("--debug", action="store_true",
+                   help=f"show the full traceback of an internal error (or set {DEBUG_ENV}=1)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     lay = sub.add_parser(
         "layers",
@@ -308,14 +310,25 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+DEBUG_ENV = "SHARDPLAN_DEBUG"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``shardplan`` command line; returns the exit status."""
+    """Run the ``shardplan`` command line; returns the exit status: 0, 1 (the
+    answer is no: infeasible, out of tolerance), 2 (bad input, one line),
+    130 (interrupted). An unexpected internal error is one line too, with
+    the traceback behind ``--debug`` or ``SHARDPLAN_DEBUG=1``; exit 1."""
     parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         args = parser.parse_args(argv)
         return args.run(args)
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
     except (ValueError, ImportError) as e:  # UsageError included
         message = str(e)
     except OSError as e:
@@ -325,5 +338,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         what = f"cannot read {e.filename}: {e.strerror}" if e.filename else str(e)
         message = f"{what}; {_accepted()}"
+    except Exception as e:  # a bug of ours, not the user's input
+        if debug:
+            raise
+        print(f"{PROG}: internal error: {type(e).__name__}: {_one_line(str(e))[:300]} (a bug in shardplan; "
+              f"rerun with --debug or {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+        return 1
     print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
     return 2

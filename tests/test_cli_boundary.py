@@ -1,0 +1,46 @@
+"""The CLI's single error boundary: bad input is one line and exit 2,
+Ctrl-C one line and exit 130, an internal error one line pointing at
+--debug / SHARDPLAN_DEBUG (which show the traceback), exit 1."""
+
+from __future__ import annotations
+
+import pytest
+
+import planner.cli as cli
+
+
+def _raising(exc):
+    def run(args):
+        raise exc
+    return run
+
+
+@pytest.fixture
+def layers_raises(monkeypatch):
+    def patch(exc):
+        monkeypatch.setattr(cli, "_run_layers", _raising(exc))
+    return patch
+
+
+@pytest.mark.parametrize("exc, status, words", [
+    (ValueError("bad batch 3"), 2, "error: bad batch 3"),
+    (KeyboardInterrupt(), 130, "interrupted"),
+    (TypeError("unsupported operand"), 1, "internal error: TypeError: unsupported operand"),
+    (ZeroDivisionError("division by zero"), 1, "--debug or SHARDPLAN_DEBUG=1"),
+])
+def test_every_exception_is_one_line(layers_raises, capsys, monkeypatch, exc, status, words):
+    monkeypatch.delenv("SHARDPLAN_DEBUG", raising=False)
+    layers_raises(exc)
+    assert cli.main(["layers", "vgg16"]) == status
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and words in err and "Traceback" not in err
+
+
+def test_debug_shows_the_traceback(layers_raises, monkeypatch):
+    layers_raises(TypeError("boom"))
+    monkeypatch.delenv("SHARDPLAN_DEBUG", raising=False)
+    with pytest.raises(TypeError, match="boom"):
+        cli.main(["--debug", "layers", "vgg16"])
+    monkeypatch.setenv("SHARDPLAN_DEBUG", "1")
+    with pytest.raises(TypeError, match="boom"):
+        cli.main(["layers", "vgg16"])
