@@ -139,6 +139,11 @@ def call_factory(spec: str) -> tuple[Any, Any]:
         raise UsageError(f"cannot import {module_name!r} ({e})", accepted) from None
     except SyntaxError as e:
         raise UsageError(f"cannot import {module_name!r} (syntax error: {e})", accepted) from None
+    except SystemExit as e:
+        raise UsageError(f"importing {module_name!r} called exit({e.code!r})", accepted) from None
+    except Exception as e:  # the user's module raised while importing
+        raise UsageError(f"importing {module_name!r} raised {type(e).__name__}: {_one_line(str(e))[:200]}",
+                         accepted) from None
     factory: Any = module
     for part in attr.split("."):
         factory = getattr(factory, part, None)
@@ -152,7 +157,12 @@ def call_factory(spec: str) -> tuple[Any, Any]:
         raise UsageError(f"{spec} needs arguments", accepted) from None
     except ValueError:  # no signature (a builtin): just call it
         pass
-    result = factory()
+    try:
+        result = factory()
+    except SystemExit as e:
+        raise UsageError(f"{spec}() called exit({e.code!r})", accepted) from None
+    except Exception as e:  # the user's factory raised
+        raise UsageError(f"{spec}() raised {type(e).__name__}: {_one_line(str(e))[:200]}", accepted) from None
     if not (isinstance(result, (tuple, list)) and len(result) == 2):
         raise UsageError(f"{spec}() returned {type(result).__name__}, not a (module, example_input) pair", accepted)
     return result[0], result[1]

@@ -44,3 +44,23 @@ def test_debug_shows_the_traceback(layers_raises, monkeypatch):
     monkeypatch.setenv("SHARDPLAN_DEBUG", "1")
     with pytest.raises(TypeError, match="boom"):
         cli.main(["layers", "vgg16"])
+
+
+@pytest.mark.parametrize("source, words", [
+    ("def make():\n    raise RuntimeError('no weights here')\n", "mod_x:make() raised RuntimeError: no weights here"),
+    ("import sys\ndef make():\n    sys.exit(3)\n", "mod_x:make() called exit(3)"),
+    ("def make():\n    return 42\n", "mod_x:make() returned int, not a (module, example_input) pair"),
+    ("def make(batch):\n    return 1, 2\n", "mod_x:make needs arguments"),
+    ("raise KeyError('at import')\ndef make():\n    pass\n", "importing 'mod_x' raised KeyError"),
+    ("import sys\nsys.exit(0)\n", "importing 'mod_x' called exit(0)"),
+])
+def test_a_misbehaving_factory_is_one_line_naming_it(tmp_path, monkeypatch, capsys, source, words):
+    """Factories (pkg.module:factory) that raise, exit or return the wrong thing."""
+    import sys
+
+    (tmp_path / "mod_x.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mod_x", raising=False)
+    assert cli.main(["layers", "mod_x:make"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and words in err, err
