@@ -44,9 +44,11 @@ def _no_constant(path: str):
     return reject
 
 
-def _read_plan(path: str, graph: Any) -> dict[str, str]:
+def _read_plan(path: str, graph: Any) -> tuple[dict[str, str], dict[str, Any]]:
     """Layer name -> strategy from a plan file, which must be for ``graph``:
-    its ``graph_fingerprint`` (or, without one, its ``model``) must match."""
+    its ``graph_fingerprint`` (or, without one, its ``model``) must match;
+    and the settings it records (devices, mesh, batch, dtype, optimizer,
+    hardware), those of them it has."""
     data = read_json(path, f"plan file ({_PLAN_ACCEPTED})")
     rows = data.get("layers") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not all(
@@ -63,7 +65,53 @@ def _read_plan(path: str, graph: Any) -> dict[str, str]:
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"{path}: layers {dup[:3]} appear more than once; give each layer one strategy")
-    return {r["name"]: r["strategy"] for r in rows}
+    settings = {k: data[k] for k in ("devices", "batch", "dtype", "optimizer", "hardware") if k in data}
+    if isinstance(data.get("mesh"), list) and len(data["mesh"]) == 2:
+        settings["mesh"] = tuple(data["mesh"])
+    if isinstance(data.get("hardware_spec"), dict):
+        from costmodels import hardware_from_dict
+
+        settings["hardware_spec"] = hardware_from_dict(data["hardware_spec"], source=f"{path}: hardware_spec")
+    return {r["name"]: r["strategy"] for r in rows}, settings
+
+
+def _plan_settings(args: argparse.Namespace, path: str, recorded: dict[str, Any]) -> dict[str, Any]:
+    """The settings ``evaluate --plan`` runs under: the plan's own, where it
+    records them; a command-line value that contradicts one is an error,
+    unless ``--override`` asks to evaluate the plan's strategies under it."""
+    given = {
+        "devices": args.devices, "mesh": parse_mesh(args.mesh) if args.mesh else None, "batch": args.batch,
+        "dtype": args.dtype, "optimizer": args.optimizer, "hardware": args.hardware,
+    }
+    out = dict(given)
+    for key, value in given.items():
+        mine = recorded.get(key)
+        if mine is None:
+            continue
+        if value is None:
+            out[key] = mine
+            continue
+        if key == "hardware":
+            from costmodels import load_hardware
+
+            same = load_hardware(value).name == mine
+        else:
+            same = value == mine
+        if not same and not args.override:
+            shown = (lambda m: f"{m[0]}x{m[1]}") if key == "mesh" else str
+            raise ValueError(
+                f"--{key} {shown(value)} contradicts the plan's {key} {shown(mine)} ({path}); drop --{key} to "
+                f"evaluate the plan as made, or add --override to cost its strategies under --{key} {shown(value)}")
+    if args.batch_per_device is not None and recorded.get("batch") and given["batch"] is None:
+        d = out["devices"] or recorded.get("devices")
+        if d and args.batch_per_device * d != recorded["batch"] and not args.override:
+            raise ValueError(
+                f"--batch-per-device {args.batch_per_device} ({args.batch_per_device * d} in all) contradicts the "
+                f"plan's batch {recorded['batch']} ({path}); drop it, or add --override")
+        out["batch"] = None if args.override else recorded["batch"]
+    if out["hardware"] == recorded.get("hardware") and "hardware_spec" in recorded:
+        out["hardware"] = recorded["hardware_spec"]  # the hardware the plan was made for, numbers and all
+    return out
 
 
 def _print_json(data: Any) -> None:
@@ -115,14 +163,26 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     if (args.strategy is None) == (args.plan is None):
         raise ValueError("give exactly one of --strategy NAME or --plan FILE")
     graph = load_model(args.model)
-    hw = load_hardware(args.hardware)
+    plan = None
+    settings = {"devices": args.devices, "mesh": parse_mesh(args.mesh) if args.mesh else None,
+                "batch": args.batch, "dtype": args.dtype or "float32", "optimizer": args.optimizer or "adam",
+                "hardware": args.hardware or "abci-v100"}
+    if args.plan:
+        plan, recorded = _read_plan(args.plan, graph)
+        settings = _plan_settings(args, args.plan, recorded)
+        settings["dtype"] = settings["dtype"] or "float32"
+        settings["optimizer"] = settings["optimizer"] or "adam"
+        settings["hardware"] = settings["hardware"] or "abci-v100"
+    if settings["devices"] is None:
+        raise ValueError("give --devices P (the plan file records none)" if args.plan else "give --devices P")
+    hw = load_hardware(settings["hardware"])
     ev = evaluate(
-        graph, hw, args.devices,
-        mesh=parse_mesh(args.mesh) if args.mesh else None,
+        graph, hw, settings["devices"],
+        mesh=settings["mesh"],
         strategy=args.strategy,
-        plan=_read_plan(args.plan, graph) if args.plan else None,
-        batch=args.batch, batch_per_device=args.batch_per_device,
-        dtype=args.dtype, optimizer=args.optimizer,
+        plan=plan,
+        batch=settings["batch"], batch_per_device=args.batch_per_device if settings["batch"] is None else None,
+        dtype=settings["dtype"], optimizer=settings["optimizer"],
         calibration=load_calibration(args.calibration) if args.calibration else None,
         allow_other_hardware=args.allow_other_hardware,
     )
@@ -187,7 +247,7 @@ def add_cost_commands(sub: Any) -> None:
                         description="Per-layer compute, communication, resharding and memory of one plan, and totals.")
     ev.add_argument("model", metavar="MODEL",
                     help="built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory")
-    ev.add_argument("--devices", type=int, required=True, metavar="P", help="number of devices")
+    ev.add_argument("--devices", type=int, metavar="P", help="number of devices (default with --plan: the plan's)")
     ev.add_argument("--mesh", metavar="DxM", help="data x model mesh (default: the model axis is one node)")
     ev.add_argument("--strategy", metavar="NAME",
                     help="data | filter | channel | spatial | replicated, for every layer that can run it")
@@ -195,9 +255,14 @@ def add_cost_commands(sub: Any) -> None:
     batch = ev.add_mutually_exclusive_group()
     batch.add_argument("--batch", type=int, metavar="B", help="global batch")
     batch.add_argument("--batch-per-device", type=int, metavar="b", help="samples per device (default 32)")
-    ev.add_argument("--hardware", default="abci-v100", metavar="NAME|FILE", help="preset or JSON file (default abci-v100)")
-    ev.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    ev.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="adam")
+    ev.add_argument("--hardware", metavar="NAME|FILE",
+                    help="preset or JSON file (default: the plan's with --plan, else abci-v100)")
+    ev.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: the plan's with --plan, else float32")
+    ev.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
+                    help="default: the plan's with --plan, else adam")
+    ev.add_argument("--override", action="store_true",
+                    help="with --plan: cost the plan's strategies under command-line settings that differ from "
+                         "the plan's (devices, mesh, batch, hardware, dtype, optimizer)")
     ev.add_argument("--calibration", metavar="FILE", help="measured per-layer times (shardplan profile)")
     ev.add_argument("--allow-other-hardware", action="store_true",
                     help="use a calibration measured on other hardware than --hardware")

@@ -224,3 +224,42 @@ def _plan_of(ev, g):
         input_shape=tuple(g.input_shape), layer_specs=layer_specs(g, [r.strategy for r in ev.layers]),
         hardware_spec=_lh(ev.hardware), package_version="test",
     )
+
+
+# -- evaluate --plan runs under the plan's own settings ------------------------------------------
+
+
+def test_evaluate_plan_uses_the_plans_own_settings(capsys, tmp_path):
+    """A plan made on dgx-a100, 8 devices at mesh 2x4, batch 64: evaluate --plan
+    with no other flags costs it exactly as planned (the CLI defaults, abci-v100
+    and 32 samples per device, do not re-mesh it silently)."""
+    f = tmp_path / "p.json"
+    assert main(["plan", "vgg16-cifar10", "--devices", "8", "--batch", "64", "--hardware", "dgx-a100",
+                 "-o", str(f), "--json"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    again = run_json(capsys, "evaluate", "vgg16-cifar10", "--plan", str(f), "--json")
+    for key in ("hardware", "devices", "mesh", "batch", "dtype", "optimizer", "iteration_s",
+                "memory_bytes_per_device"):
+        assert again[key] == made[key], key
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--mesh", "8x1"], "--mesh 8x1 contradicts the plan's mesh"),
+    (["--devices", "4"], "--devices 4 contradicts the plan's devices 8"),
+    (["--batch", "128"], "--batch 128 contradicts the plan's batch 64"),
+    (["--batch-per-device", "32"], "--batch-per-device 32 (256 in all) contradicts the plan's batch 64"),
+    (["--hardware", "h200"], "--hardware h200 contradicts the plan's hardware dgx-a100"),
+    (["--dtype", "bfloat16"], "--dtype bfloat16 contradicts the plan's dtype float32"),
+    (["--optimizer", "sgd"], "--optimizer sgd contradicts the plan's optimizer adam"),
+])
+def test_evaluate_plan_refuses_contradicting_flags_unless_overridden(capsys, tmp_path, flags, message):
+    f = tmp_path / "p.json"
+    assert main(["plan", "vgg16-cifar10", "--devices", "8", "--batch", "64", "--hardware", "dgx-a100",
+                 "-o", str(f), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "vgg16-cifar10", "--plan", str(f), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "--override" in err and len(err.strip().splitlines()) == 1
+    if flags[0] in ("--optimizer", "--hardware"):  # these keep the plan's mesh valid: the override runs
+        out = run_json(capsys, "evaluate", "vgg16-cifar10", "--plan", str(f), *flags, "--override", "--json")
+        assert out[flags[0].lstrip("-")] == flags[1]
