@@ -73,7 +73,16 @@ def _run_plan(args: argparse.Namespace) -> int:
     from planner.cli import PROG, _one_line, load_model
     from planner.planning import InfeasibleMemoryError, parse_memory_limit, plan
 
+    from costmodels.files import check_writable
+
+    # what the plan file holds must read back (plan_file.py): counts within its integer range
+    for name, v, low in (("--devices", args.devices, 1), ("--seed", args.seed, 0), ("--batch", args.batch, 1),
+                         ("--batch-per-device", args.batch_per_device, 1)):
+        if v is not None and not low <= v < 10**15:
+            raise ValueError(f"{name} must be an integer from {low} to 10^15, got {v}")
     limit = parse_memory_limit(args.memory_limit) if args.memory_limit is not None else None
+    if args.output:
+        check_writable(args.output, "-o")  # before the search, not after it
     graph = load_model(args.model)
     hw = load_hardware(args.hardware)
     calibration = load_calibration(args.calibration) if args.calibration else None
@@ -89,6 +98,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             batch_per_device=args.batch_per_device, method=args.method, seed=args.seed, dtype=args.dtype,
             optimizer=args.optimizer, allow_cross_node_model_axis=args.allow_cross_node_model_axis,
             calibration=calibration, allow_other_hardware=args.allow_other_hardware, callback=callback,
+            platform=args.platform,
         )
     except InfeasibleMemoryError as e:
         print(f"{PROG}: error: {_one_line(str(e))}", file=sys.stderr)
@@ -97,10 +107,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         if status is not None:
             status.stop()
     if args.output:
-        try:
-            result.write(args.output)
-        except OSError as e:
-            raise ValueError(f"cannot write {args.output}: {e.strerror or e}; give a writable path to -o") from None
+        result.write(args.output)  # atomic (costmodels/files.py); the path was checked before the search
     data = result.to_dict()
     if as_json:
         print(result.to_json())
@@ -135,6 +142,9 @@ def add_plan_commands(sub: Any) -> None:
     pl.add_argument("--calibration", metavar="FILE", help="measured per-layer times (shardplan profile)")
     pl.add_argument("--allow-other-hardware", action="store_true",
                     help="use a calibration measured on other hardware than --hardware")
+    pl.add_argument("--platform", choices=("cpu", "gpu", "tpu"), default=None,
+                    help="XLA platform the plan will be compiled on; the search keeps its memory margin free "
+                         "(default: the hardware's, cpu for cpu-local, else gpu)")
     pl.add_argument("--allow-cross-node-model-axis", action="store_true",
                     help="also try model axes larger than one node")
     pl.add_argument("--json", action="store_true", help="print JSON even on a terminal")

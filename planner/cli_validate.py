@@ -9,8 +9,9 @@ built abstract: nothing is initialised or run) or ``package.module:factory``
 returning ``(flax_module, example_input)``. Prints a side-by-side table of
 memory and of collectives by kind and mesh axes (a rich table on a terminal,
 JSON otherwise or with ``--json``: :meth:`ValidationReport.to_dict`). Exit
-status 0 when every figure is within tolerance, 1 when one is not, 2 for
-usage errors.
+status 0 when every figure is within tolerance, 1 when one is not (a
+compiled program above the plan's memory limit is one, with a line naming
+the part that grew; on stderr with JSON), 2 for usage errors.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def _render(report: Any) -> None:
         col.add_row(r.kind, ",".join(r.axes), format_bytes(r.predicted_bytes), format_bytes(r.compiled_bytes),
                     str(r.count), mark(r.ok), r.note + (" (crosses processes)" if r.crosses_processes else ""))
     console.print(col)
+    if report.over_limit is not None:
+        console.print(f"[bold red]memory: the compiled program does not fit the plan's limit[/]: {report.over_limit.note}")
     console.print("[green]all figures within tolerance[/]" if report.ok else
                   "[bold red]some figures are outside tolerance[/]")
 
@@ -87,6 +90,9 @@ def _run_validate(args: argparse.Namespace) -> int:
                       comm_rtol=args.comm_rtol)
     if args.json or not sys.stdout.isatty():
         print(json.dumps(report.to_dict(), indent=1))
+        if report.over_limit is not None:
+            print(f"memory: the compiled program does not fit the plan's limit: {report.over_limit.note}",
+                  file=sys.stderr)
     else:
         _render(report)
     return 0 if report.ok else 1

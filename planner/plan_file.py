@@ -180,6 +180,11 @@ def plan_from_dict(data: Any) -> Any:
         optimality_gap=r.number("optimality_gap", optional=True), meshes=tuple(meshes),
         graph_fingerprint=r.string("graph_fingerprint"), input_shape=r.ints("input_shape"),
     )
+    # The safety margin the search kept below the limit and the platform it was
+    # for (docs/validation.md "The memory promise"); files written before them
+    # read as planned with no margin.
+    fields["memory_margin_bytes"] = r.number("memory_margin_bytes") if "memory_margin_bytes" in r.data else 0.0
+    fields["platform"] = r.string("platform") if "platform" in r.data else ""
     if version >= 2:
         hw = r.get("hardware_spec")
         fields["hardware_spec"] = None if hw is None else hardware_from_dict(hw, source="plan.hardware_spec")

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodels.files import parse_json, read_json, write_atomic
 from costmodels import (
     CollectiveRecord,
     CostSettings,
@@ -56,6 +57,8 @@ __all__ = [
     "InfeasibleMemoryError",
     "MeshResult",
     "Plan",
+    "MEMORY_MARGIN",
+    "memory_margin_bytes",
     "mesh_shapes",
     "parse_memory_limit",
     "plan",
@@ -64,6 +67,24 @@ __all__ = [
 PLAN_SCHEMA = "shardplan/plan"
 PLAN_VERSION = 2  # 2 added layer specs, the embedded hardware, the package version, the search history
 AXIS_NAMES = ("data", "model")
+
+# The share of a memory limit the search keeps free, per XLA platform: what
+# the cost model does not capture (docs/validation.md, "The memory promise").
+# cpu, measured (benchmarks/memory_grid.py, tests/test_memory_promise.py):
+# XLA:CPU's scheduler computes every max-pool's SelectAndScatterExpander
+# buffers (int32 iotas of the pool input's shape, one per dimension) at the
+# start of the step, beside transposed copies of the weights, so the forward
+# pass peaks above the backward step the cost model counts; and buffer
+# assignment packs the temporaries with ~8% fragmentation (7.6%, VGG16-CIFAR-10
+# batch 256, 2x4). Worst compiled / predicted measured: 1.20 (SplitBrain VGG16,
+# batch 256, 1x8, tight limit) on the grid and 1.55 on the tiny test CNN of
+# tests/test_memory_promise.py (229,088 B compiled for a tight plan predicted
+# at 147,424 B, 1x8, 2 samples per device: its two pools' expansion and the
+# inputs), and 1.69 on the ResNet (bottleneck 2-2-2-2, 32 px, batch 256, 1x8,
+# tight: its replicated stem pool's expansion on the whole batch), so plans are
+# predicted at most 0.55 x the limit (1 / 0.55 = 1.82). gpu, tpu: no max-pool expansion;
+# not measured yet (no GPU was at hand), so no margin: validate there first.
+MEMORY_MARGIN: dict[str, float] = {"cpu": 0.45, "gpu": 0.0, "tpu": 0.0}
 
 _UNITS = {
     "": 1.0, "b": 1.0,
@@ -107,6 +128,38 @@ def parse_memory_limit(value: float | int | str) -> float:
     return nbytes
 
 
+def memory_margin_bytes(limit_bytes: float, platform: str) -> float:
+    """The bytes of ``limit_bytes`` the search keeps free for ``platform``
+    (``cpu``, ``gpu`` or ``tpu``): :data:`MEMORY_MARGIN` of the limit."""
+    if platform not in MEMORY_MARGIN:
+        raise ValueError(f"unknown platform {platform!r}; choose from {', '.join(MEMORY_MARGIN)}")
+    return MEMORY_MARGIN[platform] * float(limit_bytes)
+
+
+def _platform(platform: str | None, hw: Hardware) -> str:
+    """The platform a plan is made for: ``platform``, else the hardware's:
+    ``cpu`` for CPU hardware (a name starting ``cpu``, as the ``cpu-local``
+    preset), ``gpu`` otherwise (every other preset is a GPU system)."""
+    if platform is not None:
+        if platform not in MEMORY_MARGIN:
+            raise ValueError(f"unknown platform {platform!r}; choose from {', '.join(MEMORY_MARGIN)}")
+        return platform
+    return "cpu" if hw.name.lower().startswith("cpu") else "gpu"
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending, by trial division up to sqrt(n)."""
+    small, large = [], []
+    k = 1
+    while k * k <= n:
+        if n % k == 0:
+            small.append(k)
+            if k * k != n:
+                large.append(n // k)
+        k += 1
+    return small + large[::-1]
+
+
 def mesh_shapes(devices: int, batch: int, devices_per_node: int, allow_cross_node_model_axis: bool = False
                 ) -> list[tuple[int, int]]:
     """Every ``(d, m)`` with ``d * m = devices`` whose data axis divides the
@@ -114,9 +167,7 @@ def mesh_shapes(devices: int, batch: int, devices_per_node: int, allow_cross_nod
     if devices < 1:
         raise ValueError(f"devices must be a positive integer, got {devices}")
     shapes = []
-    for m in range(1, devices + 1):
-        if devices % m:
-            continue
+    for m in _divisors(devices):  # by divisors: work bounded by sqrt(devices), not devices
         d = devices // m
         if batch % d:
             continue
@@ -180,6 +231,8 @@ class Plan:
     hardware_spec: Hardware | None = None  # the hardware description used (None: a version-1 file of a non-preset)
     package_version: str = ""  # shardplan's version that made the plan
     history: tuple[HistoryEntry, ...] = ()  # the winning mesh's search steps (shardplan plot --history)
+    memory_margin_bytes: float = 0.0  # of memory_limit_bytes, kept free by the search (MEMORY_MARGIN + input batch)
+    platform: str = ""  # the XLA platform the margin is for ("": planned before margins)
 
     @property
     def strategies(self) -> dict[str, str]:
@@ -231,6 +284,8 @@ class Plan:
             "memory_bytes_per_device": self.memory_bytes_per_device,
             "memory_capacity_bytes": self.memory_capacity_bytes,
             "memory_limit_bytes": self.memory_limit_bytes,
+            "memory_margin_bytes": self.memory_margin_bytes,
+            "platform": self.platform,
             "fits_memory": self.fits_memory,
             "data_parallel_iteration_s": self.data_parallel_iteration_s,
             "data_parallel_memory_bytes": self.data_parallel_memory_bytes,
@@ -264,23 +319,17 @@ class Plan:
         return plan_from_dict(data)
 
     @classmethod
-    def from_json(cls, text: str) -> Plan:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"plan file is malformed JSON: {e}") from None
-        return cls.from_dict(data)
+    def from_json(cls, text: str, source: str = "plan file") -> Plan:
+        return cls.from_dict(parse_json(text, source))
 
     @classmethod
     def read(cls, path: str | Path) -> Plan:
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise ValueError(f"cannot read plan file {str(path)!r}: {e.strerror}") from None
-        return cls.from_json(text)
+        return cls.from_dict(read_json(path, "plan file (shardplan plan -o)"))
 
     def write(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json() + "\n")
+        """Write the plan file atomically (costmodels/files.py): a kill or a
+        full disk mid-write leaves the previous file whole."""
+        write_atomic(path, self.to_json() + "\n")
 
 
 def _format_up(nbytes: float) -> str:
@@ -291,7 +340,11 @@ def _format_up(nbytes: float) -> str:
     return f"{math.ceil(nbytes):.0f} B"
 
 
-def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshes) -> tuple[str, float]:
+def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshes, margin: float = 0.0,
+                        inputs: float = 0.0) -> tuple[str, float]:
+    """The message and the smallest limit under which some plan fits: the
+    smallest memory any plan needs plus the ``inputs`` bytes, plus the share
+    ``margin`` of that limit kept free for the platform."""
     mins = [minimum_memory(p) for p in problems]
     k = int(np.argmin([m.memory_bytes for m in mins]))
     p, mm = problems[k], mins[k]
@@ -307,15 +360,19 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshe
     ws = p.workspace_bytes[rows, mm.choice]
     w = int(np.argmax(ws))
     d, m = meshes[k]
-    need = _format_up(mm.memory_bytes)
+    # (1 + 1e-9): planning at exactly this limit must fit after the margin is taken off again
+    required = (mm.memory_bytes + inputs) / (1.0 - margin) * (1.0 + 1e-9) if margin or inputs else mm.memory_bytes
+    need = _format_up(required)
+    kept = (f": {_format_up(mm.memory_bytes)} for the plan, {_format_up(inputs)} for the input batch and "
+            f"{margin:.0%} of the limit kept free for the platform's compiler (MEMORY_MARGIN)") if margin or inputs else ""
     message = (
         f"no plan of {graph.model_name} on {P} devices fits {_format_up(limit)} per device: the smallest memory "
-        f"limit any plan needs is {need} ({mm.memory_bytes:,.0f} bytes, on mesh {d}x{m}), of which "
+        f"limit any plan needs is {need} ({required:,.0f} bytes, on mesh {d}x{m}){kept}; of the plan's memory "
         f"{_format_up(float(persistent.sum()))} are weights, optimizer state and activations kept for the backward "
         f"pass (largest: {parts}) and {_format_up(ws[w])} the largest transient workspace (at {graph.names[w]}); "
         f"raise the memory limit to at least {need}, use more devices or a smaller batch"
     )
-    return message, mm.memory_bytes
+    return message, required
 
 
 def plan(
@@ -335,11 +392,17 @@ def plan(
     allow_other_hardware: bool = False,
     callback: Callable[[SearchEvent], None] | None = None,
     config: GradientConfig = GradientConfig(),
+    platform: str | None = None,
 ) -> Plan:
     """The fastest plan of ``model`` (a zoo name or a :class:`LayerGraph`) on
     ``devices`` devices of ``hardware`` within ``memory_limit`` per device
     (default: the device's memory), searching every mesh shape. Raises
-    :class:`InfeasibleMemoryError` (a ``ValueError``) when nothing fits."""
+    :class:`InfeasibleMemoryError` (a ``ValueError``) when nothing fits.
+
+    The search plans against the limit less the share :data:`MEMORY_MARGIN`
+    keeps free for ``platform``, the XLA platform the plan will be compiled
+    for (``cpu``, ``gpu``, ``tpu``; default: the hardware's, ``cpu`` for
+    ``cpu-local``, else ``gpu``); the plan records both."""
     start = _time.perf_counter()
     if isinstance(model, str):
         from planner.zoo import get_model
@@ -353,6 +416,13 @@ def plan(
     P = positive_int(devices, "devices")
     B = resolve_batch(P, batch, batch_per_device)
     limit = hw.device.memory_bytes if memory_limit is None else parse_memory_limit(memory_limit)
+    platform = _platform(platform, hw)
+    # Kept free: the platform's share of the limit, and the input batch (float32
+    # images, int32 labels, split over all P devices, as planner.export feeds
+    # them), which the cost table does not count: exact, the same on every mesh
+    # (validate's "inputs" row; 393,344 B for VGG16-CIFAR-10 at batch 256 on 8).
+    inputs = (math.prod(graph.input_shape) * 4.0 + 4.0) * B / P
+    margin = memory_margin_bytes(limit, platform) + inputs
     meshes = mesh_shapes(P, B, hw.devices_per_node, allow_cross_node_model_axis)
     settings = CostSettings(dtype=dtype, optimizer=optimizer)
     hwa = hardware_arrays(hw, dtype)
@@ -368,7 +438,8 @@ def plan(
             t = t._replace(feasible=t.feasible.at[:, int(Strategy.DATA)].set(t.feasible[:, int(Strategy.DATA)]
                                                                                & (t.layer_mask <= 0)))
         tables.append(t)
-    solutions: list[Solution] = solve_many(tables, limit, method, seed, callback, config=config)
+    # (at least 1 byte: a limit the margin eats whole fits nothing, and says so below)
+    solutions: list[Solution] = solve_many(tables, max(limit - margin, 1.0), method, seed, callback, config=config)
     results = tuple(
         MeshResult(mesh, s.feasible, s.time_s if s.feasible else None, s.memory_bytes, s.min_memory_bytes,
                    s.method, s.optimality_gap)
@@ -376,7 +447,8 @@ def plan(
     )
     fitting = [i for i, s in enumerate(solutions) if s.feasible]
     if not fitting:
-        message, required = _infeasible_message(graph, P, limit, [discrete_problem(t) for t in tables], meshes)
+        message, required = _infeasible_message(graph, P, limit, [discrete_problem(t) for t in tables], meshes,
+                                                MEMORY_MARGIN[platform], inputs)
         raise InfeasibleMemoryError(message, required)
     best = min(fitting, key=lambda i: (solutions[i].time_s, i))
     sol = solutions[best]
@@ -419,4 +491,6 @@ def plan(
         hardware_spec=hw,
         package_version=__version__,
         history=sol.history,
+        memory_margin_bytes=margin,
+        platform=platform,
     )

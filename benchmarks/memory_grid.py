@@ -1,0 +1,198 @@
+"""Does a plan made for a memory limit fit that limit once XLA compiles it?
+Per-device memory predicted by the cost model against what XLA compiled,
+per part, over a grid of models, batches, meshes and memory limits, on the
+local devices (8 fake CPU devices by default).
+
+For each model (VGG16-CIFAR-10, its SplitBrain variant, a ResNet with
+bottleneck blocks 2-2-2-2 at 32x32, a small 3-D CNN), batch and mesh, it
+plans three times on that mesh: without a limit, at ``mid`` (halfway between
+the smallest memory any plan reaches and the unlimited plan's memory) and at
+``tight`` (just above the smallest limit any plan fits, margin included),
+each as :func:`planner.plan` would (the limit less the CPU margin
+``planner.planning.MEMORY_MARGIN`` and the input batch; ``--no-margin``
+leaves the margin out, to measure the model), and
+compiles each plan with :func:`planner.validate`. Printed per case: the
+limit the plan was made for, the predicted and compiled total (XLA
+``argument + output - alias + temp``) and the error, whether the compiled
+program fits the limit, and the parts: arguments (parameters, optimizer
+state, buffers, inputs: exact) and the rest (gradients, the optimizer's
+update, saved activations, the largest workspace and, on CPU, the max-pool
+expansion; XLA ``output - alias + temp``).
+
+    PYTHONPATH=. python benchmarks/memory_grid.py [--models vgg16-cifar10] [--batches 256] [--meshes 4x2,2x4]
+        [--limits none,mid,tight] [--breakdown DIR]
+
+``--breakdown DIR`` also dumps each compiled program's buffer assignment
+(XLA ``--xla_dump_to``) under DIR and prints the live set at XLA's peak by
+the op that made each buffer (the ``Stack trace breakdown`` of XLA's
+live-range dump), the top entries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def _set_flags(dump: str | None) -> None:
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    if dump:
+        flags += f" --xla_dump_to={dump} --xla_dump_hlo_module_re=.*train_step.*"
+    os.environ["XLA_FLAGS"] = flags.strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+MODELS = ("vgg16-cifar10", "vgg16-cifar10-splitbrain", "resnet-2222-32px", "cnn3d-32px")
+MESHES = ((8, 1), (4, 2), (2, 4), (1, 8))
+
+
+def build(name: str, batch: int):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from planner.flax_zoo import CosmoFlow, ResNet, flax_model
+
+    if name == "resnet-2222-32px":
+        model = nnx.eval_shape(lambda: ResNet((2, 2, 2, 2), 10, rngs=nnx.Rngs(0)))
+        return model, jax.ShapeDtypeStruct((batch, 32, 32, 3), jnp.float32)
+    if name == "cnn3d-32px":
+        convs = ((16, 3, 1, "SAME"), (32, 3, 1, "SAME"), (64, 3, 2, "SAME"), (64, 2, 1, "VALID"))
+        model = nnx.eval_shape(lambda: CosmoFlow(convs, (256, 4), image_size=32, rngs=nnx.Rngs(0)))
+        return model, jax.ShapeDtypeStruct((batch, 32, 32, 32, 4), jnp.float32)
+    return flax_model(name, batch=batch)
+
+
+def mesh_plans(graph, model, x, mesh, batch, limits, hardware="dgx-a100", margin=True):
+    """(label, limit bytes or None, Plan) for each limit label on one mesh,
+    searched as :func:`planner.plan` searches (margin included)."""
+    import dataclasses
+
+    import numpy as np
+
+    from costmodels import CostSettings, cost_table, hardware_arrays, load_hardware
+    import math
+
+    from planner.planning import MEMORY_MARGIN, memory_margin_bytes
+    from planner.validation import fixed_plan
+    from search import discrete_problem, minimum_memory, solve
+
+    hw = load_hardware(hardware)
+    d, m = mesh
+    table = cost_table(graph.arrays, hardware_arrays(hw, "float32"), float(batch), float(d), float(m),
+                       CostSettings(optimizer="adam"))
+    problem = discrete_problem(table)
+    free = solve(table, None)
+    low = minimum_memory(problem).memory_bytes
+    inputs = (math.prod(graph.input_shape) * 4.0 + 4.0) * batch / (d * m)  # kept free by planner.plan too
+    f = MEMORY_MARGIN["cpu"] if margin else 0.0
+    out = []
+    for label in limits:
+        if label == "none":
+            limit = None
+        elif label == "tight":
+            limit = low * 1.001
+        else:
+            limit = low + 0.5 * (free.memory_bytes - low)
+        if limit is None:
+            sol = free
+            made_for = float(hw.device.memory_bytes)
+            kept = f * made_for + inputs
+        else:
+            # what planner.plan does: the user's limit less the platform's margin and the inputs
+            made_for = (limit + inputs) / (1.0 - f) * (1 + 1e-9) if label == "tight" else limit
+            kept = (memory_margin_bytes(made_for, "cpu") if margin else 0.0) + inputs
+            sol = solve(table, made_for - kept)
+            if not sol.feasible:
+                out.append((label, made_for, None))
+                continue
+        mapping = dict(zip(graph.names, sol.strategies, strict=True))
+        p = fixed_plan(model, x, mesh, strategies=mapping, batch=batch, optimizer="adam", hardware=hardware)
+        p = dataclasses.replace(p, memory_limit_bytes=made_for, memory_margin_bytes=kept, platform="cpu")
+        assert np.isclose(p.memory_bytes_per_device, sol.memory_bytes, rtol=1e-5), (p.memory_bytes_per_device,
+                                                                                     sol.memory_bytes)
+        out.append((label, made_for, p))
+    return out
+
+
+def peak_breakdown(dump: str, top: int = 8) -> str:
+    """The first-level entries of XLA's 'Stack trace breakdown for peak usage'."""
+    import glob
+
+    files = sorted(glob.glob(os.path.join(dump, "*train_step*live-range.txt")), key=os.path.getmtime)
+    if not files:
+        return ""
+    lines = open(files[-1]).read().splitlines()
+    try:
+        k = next(i for i, ln in enumerate(lines) if ln.strip().startswith("Stack trace breakdown"))
+    except StopIteration:
+        return ""
+    entries = []
+    for ln in lines[k + 2:]:
+        if not ln.startswith("      ├── ") and not ln.startswith("      └── "):
+            if entries:
+                break
+            continue
+        name, _, rest = ln[10:].partition(" (")
+        total = rest.split("total: ")[1].split(" bytes")[0].replace("\u202f", "").replace(" ", "")
+        entries.append((int(total), name))
+    return "; ".join(f"{n} {b / 1e6:.1f}MB" for b, n in entries[:top])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--batches", default="64,256")
+    ap.add_argument("--meshes", default=",".join(f"{d}x{m}" for d, m in MESHES))
+    ap.add_argument("--limits", default="none,mid,tight")
+    ap.add_argument("--hardware", default="dgx-a100")
+    ap.add_argument("--breakdown", metavar="DIR", default=None)
+    ap.add_argument("--no-margin", action="store_true", help="plan without the CPU margin (to measure the model)")
+    args = ap.parse_args(argv)
+    _set_flags(args.breakdown)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import jax
+
+    import planner
+    from planner.validation import validate
+
+    meshes = [tuple(int(v) for v in s.split("x")) for s in args.meshes.split(",")]
+    print(f"jax {jax.__version__}, {jax.device_count()} x {jax.devices()[0].platform}, adam, {args.hardware}; "
+          "bytes per device; rest = gradients, update, activations, workspace (predicted) vs output - alias + temp")
+    print(f"{'model':25} {'batch':>5} {'mesh':5} {'limit':6} {'made for':>12} {'predicted':>12} {'compiled':>12} "
+          f"{'error':>7} {'fits':>4} {'args pred':>12} {'args xla':>12} {'rest pred':>12} {'rest xla':>12} "
+          f"{'rest err':>8}")
+    start = time.perf_counter()
+    for name in args.models.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            model, x = build(name, batch)
+            graph = planner.extract(model, x)
+            for mesh in meshes:
+                if batch % (mesh[0] * mesh[1]):
+                    continue
+                for label, made_for, plan in mesh_plans(graph, model, x, mesh, batch, args.limits.split(","),
+                                                        args.hardware, margin=not args.no_margin):
+                    head = f"{name:25} {batch:>5} {mesh[0]}x{mesh[1]:<3} {label:6} {made_for:>12,.0f}"
+                    if plan is None:
+                        print(f"{head} no plan fits", flush=True)
+                        continue
+                    r = validate(model, plan)
+                    mem = {row.part: row for row in r.memory}
+                    tot, args_, rest = mem["total"], mem["arguments"], mem["activations and temporaries"]
+                    err = tot.compiled_bytes / tot.predicted_bytes - 1.0
+                    rest_err = rest.compiled_bytes / rest.predicted_bytes - 1.0
+                    fits = "yes" if mem["limit"].ok else "NO"
+                    print(f"{head} {tot.predicted_bytes:>12,.0f} {tot.compiled_bytes:>12,.0f} {err:>+7.1%} "
+                          f"{fits:>4} {args_.predicted_bytes:>12,.0f} {args_.compiled_bytes:>12,.0f} "
+                          f"{rest.predicted_bytes:>12,.0f} {rest.compiled_bytes:>12,.0f} {rest_err:>+8.1%}",
+                          flush=True)
+                    if args.breakdown:
+                        print(f"    peak: {peak_breakdown(args.breakdown)}", flush=True)
+    print(f"# {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

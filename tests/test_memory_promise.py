@@ -1,0 +1,129 @@
+"""A memory limit is a promise (issue 17): the search plans against the limit
+less the platform's margin, the plan file records both, and ``validate``
+fails, naming the part that grew, when the compiled program exceeds the
+plan's limit. Oracles: hand-computed margins and XLA's memory_analysis."""
+
+import dataclasses
+import json
+
+import optax
+import pytest
+
+from costmodels import CostSettings, cost_table, hardware_arrays, load_hardware
+from planner import extract
+from planner.planning import MEMORY_MARGIN, InfeasibleMemoryError, Plan, mesh_shapes, plan
+from planner.zoo import get_model
+from search import discrete_problem, minimum_memory
+
+from test_validate import B, tiny
+
+
+def test_margin_values_and_bytes():
+    from planner.planning import memory_margin_bytes
+
+    assert MEMORY_MARGIN["cpu"] == 0.45  # measured, docs/validation.md "The memory promise"
+    assert memory_margin_bytes(1e9, "cpu") == 4.5e8  # 45% of 1 GB, by hand
+    assert memory_margin_bytes(1e9, "gpu") == 0.0  # not measured: none
+    with pytest.raises(ValueError, match="unknown platform 'npu'"):
+        memory_margin_bytes(1e9, "npu")
+
+
+def test_the_search_plans_against_the_limit_less_the_margin():
+    limit = 300e6  # bytes; vgg16-cifar10 at batch 256 on 8 devices
+    p = plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=256, memory_limit=limit, platform="cpu")
+    assert p.memory_limit_bytes == limit  # what the user asked for
+    # 45% of the limit, and the input batch per device: 32 images of 32x32x3 float32
+    # and 32 int32 labels = 32 * (12,288 + 4) = 393,344 B (validate's "inputs" row)
+    assert p.memory_margin_bytes == pytest.approx(0.45 * limit + 393_344)
+    assert p.platform == "cpu"
+    assert p.memory_bytes_per_device <= 165e6 - 393_344  # predicted within limit - margin, by hand
+    # the unlimited plan needs more than that, so the margin did constrain the search
+    free = plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=256, platform="cpu")
+    assert free.memory_bytes_per_device > 165e6
+
+
+def test_default_platform_is_the_hardware_s():
+    assert plan("vgg16-cifar10", devices=8, hardware="cpu-local", batch=64).platform == "cpu"
+    p = plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=64, memory_limit="1GB")
+    assert (p.platform, p.memory_margin_bytes) == ("gpu", 8 * (32 * 32 * 3 * 4 + 4))  # only the input batch
+
+
+def test_infeasible_limit_includes_the_margin():
+    with pytest.raises(InfeasibleMemoryError) as err:
+        plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=256, memory_limit="50MB", platform="cpu")
+    g, hw = get_model("vgg16-cifar10"), load_hardware("dgx-a100")
+    least = min(minimum_memory(discrete_problem(cost_table(g.arrays, hardware_arrays(hw), 256.0, float(d), float(m),
+                                                             CostSettings()))).memory_bytes
+                for d, m in mesh_shapes(8, 256, hw.devices_per_node))
+    # the smallest limit: the least memory any plan needs and the inputs are 55% of it
+    assert err.value.required_bytes == pytest.approx((least + 393_344) / 0.55, rel=1e-8)
+    assert "45% of the limit kept free" in str(err.value)
+    p = plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=256, memory_limit=err.value.required_bytes,
+             platform="cpu")
+    assert p.memory_bytes_per_device <= least * (1 + 1e-6)
+
+
+def test_plan_file_records_limit_margin_and_platform(tmp_path):
+    p = plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=64, memory_limit="1GB", platform="cpu")
+    data = json.loads(p.to_json())
+    margin = 4.5e8 + 8 * (32 * 32 * 3 * 4 + 4)  # 45% of 1 GB and the input batch per device
+    assert data["memory_limit_bytes"] == 1e9 and data["memory_margin_bytes"] == margin and data["platform"] == "cpu"
+    back = Plan.from_dict(data)
+    assert (back.memory_margin_bytes, back.platform) == (margin, "cpu")
+    # a file written before margins existed reads as planned with none
+    old = {k: v for k, v in data.items() if k not in ("memory_margin_bytes", "platform")}
+    assert (Plan.from_dict(old).memory_margin_bytes, Plan.from_dict(old).platform) == (0.0, "")
+
+
+@pytest.fixture(scope="module")
+def tight_tiny(devices):
+    """The tiny CNN planned at 0.1% above the smallest limit any plan fits, for XLA:CPU."""
+    model, x = tiny()
+    graph = extract(model, x)
+    with pytest.raises(InfeasibleMemoryError) as err:
+        plan(graph, devices=8, hardware="dgx-a100", batch=B, memory_limit="1kB", platform="cpu")
+    limit = err.value.required_bytes * 1.001
+    return model, x, graph, plan(graph, devices=8, hardware="dgx-a100", batch=B, memory_limit=limit, platform="cpu")
+
+
+@pytest.mark.slow
+def test_a_tight_plan_fits_once_compiled(tight_tiny):
+    from planner.export import lower_training, make_mesh, producer_layouts
+
+    model, x, graph, p = tight_tiny
+    d, m = p.mesh
+    lowered, _ = lower_training(model, p.strategies, make_mesh(d, m), optax.adam(1e-3),
+                                x, input_layouts=producer_layouts(graph, p.strategies))
+    ma = lowered.compile().memory_analysis()
+    compiled = ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes + ma.temp_size_in_bytes
+    assert compiled <= p.memory_limit_bytes, (compiled, p.memory_limit_bytes)
+
+
+@pytest.mark.slow
+def test_validate_fails_naming_the_part_when_over_the_limit(tight_tiny, tmp_path, monkeypatch, capsys):
+    from planner.validation import validate
+
+    model, x, graph, p = tight_tiny
+    fits = validate(model, p, memory_rtol=1.0, activation_rtol=1.0, comm_rtol=1.0)
+    assert fits.over_limit is None
+    assert {r.part: r for r in fits.memory}["limit"].ok
+    compiled = {r.part: r for r in fits.memory}["total"].compiled_bytes
+    over = dataclasses.replace(p, memory_limit_bytes=compiled * 0.5, memory_margin_bytes=compiled * 0.15)
+    r = validate(model, over, memory_rtol=1.0, activation_rtol=1.0, comm_rtol=1.0)
+    assert not r.ok and r.over_limit is not None
+    assert r.over_limit.predicted_bytes == compiled * 0.5 and r.over_limit.compiled_bytes == compiled
+    # the arguments are exact, so the part that grew is what the cost model estimates
+    assert "the part that grew: activations and temporaries" in r.over_limit.note
+    # the CLI: exit status 1 and a line naming it
+    from planner.cli import main
+    from test_validate import FACTORY
+
+    path = tmp_path / "plan.json"
+    over.write(path)
+    (tmp_path / "tiny_factory.py").write_text(FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    assert main(["validate", "tiny_factory:make", "--plan", str(path), "--json", "--memory-rtol", "1",
+                 "--activation-rtol", "1", "--comm-rtol", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "does not fit the plan's limit" in err and "activations and temporaries" in err
