@@ -340,6 +340,12 @@ def _format_up(nbytes: float) -> str:
     return f"{math.ceil(nbytes):.0f} B"
 
 
+# Relative slack between two float32 sums of the same per-layer bytes in different orders:
+# float32's unit roundoff (6e-8) times the number of terms of a 1,000-layer model
+# (Higham, "Accuracy and Stability of Numerical Algorithms", §4.2: |error| <= (n - 1) u sum|x|).
+FLOAT32_ROUNDING = 1e-5
+
+
 def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshes, margin: float = 0.0,
                         inputs: float = 0.0) -> tuple[str, float]:
     """The message and the smallest limit under which some plan fits: the
@@ -360,8 +366,8 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshe
     ws = p.workspace_bytes[rows, mm.choice]
     w = int(np.argmax(ws))
     d, m = meshes[k]
-    # (1 + 1e-9): planning at exactly this limit must fit after the margin is taken off again
-    required = (mm.memory_bytes + inputs) / (1.0 - margin) * (1.0 + 1e-9) if margin or inputs else mm.memory_bytes
+    # planning at exactly this limit must fit after the margin and the rounding slack are taken off again
+    required = (mm.memory_bytes + inputs) / (1.0 - margin) / (1.0 - FLOAT32_ROUNDING) * (1.0 + 1e-9)
     need = _format_up(required)
     kept = (f": {_format_up(mm.memory_bytes)} for the plan, {_format_up(inputs)} for the input batch and "
             f"{margin:.0%} of the limit kept free for the platform's compiler (MEMORY_MARGIN)") if margin or inputs else ""
@@ -416,6 +422,11 @@ def plan(
     P = positive_int(devices, "devices")
     B = resolve_batch(P, batch, batch_per_device)
     limit = hw.device.memory_bytes if memory_limit is None else parse_memory_limit(memory_limit)
+    if limit > hw.device.memory_bytes:  # a plan "fitting" memory the device does not have is no answer
+        raise ValueError(
+            f"memory limit {_format_up(limit)} is more than a {hw.name} device has "
+            f"({_format_up(hw.device.memory_bytes)}); give at most that, or a hardware file with the right "
+            "memory_bytes")
     platform = _platform(platform, hw)
     # Kept free: the platform's share of the limit, and the input batch (float32
     # images, int32 labels, split over all P devices, as planner.export feeds
@@ -438,8 +449,11 @@ def plan(
             t = t._replace(feasible=t.feasible.at[:, int(Strategy.DATA)].set(t.feasible[:, int(Strategy.DATA)]
                                                                                & (t.layer_mask <= 0)))
         tables.append(t)
-    # (at least 1 byte: a limit the margin eats whole fits nothing, and says so below)
-    solutions: list[Solution] = solve_many(tables, max(limit - margin, 1.0), method, seed, callback, config=config)
+    # (at least 1 byte: a limit the margin eats whole fits nothing, and says so below). The
+    # search sums memory in float32 in its own order; the plan's reported memory is another
+    # float32 sum: FLOAT32_ROUNDING keeps the two on the same side of the limit.
+    budget = max((limit - margin) * (1.0 - FLOAT32_ROUNDING), 1.0)
+    solutions: list[Solution] = solve_many(tables, budget, method, seed, callback, config=config)
     results = tuple(
         MeshResult(mesh, s.feasible, s.time_s if s.feasible else None, s.memory_bytes, s.min_memory_bytes,
                    s.method, s.optimality_gap)

@@ -56,7 +56,7 @@ def test_infeasible_limit_includes_the_margin():
                                                              CostSettings()))).memory_bytes
                 for d, m in mesh_shapes(8, 256, hw.devices_per_node))
     # the smallest limit: the least memory any plan needs and the inputs are 55% of it
-    assert err.value.required_bytes == pytest.approx((least + 393_344) / 0.55, rel=1e-8)
+    assert err.value.required_bytes == pytest.approx((least + 393_344) / 0.55 / (1 - 1e-5), rel=1e-8)  # + rounding slack
     assert "45% of the limit kept free" in str(err.value)
     p = plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=256, memory_limit=err.value.required_bytes,
              platform="cpu")
