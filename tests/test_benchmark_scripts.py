@@ -1,0 +1,40 @@
+"""The benchmark scripts in benchmarks/ run end to end and print what their
+docs quote (the figures themselves are recorded in docs/benchmarks.md)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_xla_agreement_quick_prints_rows_and_summary(tmp_path):
+    """benchmarks/xla_agreement.py (issue 17's grid) on its smallest case:
+    one plan, compiled once, a row with the limit and ``fits``, and the
+    summary counts; ``--json`` holds the same row."""
+    import json
+
+    out = tmp_path / "rows.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "xla_agreement.py"), "--quick", "--models", "vgg16-cifar10",
+         "--batches", "64", "--meshes", "2x4", "--limits", "none", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = proc.stdout
+    assert "limits vgg16-cifar10 batch 64 mesh 2x4: smallest feasible" in text
+    row = [line for line in text.splitlines() if line.startswith("vgg16-cifar10 ")]
+    assert len(row) == 1 and " 2x4 " in row[0] and " none " in row[0]
+    assert "summary: 1 cases, 1 compiled programs, 0 failed to compile" in text
+    for line in ("fits the limit: ", "total memory within 10%: ", "every collective within 5%: ",
+                 "parameters + optimizer state exact: "):
+        assert any(s.startswith(line) and s.endswith(" of 1") for s in text.splitlines()), line
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 1 and rows[0]["mesh"] == [2, 4] and rows[0]["limit"] == "none"
+    assert rows[0]["fits"] is True and rows[0]["state_exact"] is True  # 80 GB: any VGG plan fits
+    assert rows[0]["compiled_total_bytes"] > 0 and rows[0]["report"]["mesh"] == [2, 4]
