@@ -46,10 +46,19 @@ def _render(data: dict[str, Any], output: str | None) -> None:
 
     d, m = data["mesh"]
     speedup = data["speedup_over_data_parallel"]
-    vs_dp = (
-        f", {speedup:.3f}x pure data parallelism ({data['data_parallel_iteration_s'] * 1e3:.3f} ms)"
-        if speedup is not None else ""
-    )
+    dp_mem = data.get("data_parallel_memory_bytes")
+    room = data["memory_limit_bytes"] - data.get("memory_margin_bytes", 0.0)
+    if speedup is None:
+        vs_dp = ", pure data parallelism cannot split the batch over every device"
+    elif dp_mem is not None and dp_mem > room:
+        vs_dp = (f", {speedup:.3f}x pure data parallelism ({data['data_parallel_iteration_s'] * 1e3:.3f} ms), "
+                 f"which does not fit the limit ({format_bytes(dp_mem)} per device)")
+    else:
+        vs_dp = f", {speedup:.3f}x pure data parallelism ({data['data_parallel_iteration_s'] * 1e3:.3f} ms)"
+    if data.get("fastest_iteration_s") is not None:
+        fd, fm = data["fastest_mesh"]
+        vs_dp += (f"; the simplest plan within 1% of the fastest found ({data['fastest_iteration_s'] * 1e3:.3f} ms "
+                  f"on mesh {fd}x{fm}, {data['iteration_s'] / data['fastest_iteration_s'] - 1:.2%} faster)")
     title = (
         f"{data['model']} on {data['devices']} x {data['hardware']}, mesh {d}x{m} (data x model), "
         f"batch {data['batch']}, {data['dtype']}, {data['optimizer']}: "

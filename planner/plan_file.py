@@ -185,6 +185,16 @@ def plan_from_dict(data: Any) -> Any:
     # read as planned with no margin.
     fields["memory_margin_bytes"] = r.number("memory_margin_bytes") if "memory_margin_bytes" in r.data else 0.0
     fields["platform"] = r.string("platform") if "platform" in r.data else ""
+    # a simpler plan preferred within tolerance records the fastest one (optional: older files have none)
+    fields["fastest_iteration_s"] = r.number("fastest_iteration_s", optional=True) if "fastest_iteration_s" in r.data \
+        else None
+    fm = r.get("fastest_mesh") if "fastest_mesh" in r.data else None
+    if fm is not None:
+        if not (isinstance(fm, list) and len(fm) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                             and x >= 1 for x in fm)):
+            raise ValueError(f"plan.fastest_mesh must be null or [d, m] of positive integers, got {fm!r}")
+        fm = tuple(fm)
+    fields["fastest_mesh"] = fm
     if version >= 2:
         hw = r.get("hardware_spec")
         fields["hardware_spec"] = None if hw is None else hardware_from_dict(hw, source="plan.hardware_spec")

@@ -233,6 +233,9 @@ class Plan:
     history: tuple[HistoryEntry, ...] = ()  # the winning mesh's search steps (shardplan plot --history)
     memory_margin_bytes: float = 0.0  # of memory_limit_bytes, kept free by the search (MEMORY_MARGIN + input batch)
     platform: str = ""  # the XLA platform the margin is for ("": planned before margins)
+    # set when a simpler plan was preferred (SIMPLER_PLAN_TOLERANCE): the fastest plan found, which it is within
+    fastest_iteration_s: float | None = None
+    fastest_mesh: tuple[int, int] | None = None
 
     @property
     def strategies(self) -> dict[str, str]:
@@ -286,6 +289,8 @@ class Plan:
             "memory_limit_bytes": self.memory_limit_bytes,
             "memory_margin_bytes": self.memory_margin_bytes,
             "platform": self.platform,
+            "fastest_iteration_s": self.fastest_iteration_s,
+            "fastest_mesh": None if self.fastest_mesh is None else list(self.fastest_mesh),
             "fits_memory": self.fits_memory,
             "data_parallel_iteration_s": self.data_parallel_iteration_s,
             "data_parallel_memory_bytes": self.data_parallel_memory_bytes,
@@ -399,6 +404,7 @@ def plan(
     callback: Callable[[SearchEvent], None] | None = None,
     config: GradientConfig = GradientConfig(),
     platform: str | None = None,
+    simplicity_tolerance: float = 0.01,
 ) -> Plan:
     """The fastest plan of ``model`` (a zoo name or a :class:`LayerGraph`) on
     ``devices`` devices of ``hardware`` within ``memory_limit`` per device
@@ -408,7 +414,17 @@ def plan(
     The search plans against the limit less the share :data:`MEMORY_MARGIN`
     keeps free for ``platform``, the XLA platform the plan will be compiled
     for (``cpu``, ``gpu``, ``tpu``; default: the hardware's, ``cpu`` for
-    ``cpu-local``, else ``gpu``); the plan records both."""
+    ``cpu-local``, else ``gpu``); the plan records both.
+
+    Of the plans found (the best on each mesh, and pure data parallelism
+    where it fits), the simplest whose predicted time is within
+    ``simplicity_tolerance`` (default 1%) of the fastest is returned: fewest
+    layers off data parallelism, then the smallest model axis. A plan that
+    was preferred that way records the fastest one's time and mesh
+    (``fastest_iteration_s``, ``fastest_mesh``); the prediction is a model, and
+    sharding more layers for a gain smaller than its error is no gain."""
+    if not (isinstance(simplicity_tolerance, (int, float)) and 0 <= simplicity_tolerance < 1):
+        raise ValueError(f"simplicity_tolerance must be a fraction in [0, 1), e.g. 0.01, got {simplicity_tolerance!r}")
     start = _time.perf_counter()
     if isinstance(model, str):
         from planner.zoo import get_model
@@ -464,18 +480,43 @@ def plan(
         message, required = _infeasible_message(graph, P, limit, [discrete_problem(t) for t in tables], meshes,
                                                 MEMORY_MARGIN[platform], inputs)
         raise InfeasibleMemoryError(message, required)
-    best = min(fitting, key=lambda i: (solutions[i].time_s, i))
-    sol = solutions[best]
-    d, m = meshes[best]
-    mapping = dict(zip(graph.names, sol.strategies, strict=True))
-    ev = evaluate(graph, hw, P, mesh=(d, m), plan=mapping, batch=B, dtype=dtype, optimizer=optimizer,
-                  calibration=calibration, allow_other_hardware=allow_other_hardware)
-    dp_time = dp_memory = speedup = None
+    fastest = min(fitting, key=lambda i: (solutions[i].time_s, i))
+    dp_time = dp_memory = speedup = base = None
     if B % P == 0:
         base = evaluate(graph, hw, P, mesh=(P, 1), strategy="data", batch=B, dtype=dtype, optimizer=optimizer,
                         calibration=calibration, allow_other_hardware=allow_other_hardware)
         dp_time, dp_memory = base.iteration_s, base.memory_bytes_per_device
-        speedup = dp_time / ev.iteration_s if ev.iteration_s > 0 else None
+    # the candidates: (time, simplicity, mesh index or None for pure data parallelism)
+    def off_data(strategies) -> int:  # layers of the graph not on data parallelism
+        return sum(s != "data" for s in list(strategies)[: graph.num_layers])
+
+    candidates = [(solutions[i].time_s, (off_data(solutions[i].strategies), meshes[i][1]), i) for i in fitting]
+    if base is not None and dp_memory <= budget:
+        candidates.append((dp_time, (0, 1), None))
+    fastest_s = min(c[0] for c in candidates)
+    simple = min((c for c in candidates if c[0] <= fastest_s * (1.0 + simplicity_tolerance)),
+                 key=lambda c: (c[1], c[0]))
+    if simple[2] is None:  # pure data parallelism, as evaluated above
+        (d, m), ev, sol = (P, 1), base, solutions[fastest]
+        strategies = ("data",) * graph.num_layers
+        history = ()
+    else:
+        best = simple[2]
+        sol = solutions[best]
+        d, m = meshes[best]
+        strategies = sol.strategies
+        history = sol.history
+        mapping = dict(zip(graph.names, sol.strategies, strict=True))
+        ev = evaluate(graph, hw, P, mesh=(d, m), plan=mapping, batch=B, dtype=dtype, optimizer=optimizer,
+                      calibration=calibration, allow_other_hardware=allow_other_hardware)
+    preferred = simple[0] > fastest_s
+    top = min((c for c in candidates if c[0] == fastest_s), key=lambda c: c[1])
+    fastest_mesh = ((P, 1) if top[2] is None else meshes[top[2]]) if preferred else None
+    gap = solutions[fastest].optimality_gap if preferred else sol.optimality_gap
+    if preferred and gap is not None:  # against the optimum the fastest plan was certified near
+        gap = (1.0 + gap) * simple[0] / fastest_s - 1.0
+    if dp_time is not None and ev.iteration_s > 0:
+        speedup = dp_time / ev.iteration_s
     return Plan(
         model=graph.model_name,
         hardware=hw.name,
@@ -497,14 +538,16 @@ def plan(
         method=sol.method,
         seed=seed,
         seconds=_time.perf_counter() - start,
-        optimality_gap=sol.optimality_gap,
+        optimality_gap=gap,
         meshes=results,
         graph_fingerprint=graph.fingerprint,
         input_shape=tuple(graph.input_shape),
-        layer_specs=layer_specs(graph, sol.strategies),
+        layer_specs=layer_specs(graph, strategies),
         hardware_spec=hw,
         package_version=__version__,
-        history=sol.history,
+        history=history,
         memory_margin_bytes=margin,
         platform=platform,
+        fastest_iteration_s=fastest_s if preferred else None,
+        fastest_mesh=fastest_mesh,
     )

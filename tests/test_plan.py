@@ -182,3 +182,49 @@ def test_a_limit_above_the_devices_memory_is_an_error():
 
     with pytest.raises(ValueError, match="more than a dgx-a100 device has"):
         planner.plan("vgg16-cifar10", devices=8, hardware="dgx-a100", memory_limit="200GB")
+
+
+# -- prefer the simpler plan -------------------------------------------------------------------------
+
+
+def test_resnet50_at_256_gpus_is_data_parallel_unless_sharding_clearly_wins():
+    """Issue 14's line: plain data parallelism, or a plan beating it by more than the tolerance."""
+    import planner
+
+    p = planner.plan("resnet50", devices=256, hardware="dgx-a100")
+    off = [r.name for r in p.layers if r.strategy != "data"]
+    assert not off or p.speedup_over_data_parallel > 1.01
+    if p.fastest_iteration_s is not None:  # a faster, more sharded plan was found and passed over: said so
+        assert p.fastest_iteration_s < p.iteration_s <= p.fastest_iteration_s * 1.01
+
+
+def test_vgg16_at_64_gpus_keeps_the_splitbrain_pattern():
+    import planner
+
+    p = planner.plan("vgg16", devices=64, hardware="dgx-a100")
+    g = planner.get_model("vgg16")
+    kinds = dict(zip(g.names, g.kind_names, strict=True))
+    assert all(r.strategy == "data" for r in p.layers if kinds[r.name] == "conv2d")
+    assert any(r.strategy != "data" for r in p.layers if kinds[r.name] == "dense") and p.mesh[1] > 1
+    assert p.fastest_iteration_s is None  # the SplitBrain plan is more than 1% faster
+
+
+def test_tolerance_picks_the_simplest_plan_within_it(tmp_path):
+    """VGG16 on 64 GPUs: data parallelism fits and is about 10% slower than the
+    SplitBrain plan. Within a 50% tolerance it is returned, with the faster plan
+    recorded; with tolerance 0 the fastest is returned; bad tolerances raise."""
+    import planner
+    from planner.planning import Plan
+
+    fast = planner.plan("vgg16", devices=64, hardware="dgx-a100", simplicity_tolerance=0.0)
+    simple = planner.plan("vgg16", devices=64, hardware="dgx-a100", simplicity_tolerance=0.5)
+    assert simple.mesh == (64, 1) and all(r.strategy == "data" for r in simple.layers)
+    assert simple.iteration_s == pytest.approx(fast.data_parallel_iteration_s, rel=1e-6)
+    assert simple.fastest_iteration_s == pytest.approx(fast.iteration_s, rel=1e-6)
+    assert simple.fastest_mesh == fast.mesh and fast.fastest_iteration_s is None
+    f = tmp_path / "p.json"
+    simple.write(f)
+    again = Plan.read(f)
+    assert (again.fastest_iteration_s, again.fastest_mesh) == (simple.fastest_iteration_s, simple.fastest_mesh)
+    with pytest.raises(ValueError, match="simplicity_tolerance"):
+        planner.plan("vgg16", devices=64, hardware="dgx-a100", simplicity_tolerance=1.5)
