@@ -100,12 +100,14 @@ _CHANNELWISE_LAYOUTS = np.array(
 )
 
 
-def io_layout_names(param_layer: bool) -> dict[str, tuple[str, str]]:
+def io_layout_names(param_layer: bool, gradients: bool = False) -> dict[str, tuple[str, str]]:
     """Strategy name -> (input, output) layout names of a parameter layer
-    (conv, dense) or of a per-channel layer: the tables above, for export."""
+    (conv, dense) or of a per-channel layer: the tables above, for export.
+    With ``gradients``: (input gradient produced, output gradient needed)."""
     table = _PARAM_LAYOUTS if param_layer else _CHANNELWISE_LAYOUTS
+    i, o = (2, 3) if gradients else (0, 1)
     return {
-        name: (Layout(int(row[0])).name.lower(), Layout(int(row[1])).name.lower())
+        name: (Layout(int(row[i])).name.lower(), Layout(int(row[o])).name.lower())
         for name, row in zip(STRATEGY_NAMES, table, strict=True)
     }
 

@@ -23,7 +23,9 @@ from jax.sharding import PartitionSpec as P
 
 from planner.plan_specs import (
     BATCH_AXES,
+    CHANNELWISE_GRADIENT_LAYOUTS,
     CHANNELWISE_LAYOUTS,
+    PARAM_GRADIENT_LAYOUTS,
     PARAM_LAYOUTS,
     activation_spec_entries,
     check_strategy,
@@ -35,6 +37,7 @@ __all__ = [
     "AXES",
     "TrainState",
     "activation_spec",
+    "consumer_layouts",
     "lower_training",
     "make_mesh",
     "param_spec",
@@ -106,15 +109,30 @@ class TrainState(NamedTuple):
 @contextlib.contextmanager
 def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh,
                        last_layout: list[str] | None = None,
-                       input_layouts: Mapping[str, str] | None = None) -> Iterator[None]:
+                       input_layouts: Mapping[str, str] | None = None,
+                       output_layouts: Mapping[str, Mapping[str, str]] | None = None) -> Iterator[None]:
     """While tracing: constrain each planned module call's input and output to
-    its strategy's layouts (patched ``__call__``, restored on exit). Where
-    ``input_layouts`` names a module, its input is first pinned to that layout
-    (its producer's), so that functional ops before it keep the plan's layout
-    and the conversion happens at the module's input. The output layout of
-    the last planned call is appended to ``last_layout``."""
+    its strategy's layouts (patched ``__call__``, restored on exit).
+
+    * Where ``input_layouts`` names a module, its input is first pinned to
+      that layout (its producer's), so that functional ops before it keep the
+      plan's layout and the conversion happens at the module's input.
+    * Where ``output_layouts`` names a module (consumer -> the consumer's
+      input layout, :func:`consumer_layouts`) and no consumer is a module
+      call, its output is then pinned to the consumers' common input layout,
+      so that the functional ops after it run in their planned layout and the
+      conversion happens at the module's output.
+    * A module whose output layout is partial sums (``channel``), which no
+      sharding can state, has its output's *cotangent* pinned to the layout
+      the plan gives that gradient (replicated over ``model``): else XLA may
+      compute the weight gradient from operands gathered over ``data``
+      instead of all-reducing it (measured, docs/validation.md).
+
+    The output layout of the last planned call is appended to ``last_layout``."""
     input_layouts = {} if input_layouts is None else input_layouts
+    output_layouts = {} if output_layouts is None else output_layouts
     paths = {id(m): "/".join(map(str, p)) for p, m in nnx.iter_modules(model)}
+    module_names = set(paths.values())
     classes = {type(m) for _, m in nnx.iter_modules(model)}
     originals = {cls: cls.__call__ for cls in classes}
 
@@ -123,13 +141,22 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
             name = paths.get(id(self))
             if name is None or name not in strategies:
                 return orig(self, x, *args, **kwargs)
-            table = PARAM_LAYOUTS if isinstance(self, _PARAM_MODULES) else CHANNELWISE_LAYOUTS
-            lin, lout = table[strategies[name]]
+            param = isinstance(self, _PARAM_MODULES)
+            lin, lout = (PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS)[strategies[name]]
+            gout = (PARAM_GRADIENT_LAYOUTS if param else CHANNELWISE_GRADIENT_LAYOUTS)[strategies[name]][1]
             if last_layout is not None:
                 last_layout.append(lout)
             if name in input_layouts:
                 x = _constrain(x, input_layouts[name], mesh)
-            return _constrain(orig(self, _constrain(x, lin, mesh), *args, **kwargs), lout, mesh)
+            out = orig(self, _constrain(x, lin, mesh), *args, **kwargs)
+            if lout == "partial" and gout != "partial":
+                out = _pin_cotangent(out, gout, mesh)
+            out = _constrain(out, lout, mesh)
+            consumers = output_layouts.get(name, {})
+            after = set(consumers.values())
+            if consumers and not module_names.intersection(consumers) and len(after) == 1:
+                out = _constrain(out, after.pop(), mesh)
+            return out
 
         return wrapper
 
@@ -149,13 +176,31 @@ def _constrain(x: Any, layout: str, mesh: Mesh) -> Any:
     return x if spec is None else jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
+def _pin_cotangent(x: Any, layout: str, mesh: Mesh) -> Any:
+    """``x`` unchanged; in the backward pass its cotangent constrained to ``layout``."""
+
+    @jax.custom_vjp
+    def pin(v: Any) -> Any:
+        return v
+
+    def fwd(v: Any) -> tuple[Any, None]:
+        return v, None
+
+    def bwd(_: None, g: Any) -> tuple[Any]:
+        return (_constrain(g, layout, mesh),)
+
+    pin.defvjp(fwd, bwd)
+    return pin(x) if (isinstance(x, jax.Array) or hasattr(x, "aval")) else x
+
+
 def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
 def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimizer: optax.GradientTransformation,
            loss_fn: Callable[[jax.Array, jax.Array], jax.Array], donate: bool,
-           input_layouts: Mapping[str, str] | None = None) -> tuple[Any, Any, Any, Any, Any]:
+           input_layouts: Mapping[str, str] | None = None,
+           output_layouts: Mapping[str, Mapping[str, str]] | None = None) -> tuple[Any, Any, Any, Any, Any]:
     """(jitted step, state shardings, params, other, batch sharding)."""
     for s in strategies.values():
         check_strategy(s)
@@ -172,7 +217,7 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
         def loss_of(params: Any) -> tuple[jax.Array, Any]:
             m = nnx.merge(graphdef, params, state.other, copy=True)
             last: list[str] = []
-            with _constrained_calls(m, strategies, mesh, last, input_layouts):
+            with _constrained_calls(m, strategies, mesh, last, input_layouts, output_layouts):
                 logits = m(x)
             # The loss runs on the output as the cost model assumes: batch-split
             # where the last layer leaves it so, else gathered over the model axis
@@ -185,6 +230,8 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
             return loss_fn(logits, labels), new_other
 
         (loss, new_other), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
+        # Gradients in their parameters' layouts before the optimizer, as the plan reduces them.
+        grads = jax.lax.with_sharding_constraint(grads, p_sh)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         return TrainState(params, new_other, opt_state), loss
@@ -204,6 +251,7 @@ def shard_training(
     *,
     loss_fn: Callable[[jax.Array, jax.Array], jax.Array] = _cross_entropy,
     input_layouts: Mapping[str, str] | None = None,
+    output_layouts: Mapping[str, Mapping[str, str]] | None = None,
 ) -> tuple[Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, jax.Array]], TrainState]:
     """A jitted training step ``step(state, x, y) -> (state, loss)`` for ``model``
     with parameters, optimizer state and each planned layer's activations laid
@@ -213,8 +261,11 @@ def shard_training(
     are split over ``("data", "model")`` on the batch dim; the step donates
     nothing, so callers may keep old states. ``input_layouts`` (module path ->
     layout, from :func:`producer_layouts`) pins module inputs to their
-    producers' planned layouts first."""
-    step, state_sh, params, other, _ = _build(model, strategies, mesh, optimizer, loss_fn, False, input_layouts)
+    producers' planned layouts first; ``output_layouts`` (from
+    :func:`consumer_layouts`) pins module outputs read by functional ops to
+    those ops' planned layouts."""
+    step, state_sh, params, other, _ = _build(model, strategies, mesh, optimizer, loss_fn, False, input_layouts,
+                                              output_layouts)
     init = jax.jit(lambda p, o: TrainState(p, o, optimizer.init(p)), out_shardings=state_sh)
     return step, init(params, other)
 
@@ -229,6 +280,7 @@ def lower_training(
     loss_fn: Callable[[jax.Array, jax.Array], jax.Array] = _cross_entropy,
     donate: bool = True,
     input_layouts: Mapping[str, str] | None = None,
+    output_layouts: Mapping[str, Mapping[str, str]] | None = None,
 ) -> tuple[jax.stages.Lowered, TrainState]:
     """The training step of :func:`shard_training`, lowered for inputs shaped
     like ``x`` (batch first, channels last; integer labels), without running
@@ -237,7 +289,7 @@ def lower_training(
     their planned shardings). ``donate`` (default) lets the new state reuse
     the old one's buffers, as an in-place training loop would."""
     step, state_sh, params, other, batch_sh = _build(model, strategies, mesh, optimizer, loss_fn, donate,
-                                                     input_layouts)
+                                                     input_layouts, output_layouts)
     opt_abs = jax.eval_shape(optimizer.init, params)
 
     def spec(leaf: Any, sh: Any) -> jax.ShapeDtypeStruct:
@@ -266,4 +318,20 @@ def producer_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, str
         param = graph.kind_names[u] == "dense" or graph.kind_names[u].startswith("conv")
         table = PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS
         out[name] = table[check_strategy(strategies.get(src, "replicated"))][1]
+    return out
+
+
+def consumer_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """For each layer of ``graph`` that feeds others: consumer name -> the
+    layout that consumer takes its input in under ``strategies``. Where a
+    module's consumers are all functional ops (no module call of their own)
+    and agree, :func:`shard_training` pins the module's output to that
+    layout, so that the conversion the cost model puts on the edge happens
+    there and the functional ops run in their planned layout."""
+    out: dict[str, dict[str, str]] = {}
+    for u, v in graph.edges:
+        param = graph.kind_names[v] == "dense" or graph.kind_names[v].startswith("conv")
+        table = PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS
+        name = graph.names[v]
+        out.setdefault(graph.names[u], {})[name] = table[check_strategy(strategies.get(name, "replicated"))][0]
     return out

@@ -39,7 +39,9 @@ from costmodels.strategies import STRATEGY_NAMES, io_layout_names
 
 __all__ = [
     "BATCH_AXES",
+    "CHANNELWISE_GRADIENT_LAYOUTS",
     "CHANNELWISE_LAYOUTS",
+    "PARAM_GRADIENT_LAYOUTS",
     "PARAM_LAYOUTS",
     "Spec",
     "LayerSpecs",
@@ -57,6 +59,10 @@ Spec = tuple[Entry, ...]  # one entry per leading dim; see the module docstring
 BATCH_AXES = ("data", "model")
 PARAM_LAYOUTS = io_layout_names(param_layer=True)  # conv / dense
 CHANNELWISE_LAYOUTS = io_layout_names(param_layer=False)  # batch norm and the other per-channel layers
+# (input gradient produced, output gradient needed): they differ from the forward layouts only
+# where those are partial sums (a channel layer's output, a filter layer's input gradient).
+PARAM_GRADIENT_LAYOUTS = io_layout_names(param_layer=True, gradients=True)
+CHANNELWISE_GRADIENT_LAYOUTS = io_layout_names(param_layer=False, gradients=True)
 # The parameters Flax gives each layer kind (nnx and linen share the names).
 _PARAM_NAMES = {"conv": ("kernel", "bias"), "dense": ("kernel", "bias"),
                 "batch_norm": ("scale", "bias", "mean", "var")}

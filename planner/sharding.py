@@ -12,7 +12,14 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from planner.export import AXES, TrainState, make_mesh, producer_layouts, shard_training
+from planner.export import (
+    AXES,
+    TrainState,
+    consumer_layouts,
+    make_mesh,
+    producer_layouts,
+    shard_training,
+)
 from planner.extraction import extract
 from planner.graph import LayerGraph
 from planner.planning import Plan
@@ -41,10 +48,12 @@ def shard(
     graph = planned_graph(model, plan)
     mesh = plan_mesh(plan, mesh)
     kwargs: dict[str, Any] = {} if loss_fn is None else {"loss_fn": loss_fn}
-    # each module's input pinned to its producer's planned layout, so the functional ops between modules
-    # (activations, pooling, flatten) run where the plan costs them (docs/validation.md)
+    # each module's input pinned to its producer's planned layout and each module output read by functional
+    # ops to theirs, so the functional ops between modules (activations, pooling, flatten) run where the plan
+    # costs them (docs/validation.md, items 2 and 12)
     return shard_training(model, plan.strategies, mesh, optimizer,
-                          input_layouts=producer_layouts(graph, plan.strategies), **kwargs)
+                          input_layouts=producer_layouts(graph, plan.strategies),
+                          output_layouts=consumer_layouts(graph, plan.strategies), **kwargs)
 
 
 def planned_graph(model: nnx.Module, plan: Plan) -> LayerGraph:
@@ -64,6 +73,12 @@ def planned_graph(model: nnx.Module, plan: Plan) -> LayerGraph:
             f"this plan was made for another model (plan {plan.model!r}, fingerprint {plan.graph_fingerprint}; "
             f"the model given extracts to {graph.fingerprint}); plan this model with planner.plan first"
         )
+    missing = [n for n in graph.names if n not in plan.strategies]
+    extra = sorted(set(plan.strategies) - set(graph.names))
+    if missing or extra:  # the fingerprint matches but the layer list was edited
+        what = (f"no strategy for {len(missing)} layer(s), e.g. {missing[:3]}" if missing
+                else f"strategies for {len(extra)} layer(s) the model does not have, e.g. {extra[:3]}")
+        raise ValueError(f"the plan gives {what}: its file was edited or truncated; plan the model again")
     return graph
 
 

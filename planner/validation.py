@@ -19,6 +19,10 @@ Memory rows (jax-notes.md §3):
   Within ``activation_rtol``.
 * ``total``: ``argument + output - alias + temp`` (on CPU ``peak`` leaves out
   temporaries), within ``memory_rtol``.
+* ``limit``: the plan's memory limit (``plan.memory_limit_bytes``, what the
+  plan was made for) against the compiled total; fails when the compiled
+  program needs more, and its note names the part that grew most beyond its
+  prediction. :attr:`ValidationReport.over_limit` is that row when it fails.
 
 Collective rows: the plan's collectives (:func:`costmodels.plan_collectives`)
 plus the small ones the time model neglects
@@ -33,8 +37,10 @@ all-reduce of ``n * b`` bytes; the row says so. A two-axis all-reduce that
 XLA splits into one over ``model`` and one over ``data`` is matched too.
 
 The step is compiled with every module input pinned first to its producer's
-planned layout (:func:`planner.export.producer_layouts`), so that the
-functional layers between modules keep the plan's layouts.
+planned layout (:func:`planner.export.producer_layouts`) and every module
+output read by functional layers pinned to their planned layout
+(:func:`planner.export.consumer_layouts`), so that the functional layers
+between modules keep the plan's layouts.
 """
 
 from __future__ import annotations
@@ -64,20 +70,21 @@ from costmodels.collective_list import (
     sharded_parameters,
 )
 from costmodels.table import OPTIMIZER_SLOTS
-from planner.export import lower_training, producer_layouts
+from planner.export import consumer_layouts, lower_training, producer_layouts
 from planner.extraction import extract
 from planner.hlo import parse_collectives
 from planner.planning import Plan
 from planner.sharding import plan_mesh, planned_graph
 
-__all__ = ["CollectiveRow", "MemoryRow", "ValidationReport", "default_optimizer", "fixed_plan", "validate"]
+__all__ = ["CollectiveRow", "MemoryRow", "ValidationReport", "collective_rows", "default_optimizer", "fixed_plan",
+           "validate"]
 
 _COUNTER_BYTES = {"sgd": 0, "momentum": 0, "adam": 4}  # optax's int32 step count (ScaleByAdamState.count)
 
 
 @dataclasses.dataclass(frozen=True)
 class MemoryRow:
-    part: str  # parameters | optimizer state | batch statistics | inputs | arguments | activations and temporaries | total
+    part: str  # parameters | optimizer state | batch statistics | inputs | arguments | activations and temporaries | total | limit
     predicted_bytes: float  # per device
     compiled_bytes: float  # per device
     rtol: float  # allowed |compiled - predicted| / predicted (0: exact)
@@ -113,6 +120,11 @@ class ValidationReport:
     @property
     def ok(self) -> bool:
         return all(r.ok for r in self.memory) and all(r.ok for r in self.collectives)
+
+    @property
+    def over_limit(self) -> MemoryRow | None:
+        """The ``limit`` row when the compiled program exceeds the plan's memory limit, else None."""
+        return next((r for r in self.memory if r.part == "limit" and not r.ok), None)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -194,7 +206,8 @@ def validate(
 
     x = jax.ShapeDtypeStruct((plan.batch, *spatial, c), jnp.float32)
     lowered, abstract = lower_training(model, plan.strategies, mesh, tx, x,
-                                       input_layouts=producer_layouts(graph, plan.strategies))
+                                       input_layouts=producer_layouts(graph, plan.strategies),
+                                       output_layouts=consumer_layouts(graph, plan.strategies))
     compiled = lowered.compile()
     memory = _memory_rows(graph, plan, compiled, abstract, x, memory_rtol, activation_rtol)
     platform = mesh.devices.flat[0].platform
@@ -238,7 +251,7 @@ def _memory_rows(graph: Any, plan: Plan, compiled: Any, abstract: Any, x: Any, r
     def row(name: str, p: float, g: float, tol: float, note: str = "") -> MemoryRow:
         return MemoryRow(name, p, g, tol, _close(p, g, tol), note)
 
-    return (
+    rows = (
         row("parameters", params, got_params, 0.0),
         row("optimizer state", optim, got_optim, 0.0,
             f"{OPTIMIZER_SLOTS[plan.optimizer]} slot(s) per parameter + {_COUNTER_BYTES[plan.optimizer]} B step count"),
@@ -249,6 +262,36 @@ def _memory_rows(graph: Any, plan: Plan, compiled: Any, abstract: Any, x: Any, r
             "gradients, update, saved activations, workspace; XLA output - alias + temp"),
         row("total", total, got_total, rtol, "XLA argument + output - alias + temp"),
     )
+    return (*rows, _limit_row(plan, rows, got_total))
+
+
+def _limit_row(plan: Plan, rows: tuple[MemoryRow, ...], compiled_total: float) -> MemoryRow:
+    """The plan's memory limit against the compiled total (the promise the plan
+    makes); when broken, the note names the part that grew most."""
+    limit = float(plan.memory_limit_bytes)
+    kept = f", {plan.memory_margin_bytes:,.0f} B of it kept free for {plan.platform}" if plan.platform else ""
+    if compiled_total <= limit:
+        return MemoryRow("limit", limit, compiled_total, 0.0, True, f"the plan's memory limit{kept}; fits")
+    parts = [r for r in rows if r.part not in ("arguments", "total")]
+    grown = max(parts, key=lambda r: r.compiled_bytes - r.predicted_bytes)
+    note = (f"compiled {compiled_total:,.0f} B exceed the plan's limit {limit:,.0f} B{kept} by "
+            f"{compiled_total - limit:,.0f} B; the part that grew: {grown.part}, "
+            f"{grown.compiled_bytes - grown.predicted_bytes:+,.0f} B over its prediction")
+    return MemoryRow("limit", limit, compiled_total, 0.0, False, note)
+
+
+def collective_rows(model: nnx.Module, plan: Plan, hlo_text: str, *, mesh: Mesh | None = None,
+                    comm_rtol: float = 0.05) -> tuple[CollectiveRow, ...]:
+    """The collective rows of :func:`validate` for a program compiled some
+    other way: ``hlo_text`` (``compiled.as_text()``) of a training step on
+    ``mesh`` (default: the plan's mesh over the local devices) against the
+    collectives ``plan`` predicts for ``model``; e.g. a step lowered with
+    layouts other than the plan's, which these rows then flag."""
+    if not comm_rtol >= 0:
+        raise ValueError("comm_rtol must be a non-negative fraction, e.g. 0.05")
+    graph = planned_graph(model, plan)
+    mesh = plan_mesh(plan, mesh)
+    return _collective_rows(graph, plan, hlo_text, mesh, mesh.devices.flat[0].platform, comm_rtol)
 
 
 def _collective_rows(graph: Any, plan: Plan, hlo: str, mesh: Mesh, platform: str, rtol: float

@@ -10,11 +10,14 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from planner import extract
 from planner.export import (
     activation_spec,
+    consumer_layouts,
     make_mesh,
     param_spec,
     partition_specs,
+    producer_layouts,
     shard_training,
 )
 
@@ -38,6 +41,8 @@ PLANS = {
     "filter-convs": ((1, 8), {"convs/0": "filter", "convs/1": "filter"}),
     "spatial": ((2, 4), {"convs/0": "spatial", "convs/1": "spatial"}),
     "replicated": ((4, 2), {"convs/0": "replicated", "fcs/0": "replicated"}),
+    # a channel conv: its output gradient pinned replicated, relu_1 after it pinned batch
+    "channel-conv": ((2, 4), {"convs/1": "channel"}),
 }
 
 
@@ -46,11 +51,16 @@ def runs(devices):
     model = Tiny(nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (16, 16, 16, 3))
     y = jax.random.randint(jax.random.key(2), (16,), 0, 16)
+    graph = extract(model, x)
     out = {}
     for name, (mesh_shape, strategies) in PLANS.items():
         full = {p: "data" for p in ("convs/0", "convs/1", "fcs/0", "fcs/1")} | strategies
+        every = {n: "data" for n in graph.names} | strategies
         mesh = make_mesh(*mesh_shape)
-        step, state = shard_training(model, full, mesh, optax.sgd(0.1))
+        # pinned as planner.shard pins: module inputs to their producers' layouts,
+        # module outputs read by functional ops to those ops' layouts
+        step, state = shard_training(model, full, mesh, optax.sgd(0.1), input_layouts=producer_layouts(graph, every),
+                                     output_layouts=consumer_layouts(graph, every))
         losses = []
         for _ in range(2):
             state, loss = step(state, x, y)
@@ -152,3 +162,15 @@ def test_shard_applies_a_plan_from_the_planner(devices):
     other = planner.plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=16, method="dp")
     with pytest.raises(ValueError, match="another model"):
         planner.shard(model, other, optax.sgd(0.1))
+
+
+def test_consumer_layouts_by_hand():
+    model = nnx.eval_shape(lambda: Tiny(nnx.Rngs(0)))
+    g = extract(model, jax.ShapeDtypeStruct((16, 16, 16, 3), jnp.float32))
+    s = {n: "data" for n in g.names} | {"convs/0": "filter", "relu": "filter", "max_pool": "filter",
+                                         "convs/1": "channel"}
+    cl = consumer_layouts(g, s)
+    assert cl["convs/0"] == {"relu": "channel"}  # relu split by channels, as the filter conv leaves it
+    assert cl["convs/1"] == {"relu_1": "batch"}  # the channel conv's partial sums reduce-scattered to relu_1's batch
+    assert cl["fcs/0"] == {"relu_2": "batch"}
+    assert "fcs/1" not in cl  # the model output: the loss decides

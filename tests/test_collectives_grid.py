@@ -1,0 +1,122 @@
+"""Compiled collectives against the plan's where XLA used to depart from it.
+
+Two causes, both closed by pinning in the export (docs/validation.md,
+"XLA's behaviour that validation models", item 12):
+
+* a ``channel`` layer's output gradient: the layer's output is partial sums,
+  which no sharding states, so its cotangent was unconstrained and XLA
+  computed the weight gradient from operands gathered over ``data`` (and the
+  output gradient over every device) instead of all-reducing it over
+  ``data``. The export now pins that cotangent to the plan's layout
+  (replicated over ``model``).
+* functional ops right after a module (ReLU after a ``channel`` conv): XLA
+  ran the ReLU's backward on gathered operands (the gradient *and* its
+  boolean mask). The export now pins a module's output to the layout of the
+  functional ops that read it.
+
+Oracles are hand-computed byte counts; a mis-pinned program must be flagged.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from flax import nnx
+
+from planner.validation import collective_rows, fixed_plan, validate
+
+B = 16  # the tiny CNN's global batch; input 16x16x3
+
+
+class Tiny(nnx.Module):  # tests/test_validate.py's tiny CNN
+    def __init__(self, rngs):
+        self.convs = nnx.List([nnx.Conv(3, 8, (3, 3), rngs=rngs), nnx.Conv(8, 16, (3, 3), rngs=rngs)])
+        self.bn = nnx.BatchNorm(16, use_running_average=False, rngs=rngs)
+        self.fcs = nnx.List([nnx.Linear(16 * 4 * 4, 32, rngs=rngs), nnx.Linear(32, 16, rngs=rngs)])
+
+    def __call__(self, x):
+        for c in self.convs:
+            x = nnx.max_pool(nnx.relu(c(x)), (2, 2), (2, 2))
+        x = self.bn(x)
+        x = x.reshape(x.shape[0], -1)
+        return self.fcs[1](nnx.relu(self.fcs[0](x)))
+
+
+def tiny():
+    return nnx.eval_shape(lambda: Tiny(nnx.Rngs(0))), jax.ShapeDtypeStruct((B, 16, 16, 3), jnp.float32)
+
+
+def _by(rows):
+    return {(r.kind, r.axes): r for r in rows}
+
+
+@pytest.mark.slow
+def test_channel_conv_before_a_data_layer(devices):
+    # convs/1 channel (8 -> 16, 8x8 maps), everything else data, 2x4. Its output
+    # gradient arrives batch-split over all 8 devices (relu_1 is data) and the plan
+    # gathers it over model: each group's 8 samples x 8 x 8 x 16 x 4 B = 32,768 B.
+    # Before the cotangent pin XLA gathered it over all 8 devices (65,536 B).
+    model, x = tiny()
+    plan = fixed_plan(model, x, (2, 4), strategies={"convs/1": "channel"}, batch=B)
+    report = validate(model, plan, memory_rtol=0.40)
+    by = _by(report.collectives)
+    assert by[("all-gather", ("model",))].compiled_bytes == 8 * 8 * 8 * 16 * 4
+    assert ("all-gather", ("data", "model")) not in by
+    assert ("all-gather", ("data",)) not in by
+    assert all(r.ok for r in report.collectives), [r for r in report.collectives if not r.ok]
+
+
+@pytest.mark.slow
+def test_misplaced_pin_is_caught(devices):
+    # A data-parallel plan, compiled with fcs/0's input pinned to the channel layout
+    # (features over model) instead of its producer's batch layout: XLA converts
+    # batch -> channel -> batch with all-to-alls over model, which the plan does not
+    # have, and the rows say which kind and axes.
+    from planner import extract
+    from planner.export import (
+        consumer_layouts,
+        lower_training,
+        make_mesh,
+        producer_layouts,
+    )
+
+    model, x = tiny()
+    plan = fixed_plan(model, x, (2, 4), strategy="data", batch=B)
+    graph = extract(model, x)
+    pins = producer_layouts(graph, plan.strategies)
+    assert pins["fcs/0"] == "batch"
+    mesh = make_mesh(2, 4)
+    rows = {}
+    for label, layouts in (("plan", pins), ("mis-pinned", {**pins, "fcs/0": "channel"})):
+        lowered, _ = lower_training(model, plan.strategies, mesh, optax.adam(1e-3), x, input_layouts=layouts,
+                                    output_layouts=consumer_layouts(graph, plan.strategies))
+        rows[label] = collective_rows(model, plan, lowered.compile().as_text(), mesh=mesh)
+    assert all(r.ok for r in rows["plan"])
+    bad = [r for r in rows["mis-pinned"] if not r.ok]
+    assert [(r.kind, r.axes, r.predicted_bytes) for r in bad] == [("all-to-all", ("model",), 0.0)]
+    assert bad[0].compiled_bytes > 0
+
+
+@pytest.mark.slow
+def test_vgg16_cifar10_batch_256_validates(devices):
+    # The planner's batch-256 plan on 4x2 (dgx-a100, no memory limit): the 4x4 and
+    # 2x2 blocks run filter, filter, channel, each channel conv followed by data
+    # layers. Before the pins XLA gathered two channel convs' operands over data
+    # (+ all-gathers over data and over data+model, -36% all-reduce over data).
+    from planner.flax_zoo import flax_model
+
+    model, x = flax_model("vgg16-cifar10", batch=256)
+    split = {f"features/{i}": "filter" for i in (7, 8, 10, 11)} | {f"relu_{i}": "filter" for i in (7, 8, 10, 11)}
+    plan = fixed_plan(model, x, (4, 2), strategies=split | {"features/9": "channel", "features/12": "channel"},
+                      batch=256)
+    report = validate(model, plan)
+    by = _by(report.collectives)
+    assert all(r.ok for r in report.collectives), [r for r in report.collectives if not r.ok]
+    assert {k for k in by if k[0] == "all-gather"} == {("all-gather", ("model",))}
+    # Weight gradients of the split convs over data, one shard each: features/7
+    # (3x3x256x512 + 512) / 2, features/8, 10, 11 (3x3x512x512 + 512) / 2 (filter:
+    # kernel and bias split), features/9, 12 3x3x512x512 / 2 + 512 (channel: the
+    # kernel's input channels split, the bias whole); 4 B each.
+    filt7, filt = (9 * 256 * 512 + 512) // 2, (9 * 512 * 512 + 512) // 2
+    chan = 9 * 512 * 512 // 2 + 512
+    assert by[("all-reduce", ("data",))].compiled_bytes == (filt7 + 3 * filt + 2 * chan) * 4
