@@ -132,6 +132,7 @@ def graph_from_dict(data: Any) -> LayerGraph:
     arrays["edge_src"] = np.asarray(src, dtype=np.float64)
     arrays["edge_dst"] = np.asarray(dst, dtype=np.float64)
     arrays["edge_mask"] = np.ones(len(src))
+    _check_consistent(arrays, names, src, dst, shape)
     g = LayerGraph(
         arrays=LayerArrays(**arrays),
         names=tuple(names),
@@ -140,3 +141,45 @@ def graph_from_dict(data: Any) -> LayerGraph:
         measured_time_per_sample_s=t,
     )
     return g.padded()
+
+
+def _check_consistent(a: dict[str, np.ndarray], names: list[str], src: list[int], dst: list[int],
+                      input_shape: list[int]) -> None:
+    """One line naming the layer where the file's layers do not fit together:
+    a layer reads its producer's output shape (channels and spatial dims; a
+    concat only the spatial dims), a layer fed by the model input reads the
+    input's shape, a conv's groups divide its channels, a window (dilated) fits
+    in its padded input, and the spatial rank matches the dims given."""
+    def shape(i: int, side: str) -> str:
+        c = int(a[f"{side}_channels"][i])
+        sp = [int(x) for x in a[f"{side}_spatial"][i]]
+        return f"({c}, {', '.join(map(str, sp))})"
+
+    fed = set(dst)
+    for s, d in zip(src, dst, strict=True):
+        same_spatial = np.array_equal(a["in_spatial"][d], a["out_spatial"][s])
+        same_channels = a["in_channels"][d] == a["out_channels"][s] or int(a["kind"][d]) == LayerKind.CONCAT
+        if not (same_spatial and same_channels):
+            raise ValueError(f"layer {names[d]!r} reads {shape(d, 'in')} but its input {names[s]!r} gives "
+                             f"{shape(s, 'out')} (channels, spatial dims); the layers do not fit together")
+    c, *sp = input_shape
+    for i in range(len(names)):
+        if i not in fed and (a["in_channels"][i] != c or [int(x) for x in a["in_spatial"][i][:len(sp)]] != sp):
+            raise ValueError(f"layer {names[i]!r} reads {shape(i, 'in')} from the model input, which is "
+                             f"{tuple(input_shape)}; the layers do not fit the input_shape")
+        kind = int(a["kind"][i])
+        rank = int(a["spatial_rank"][i])
+        if any(int(x) != 1 for x in a["in_spatial"][i][rank:]):
+            raise ValueError(f"layer {names[i]!r} has spatial_rank {rank} but input spatial dims "
+                             f"{[int(x) for x in a['in_spatial'][i]]} (dims past the rank must be 1)")
+        if kind == LayerKind.CONV:
+            g = int(a["groups"][i])
+            if a["in_channels"][i] % g or a["out_channels"][i] % g:
+                raise ValueError(f"layer {names[i]!r}: groups {g} must divide its {int(a['in_channels'][i])} input "
+                                 f"and {int(a['out_channels'][i])} output channels")
+        if kind in (LayerKind.CONV, LayerKind.POOL):
+            window = (a["kernel"][i] - 1) * a["dilation"][i] + 1
+            room = a["in_spatial"][i] + a["pad_lo"][i] + a["pad_hi"][i]
+            if np.any(window > room):
+                raise ValueError(f"layer {names[i]!r}: its window {[int(x) for x in window]} (dilation included) "
+                                 f"is larger than its padded input {[int(x) for x in room]}")

@@ -85,10 +85,12 @@ def _run_plan(args: argparse.Namespace) -> int:
     from costmodels.files import check_writable
 
     # what the plan file holds must read back (plan_file.py): counts within its integer range
-    for name, v, low in (("--devices", args.devices, 1), ("--seed", args.seed, 0), ("--batch", args.batch, 1),
-                         ("--batch-per-device", args.batch_per_device, 1)):
-        if v is not None and not low <= v < 10**15:
-            raise ValueError(f"{name} must be an integer from {low} to 10^15, got {v}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
+    for name, v in (("--devices", args.devices), ("--seed", args.seed), ("--batch", args.batch),
+                    ("--batch-per-device", args.batch_per_device)):
+        if v is not None and v >= 10**15:
+            raise ValueError(f"{name} must be below 10^15, got {v}")
     limit = parse_memory_limit(args.memory_limit) if args.memory_limit is not None else None
     if args.output:
         check_writable(args.output, "-o")  # before the search, not after it

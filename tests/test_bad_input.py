@@ -442,3 +442,43 @@ def test_shard_rejects_a_plan_for_another_model(change, phrase):
     with pytest.raises(ValueError, match="this plan was made for another model") as info:
         shard(_tiny_flax_model(), plan, optax.sgd(0.1))
     assert phrase in str(info.value) and "\n" not in str(info.value)
+
+
+# -- classes added with issue 14 ------------------------------------------------------------------
+
+
+def _graph_json(tmp_path, mutate):
+    import copy
+
+    from planner.zoo import get_model
+
+    d = copy.deepcopy(get_model("vgg16-cifar10").to_dict())
+    mutate(d)
+    f = tmp_path / "g.json"
+    f.write_text(json.dumps(d))
+    return str(f)
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda d: d["layers"][2].update(in_channels=32), "layer 'features/1' reads (32, 32, 32, 1) but its input 'relu'"),
+    (lambda d: d["layers"][0].update(in_channels=4), "from the model input"),
+    (lambda d: d["layers"][0].update(kernel=[99, 3, 1]), "window [99, 3, 1]"),
+    (lambda d: d["layers"][2].update(groups=3), "groups 3 must divide"),
+    (lambda d: d["layers"][0].update(spatial_rank=1), "spatial_rank 1"),
+], ids=["channels-mismatch", "input-mismatch", "window-too-large", "groups", "rank"])
+def test_inconsistent_layer_graph_is_one_line_naming_the_layer(tmp_path, capsys, mutate, words):
+    f = _graph_json(tmp_path, mutate)
+    assert main(["layers", f]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["plan", "vgg16-cifar10", "--devices", "8", "--seed", "-1"], "--seed must be a non-negative integer"),
+    (["plan", "vgg16-cifar10", "--devices", "8", "--batch", "1" + "0" * 20], "--batch must be below 10^15"),
+    (["plan", "vgg16-cifar10", "--devices", "8", "--memory-limit", "200GB", "--hardware", "dgx-a100"],
+     "more than a dgx-a100 device has"),
+], ids=["negative-seed", "huge-batch", "limit-above-device"])
+def test_values_a_plan_file_could_not_hold_are_refused(capsys, argv, words):
+    assert main(argv) == 2
+    assert words in capsys.readouterr().err
