@@ -5,34 +5,19 @@ Oracles are hand-computed byte counts of a tiny CNN and what XLA reports."""
 import json
 import textwrap
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from costmodels.collective_list import auxiliary_collectives, sharded_parameters
+from builders import TINY_CNN_BATCH, TinyCNN, tiny_cnn  # noqa: E402
 from planner.validation import fixed_plan, validate
 
-B = 16  # global batch; input 16x16x3
+B = TINY_CNN_BATCH  # global batch; input 16x16x3
 
 
-class Tiny(nnx.Module):
-    def __init__(self, rngs):
-        self.convs = nnx.List([nnx.Conv(3, 8, (3, 3), rngs=rngs), nnx.Conv(8, 16, (3, 3), rngs=rngs)])
-        self.bn = nnx.BatchNorm(16, use_running_average=False, rngs=rngs)
-        self.fcs = nnx.List([nnx.Linear(16 * 4 * 4, 32, rngs=rngs), nnx.Linear(32, 16, rngs=rngs)])
-
-    def __call__(self, x):
-        for c in self.convs:
-            x = nnx.max_pool(nnx.relu(c(x)), (2, 2), (2, 2))
-        x = self.bn(x)
-        x = x.reshape(x.shape[0], -1)
-        return self.fcs[1](nnx.relu(self.fcs[0](x)))
-
-
-def tiny():
-    return nnx.eval_shape(lambda: Tiny(nnx.Rngs(0))), jax.ShapeDtypeStruct((B, 16, 16, 3), jnp.float32)
+Tiny = TinyCNN
+tiny = tiny_cnn
 
 
 CONV0, CONV1, BN = 3 * 3 * 3 * 8 + 8, 3 * 3 * 8 * 16 + 16, 2 * 16
