@@ -344,7 +344,8 @@ def test_plan_many_equals_plan_one_by_one_and_compiles_once():
     assert out.certified.tolist() == [True, True, True, False, False]
     assert out.fallback.tolist() == [False, False, False, True, True]
     for i, c in enumerate(configs):
-        p = plan(c.model, devices=c.devices, hardware=c.hardware, memory_limit=c.memory_limit, batch=c.batch)
+        p = plan(c.model, devices=c.devices, hardware=c.hardware, memory_limit=c.memory_limit, batch=c.batch,
+                 simplicity_tolerance=0.0)  # plan_many gives the fastest plan, not the simplest within 1%
         np.testing.assert_allclose(out.iteration_s[i], p.iteration_s, rtol=1e-6)
         assert tuple(out.mesh[i]) == p.mesh
         assert out.memory_bytes_per_device[i] <= out.memory_limit_bytes[i]
