@@ -321,6 +321,41 @@ def _one_line(text: str) -> str:
 
 
 DEBUG_ENV = "SHARDPLAN_DEBUG"
+CACHE_ENV = "SHARDPLAN_CACHE_DIR"  # where the CLI keeps JAX's persistent compilation cache; "off" disables it
+
+
+def compilation_cache_dir() -> Path | None:
+    """The folder the CLI keeps JAX's compilation cache in, so that a second
+    run of the same command compiles nothing: ``$SHARDPLAN_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/shardplan/jax`` (``~/.cache/shardplan/jax``); None when
+    ``SHARDPLAN_CACHE_DIR=off`` or the user set JAX's own
+    ``JAX_COMPILATION_CACHE_DIR`` (then JAX uses that)."""
+    value = os.environ.get(CACHE_ENV)
+    if value is not None:
+        return None if value.strip().lower() in ("", "off", "0", "none") else Path(value).expanduser()
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "shardplan" / "jax"
+
+
+def _use_compilation_cache() -> None:
+    """Point JAX's persistent compilation cache at :func:`compilation_cache_dir`
+    (every program cached, however fast it compiled: the CLI's cost tables and
+    searches compile in well under JAX's default 1 s threshold). A folder that
+    cannot be made leaves the cache off: it only saves time."""
+    folder = compilation_cache_dir()
+    if folder is None:
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -333,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         args = parser.parse_args(argv)
+        _use_compilation_cache()
         return args.run(args)
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)

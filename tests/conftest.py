@@ -6,6 +6,9 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The CLI's persistent compilation cache stays off in tests (no writes to ~/.cache; in-process
+# runs share one JAX config); tests/test_cli_latency.py turns it on in a subprocess.
+os.environ["SHARDPLAN_CACHE_DIR"] = "off"
 
 import jax  # noqa: E402
 
