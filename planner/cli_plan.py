@@ -85,6 +85,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     from costmodels.files import check_writable
 
     # what the plan file holds must read back (plan_file.py): counts within its integer range
+    if not args.milp_time_limit >= 0:
+        raise ValueError(f"--milp-time-limit must be a non-negative number of seconds, got {args.milp_time_limit}")
     if args.seed < 0:
         raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
     for name, v in (("--devices", args.devices), ("--seed", args.seed), ("--batch", args.batch),
@@ -109,7 +111,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             batch_per_device=args.batch_per_device, method=args.method, seed=args.seed, dtype=args.dtype,
             optimizer=args.optimizer, allow_cross_node_model_axis=args.allow_cross_node_model_axis,
             calibration=calibration, allow_other_hardware=args.allow_other_hardware, callback=callback,
-            platform=args.platform,
+            platform=args.platform, milp_time_limit_s=args.milp_time_limit if args.milp_time_limit > 0 else None,
         )
     except InfeasibleMemoryError as e:
         print(f"{PROG}: error: {_one_line(str(e))}", file=sys.stderr)
@@ -153,6 +155,9 @@ def add_plan_commands(sub: Any) -> None:
     pl.add_argument("--calibration", metavar="FILE", help="measured per-layer times (shardplan profile)")
     pl.add_argument("--allow-other-hardware", action="store_true",
                     help="use a calibration measured on other hardware than --hardware")
+    pl.add_argument("--milp-time-limit", type=float, default=120.0, metavar="S",
+                    help="with --method milp (or where auto runs it): stop after S seconds per mesh shape with the "
+                         "best plan found and report its optimality gap; 0 = no limit (default 120)")
     pl.add_argument("--platform", choices=("cpu", "gpu", "tpu"), default=None,
                     help="XLA platform the plan will be compiled on; the search keeps its memory margin free "
                          "(default: the hardware's, cpu for cpu-local, else gpu)")

@@ -147,6 +147,9 @@ def _platform(platform: str | None, hw: Hardware) -> str:
     return "cpu" if hw.name.lower().startswith("cpu") else "gpu"
 
 
+MILP_TIME_LIMIT_S = 120.0  # per mesh shape: the MILP stops there with its best plan and its gap
+
+
 def _divisors(n: int) -> list[int]:
     """The divisors of ``n``, ascending, by trial division up to sqrt(n)."""
     small, large = [], []
@@ -405,6 +408,7 @@ def plan(
     config: GradientConfig = GradientConfig(),
     platform: str | None = None,
     simplicity_tolerance: float = 0.01,
+    milp_time_limit_s: float | None = MILP_TIME_LIMIT_S,
 ) -> Plan:
     """The fastest plan of ``model`` (a zoo name or a :class:`LayerGraph`) on
     ``devices`` devices of ``hardware`` within ``memory_limit`` per device
@@ -416,6 +420,11 @@ def plan(
     for (``cpu``, ``gpu``, ``tpu``; default: the hardware's, ``cpu`` for
     ``cpu-local``, else ``gpu``); the plan records both.
 
+    The MILP (``method="milp"``) stops after ``milp_time_limit_s`` per mesh
+    (default :data:`MILP_TIME_LIMIT_S`; None: no limit) with the best plan it
+    found; ``optimality_gap`` says how far from its lower bound that plan may
+    be (None without a bound).
+
     Of the plans found (the best on each mesh, and pure data parallelism
     where it fits), the simplest whose predicted time is within
     ``simplicity_tolerance`` (default 1%) of the fastest is returned: fewest
@@ -423,6 +432,8 @@ def plan(
     was preferred that way records the fastest one's time and mesh
     (``fastest_iteration_s``, ``fastest_mesh``); the prediction is a model, and
     sharding more layers for a gain smaller than its error is no gain."""
+    if milp_time_limit_s is not None and not (isinstance(milp_time_limit_s, (int, float)) and milp_time_limit_s > 0):
+        raise ValueError(f"milp_time_limit_s must be a positive number of seconds or None, got {milp_time_limit_s!r}")
     if not (isinstance(simplicity_tolerance, (int, float)) and 0 <= simplicity_tolerance < 1):
         raise ValueError(f"simplicity_tolerance must be a fraction in [0, 1), e.g. 0.01, got {simplicity_tolerance!r}")
     start = _time.perf_counter()
@@ -469,7 +480,8 @@ def plan(
     # search sums memory in float32 in its own order; the plan's reported memory is another
     # float32 sum: FLOAT32_ROUNDING keeps the two on the same side of the limit.
     budget = max((limit - margin) * (1.0 - FLOAT32_ROUNDING), 1.0)
-    solutions: list[Solution] = solve_many(tables, budget, method, seed, callback, config=config)
+    solutions: list[Solution] = solve_many(tables, budget, method, seed, callback, config=config,
+                                           milp_time_limit_s=milp_time_limit_s)
     results = tuple(
         MeshResult(mesh, s.feasible, s.time_s if s.feasible else None, s.memory_bytes, s.min_memory_bytes,
                    s.method, s.optimality_gap)

@@ -228,3 +228,18 @@ def test_tolerance_picks_the_simplest_plan_within_it(tmp_path):
     assert (again.fastest_iteration_s, again.fastest_mesh) == (simple.fastest_iteration_s, simple.fastest_mesh)
     with pytest.raises(ValueError, match="simplicity_tolerance"):
         planner.plan("vgg16", devices=64, hardware="dgx-a100", simplicity_tolerance=1.5)
+
+
+def test_milp_time_limit_returns_the_best_plan_with_its_gap():
+    """A MILP stopped almost at once still returns a plan that fits, with each
+    mesh's gap against its lower bound (or None without one) reported."""
+    import math
+
+    import planner
+
+    p = planner.plan("resnet50", devices=64, hardware="dgx-a100", method="milp", milp_time_limit_s=0.01)
+    assert p.fits_memory and p.memory_bytes_per_device + p.memory_margin_bytes <= p.memory_limit_bytes
+    assert all(m.optimality_gap is None or (math.isfinite(m.optimality_gap) and m.optimality_gap >= 0)
+               for m in p.meshes)
+    with pytest.raises(ValueError, match="milp_time_limit_s"):
+        planner.plan("vgg16-cifar10", devices=8, method="milp", milp_time_limit_s=-1)
