@@ -49,20 +49,11 @@ MESHES = ((8, 1), (4, 2), (2, 4), (1, 8))
 
 
 def build(name: str, batch: int):
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
+    """The grid's models, built as benchmarks/xla_agreement.py builds them."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from xla_agreement import build as build_model
 
-    from planner.flax_zoo import CosmoFlow, ResNet, flax_model
-
-    if name == "resnet-2222-32px":
-        model = nnx.eval_shape(lambda: ResNet((2, 2, 2, 2), 10, rngs=nnx.Rngs(0)))
-        return model, jax.ShapeDtypeStruct((batch, 32, 32, 3), jnp.float32)
-    if name == "cnn3d-32px":
-        convs = ((16, 3, 1, "SAME"), (32, 3, 1, "SAME"), (64, 3, 2, "SAME"), (64, 2, 1, "VALID"))
-        model = nnx.eval_shape(lambda: CosmoFlow(convs, (256, 4), image_size=32, rngs=nnx.Rngs(0)))
-        return model, jax.ShapeDtypeStruct((batch, 32, 32, 32, 4), jnp.float32)
-    return flax_model(name, batch=batch)
+    return build_model(name, batch)
 
 
 def mesh_plans(graph, model, x, mesh, batch, limits, hardware="dgx-a100", margin=True):

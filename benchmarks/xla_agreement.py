@@ -69,14 +69,16 @@ SHORT = {"filter": "f", "channel": "c", "spatial": "s", "replicated": "r"}
 
 
 def build(name: str, batch: int):
-    """``(abstract nnx module, input spec)`` for one of :data:`MODELS`."""
+    """``(abstract nnx module, input spec)`` for one of :data:`MODELS` (the
+    ResNet at any ``resnet-2222-<N>px`` image size)."""
     from planner.flax_zoo import CosmoFlow, ResNet, flax_model
 
     if name in ("vgg16-cifar10", "vgg16-cifar10-splitbrain"):
         return flax_model(name, batch=batch)
-    if name == "resnet-2222-64px":
+    if name.startswith("resnet-2222-") and name.endswith("px") and name[12:-2].isdigit():  # e.g. resnet-2222-64px
+        size = int(name[12:-2])
         model = nnx.eval_shape(lambda: ResNet((2, 2, 2, 2), 10, rngs=nnx.Rngs(0)))
-        return model, jax.ShapeDtypeStruct((batch, 64, 64, 3), jnp.float32)
+        return model, jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32)
     if name == "cnn3d-32px":
         convs = ((16, 3, 1, "SAME"), (32, 3, 1, "SAME"), (64, 3, 2, "SAME"), (64, 2, 1, "VALID"))
         model = nnx.eval_shape(lambda: CosmoFlow(convs, (256, 4), image_size=32, rngs=nnx.Rngs(0)))

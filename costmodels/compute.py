@@ -178,9 +178,10 @@ def shard_compute_s(hw: HardwareArrays, arrays, shapes: ShardShapes, dtype_bytes
     in_px = jnp.prod(shapes.in_spatial, axis=-1)  # [L, S] positions per sample in the shard
     out_px = jnp.prod(shapes.out_spatial, axis=-1)
     full_out_px = jnp.prod(f32(a.out_spatial), axis=-1)[:, None]
-    share = (c / jnp.maximum(f32(a.in_channels)[:, None], 1.0)) * (f / jnp.maximum(f32(a.out_channels)[:, None], 1.0)) \
-        * (out_px / jnp.maximum(full_out_px, 1.0))  # [L, S] the shard's part of a sample's FLOPs
-    share = jnp.where(param, share, f / jnp.maximum(f32(a.out_channels)[:, None], 1.0) * out_px / jnp.maximum(full_out_px, 1.0))
+    # [L, S] the shard's part of a sample's FLOPs: its output channels and positions, and
+    # (a contraction over input channels: conv, dense) its input channels
+    share = (f / jnp.maximum(f32(a.out_channels)[:, None], 1.0)) * (out_px / jnp.maximum(full_out_px, 1.0)) \
+        * jnp.where(param, c / jnp.maximum(f32(a.in_channels)[:, None], 1.0), 1.0)
     fwd_flops = f32(a.flops_fwd)[:, None] * b * share
     bwd_data_flops = f32(a.flops_bwd_data)[:, None] * b * share
     bwd_weight_flops = f32(a.flops_bwd_weight)[:, None] * b * share

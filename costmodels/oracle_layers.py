@@ -33,7 +33,8 @@ from costmodels.calibration import CalibrationArrays, calibrated_seconds
 from costmodels.compute import hardware_arrays, op_class_efficiency, roofline_s
 from costmodels.compute import shard_compute_s as kernel_model_s
 from costmodels.hardware import Hardware, KernelSpec
-from costmodels.shards import ShardShapes
+from costmodels.shards import shard_shapes
+from costmodels.strategies import Strategy
 from costmodels.transport import IDEAL
 from planner.graph import LayerGraph, LayerKind
 from planner.netfile import layer_type
@@ -374,32 +375,22 @@ def kernel_model_fraction(layers: OracleLayers, hw: Hardware, samples: float, sp
     ``[n]``, by the kernel model of :mod:`costmodels.compute` (the device's
     ``kernel`` block: tiles, saturation, launches). A layer split ``p`` ways
     along its output channels (``filter``), input channels (``channel``) or
-    output rows (``rows``, whole rows per device, the input's halo included)."""
-    a = layers.arrays
-    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-    n = layers.n
+    output rows (``rows``) runs the shard :func:`costmodels.shards.shard_shapes`
+    gives that strategy on a ``1 x p`` mesh; the whole layer is its
+    ``replicated`` column there."""
+    a = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), layers.arrays)
     p = np.asarray(split, np.float64)
-    full_c, full_f = np.asarray(a.in_channels, np.float64), np.asarray(a.out_channels, np.float64)
-    in_sp, out_sp = np.asarray(a.in_spatial, np.float64), np.asarray(a.out_spatial, np.float64)
-    c, f = full_c.copy(), full_f.copy()
-    shard_in, shard_out = in_sp.copy(), out_sp.copy()
-    if split_dim == "filter":
-        f = full_f / p
-    elif split_dim == "channel":
-        c = full_c / p
-    else:
-        rows = np.ceil(out_sp[:, 0] / p)
-        halo = np.maximum(0.0, (np.asarray(a.kernel)[:, 0] - 1) * np.asarray(a.dilation)[:, 0] + 1
-                          - np.asarray(a.stride)[:, 0])
-        shard_out[:, 0] = rows
-        shard_in[:, 0] = np.minimum(rows * np.asarray(a.stride)[:, 0] + halo, in_sp[:, 0])
-    b = np.full((n, 2), float(samples))
-    shapes = ShardShapes(batch=f32(b), in_channels=f32(np.stack([full_c, c], -1)),
-                         out_channels=f32(np.stack([full_f, f], -1)),
-                         in_spatial=f32(np.stack([in_sp, shard_in], 1)), out_spatial=f32(np.stack([out_sp, shard_out], 1)))
-    t = np.asarray(kernel_model_s(hardware_arrays(hw, "float32"), jax.tree.map(f32, a), shapes, bytes_per_item).total_s,
-                   np.float64)
-    return np.where(t[:, 0] > 0, t[:, 1] / np.where(t[:, 0] > 0, t[:, 0], 1.0), 1.0 / p)
+    column = {"filter": Strategy.FILTER, "channel": Strategy.CHANNEL, "rows": Strategy.SPATIAL}[split_dim]
+    hwa = hardware_arrays(hw, "float32")
+    whole = None
+    frac = np.ones(layers.n)
+    for ways in np.unique(p[p > 1]):  # one split factor in practice (p, or p2 in the hybrids)
+        shapes = shard_shapes(a, float(samples), 1.0, float(ways))
+        t = np.asarray(kernel_model_s(hwa, a, shapes, bytes_per_item).total_s, np.float64)
+        whole = t[:, Strategy.REPLICATED]
+        ratio = t[:, column] / np.where(whole > 0, whole, 1.0)
+        frac = np.where(p == ways, np.where(whole > 0, ratio, 1.0 / ways), frac)
+    return frac
 
 
 def shard_compute_s(

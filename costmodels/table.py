@@ -21,7 +21,7 @@ from costmodels.calibration import CalibrationArrays, ShapeCalibrationArrays, ca
 from costmodels.collectives import allreduce_s, p2p_s, tier_of
 from costmodels.compute import DTYPE_BYTES, HardwareArrays, shard_compute_s
 from costmodels.reshard import conversion_s
-from costmodels.shards import shard_shapes
+from costmodels.shards import halo_rows, shard_shapes
 from costmodels.strategies import Layout, Strategy, strategy_layouts, strategy_mask
 
 __all__ = ["CostSettings", "CostTable", "cost_table", "OPTIMIZER_SLOTS"]
@@ -181,7 +181,7 @@ def cost_table(
     # input gradient, which a layer fed by the model input never computes; and rows of
     # x again for the weight gradient: XLA's SPMD partitioner re-exchanges the input's
     # halo rather than keeping the forward's (measured, docs/validation.md).
-    rows = jnp.maximum(0.0, (f32(a.kernel[:, 0]) - 1.0) * f32(a.dilation[:, 0]) + 1.0 - f32(a.stride[:, 0]))
+    rows = halo_rows(a)
     lo, hi = jnp.floor(rows / 2.0), rows - jnp.floor(rows / 2.0)
     x_row = f32(a.in_channels) * f32(a.in_spatial[:, 1]) * f32(a.in_spatial[:, 2]) * group_batch * delta
     y_row = f32(a.out_channels) * f32(a.out_spatial[:, 1]) * f32(a.out_spatial[:, 2]) * group_batch * delta

@@ -293,26 +293,21 @@ def fit_hardware(
         "log_latency_s": jnp.log(jnp.asarray([max(t.latency_s, _MIN_LATENCY_S) for t in hardware.tiers], jnp.float32)),
         "log_bandwidth_bytes_per_s": jnp.log(jnp.asarray([t.bandwidth_bytes_per_s for t in hardware.tiers],
                                                          jnp.float32)),
-        # kernel group: a zero start is moved to a small positive value (its log must be finite)
-        "log_launch_s": jnp.log(jnp.float32(max(k.launch_s, 1e-7) if "kernel" in fitted else max(k.launch_s, 1e-30))),
-        "log_saturation_output_elements": jnp.log(jnp.float32(
-            max(k.saturation_output_elements, 1e3) if "kernel" in fitted else max(k.saturation_output_elements, 1e-30))),
-        "log_exponent_minus_one": jnp.log(jnp.float32(
-            (k.compute_memory_exponent or 3.0) - 1.0 if "kernel" in fitted or k.compute_memory_exponent else 1e30)),
-        "log_dispatch_s": jnp.log(jnp.float32(max(k.dispatch_s, 1e-6) if "kernel" in fitted else max(k.dispatch_s, 1e-30))),
     }
+    kernel_keys = ("log_launch_s", "log_saturation_output_elements", "log_exponent_minus_one", "log_dispatch_s")
+    if "kernel" in fitted:  # a zero (or infinite) start is moved to where its log is finite and has a gradient
+        start_values = (max(k.launch_s, 1e-7), max(k.saturation_output_elements, 1e3),
+                        (k.compute_memory_exponent or 3.0) - 1.0, max(k.dispatch_s, 1e-6))
+    else:  # the starting hardware exactly (logs of 0 and of an infinite exponent are frozen, never stepped)
+        start_values = (base.launch_s, base.saturation_output_elements, base.compute_memory_exponent - 1.0,
+                        base.dispatch_s)
+    params.update({key: jnp.log(jnp.float32(v)) for key, v in zip(kernel_keys, start_values, strict=True)})
     trainable = {
         "log_efficiency": jnp.float32("efficiency" in fitted),
         "log_latency_s": jnp.float32("network" in fitted),
         "log_bandwidth_bytes_per_s": jnp.float32("network" in fitted),
-        **{key: jnp.float32("kernel" in fitted) for key in
-           ("log_launch_s", "log_saturation_output_elements", "log_exponent_minus_one", "log_dispatch_s")},
+        **{key: jnp.float32("kernel" in fitted) for key in kernel_keys},
     }
-    if "kernel" not in fitted:  # the starting hardware exactly, saturation and launch 0 included
-        params["log_launch_s"] = jnp.log(jnp.float32(k.launch_s))
-        params["log_saturation_output_elements"] = jnp.log(jnp.float32(k.saturation_output_elements))
-        params["log_dispatch_s"] = jnp.log(jnp.float32(k.dispatch_s))
-        params["log_exponent_minus_one"] = jnp.log(base.compute_memory_exponent - 1.0)
     start = params
     tiles = CHANNEL_TILES if "kernel" in fitted else (k.channel_tile,)
     total_steps = steps * len(tiles)

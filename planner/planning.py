@@ -505,7 +505,8 @@ def plan(
     candidates = [(solutions[i].time_s, (off_data(solutions[i].strategies), meshes[i][1]), i) for i in fitting]
     if base is not None and dp_memory <= budget:
         candidates.append((dp_time, (0, 1), None))
-    fastest_s = min(c[0] for c in candidates)
+    top = min(candidates, key=lambda c: (c[0], c[1]))  # the fastest (the simpler of equals)
+    fastest_s = top[0]
     simple = min((c for c in candidates if c[0] <= fastest_s * (1.0 + simplicity_tolerance)),
                  key=lambda c: (c[1], c[0]))
     if simple[2] is None:  # pure data parallelism, as evaluated above
@@ -522,9 +523,8 @@ def plan(
         ev = evaluate(graph, hw, P, mesh=(d, m), plan=mapping, batch=B, dtype=dtype, optimizer=optimizer,
                       calibration=calibration, allow_other_hardware=allow_other_hardware)
     preferred = simple[0] > fastest_s
-    top = min((c for c in candidates if c[0] == fastest_s), key=lambda c: c[1])
     fastest_mesh = ((P, 1) if top[2] is None else meshes[top[2]]) if preferred else None
-    gap = solutions[fastest].optimality_gap if preferred else sol.optimality_gap
+    gap = solutions[top[2] if top[2] is not None else fastest].optimality_gap if preferred else sol.optimality_gap
     if preferred and gap is not None:  # against the optimum the fastest plan was certified near
         gap = (1.0 + gap) * simple[0] / fastest_s - 1.0
     if dp_time is not None and ev.iteration_s > 0:
