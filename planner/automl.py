@@ -75,6 +75,7 @@ class CostEstimate(NamedTuple):
     exact_fits: Any  # [] bool: that plan fits the memory limit
     exact_certified: Any  # [] bool: it is the constrained optimum (see plan_many)
     exact_choice: Any  # [L] int32 strategy per layer of that plan
+    valid: Any  # [] bool: the architecture can be planned (see CostFunction); where false every number is NaN
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -91,7 +92,43 @@ class CostFunction:
     fn: Callable[[ArchParams], CostEstimate] = dataclasses.field(repr=False)
 
     def __call__(self, params: ArchParams) -> CostEstimate:
+        """The estimate at ``params``. Called with concrete values, an
+        architecture that cannot be planned (a width or the resolution not
+        positive, a batch under 1 or one that no mesh's data axis divides, a
+        non-finite value) raises ``ValueError``; traced (under ``jit``,
+        ``vmap``, ``grad``), where values are unknown until run time, it
+        gives ``valid = False`` and NaN for every time, memory, weight and
+        gradient instead (never a finite number, never a zero gradient)."""
+        problem = _invalid_params(params, self.meshes)
+        if problem:
+            raise ValueError(f"cost_fn: {problem}")
         return self.fn(params)
+
+
+def _invalid_params(params: ArchParams, meshes) -> str | None:
+    """Why concrete ``params`` cannot be planned on ``meshes`` (``None``: they
+    can, or they are traced and only the run-time ``valid`` flag can tell)."""
+    leaves = (params.widths, params.resolution, params.batch)
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return None
+    widths = np.asarray(params.widths, np.float64).ravel()
+    resolution, batch = np.asarray(params.resolution, np.float64), np.asarray(params.batch, np.float64)
+    if resolution.shape != () or batch.shape != ():  # a batch of architectures: leave it to valid
+        return None
+    if not (np.all(np.isfinite(widths)) and np.isfinite(resolution) and np.isfinite(batch)):
+        return f"widths, resolution and batch must be finite, got {widths.tolist()}, {float(resolution)}, {float(batch)}"
+    if np.any(widths <= 0):
+        return f"width multipliers must be positive, got {widths.tolist()}"
+    if resolution <= 0:
+        return f"the resolution multiplier must be positive, got {float(resolution)}"
+    b = float(np.round(batch))
+    if b < 1:
+        return f"the batch must be at least 1 sample, got {float(batch)}"
+    if not any(b >= d and b % d == 0 for d, _ in meshes):
+        data = sorted({int(d) for d, _ in meshes})
+        return (f"no mesh can split batch {b:.0f} into whole samples per device (data axes {data}); "
+                f"use a multiple of {min(data)}")
+    return None
 
 
 def _softmin_weights(x, tau):
@@ -160,8 +197,15 @@ def _estimate(params: ArchParams, graph: ParametricGraph, hwa, sched: DPSchedule
     idx = jnp.arange(et.shape[0])
     others_slower = jnp.all(~ok | fits | (et > et[pick]) | ((et == et[pick]) & (idx > pick)))
     certified = jnp.any(fits) & others_slower & (hwa.gradient_overlap == 0)
-    return CostEstimate(time_s, memory, objective, w, et[pick], em[pick], pick.astype(jnp.int32), fits[pick],
-                        certified, choice[pick])
+    # An architecture that cannot be planned (CostFunction.__call__) gives NaN values and NaN
+    # gradients, never 0: a term that is 0 (value and gradient) where valid, NaN where not, and
+    # depends on every parameter (a select alone would pass a zero gradient).
+    valid = (jnp.all(params.widths > 0) & (params.resolution > 0) & (batch_r >= 1) & jnp.any(ok)
+             & jnp.all(jnp.isfinite(params.widths)) & jnp.isfinite(params.resolution) & jnp.isfinite(batch))
+    nan = jnp.where(valid, 0.0, jnp.nan) * (jnp.sum(params.widths) + params.resolution + batch)
+    return CostEstimate(time_s + nan, memory + nan, objective + nan, w + nan, et[pick] + nan, em[pick] + nan,
+                        jnp.where(valid, pick, -1).astype(jnp.int32), fits[pick] & valid, certified & valid,
+                        jnp.where(valid, choice[pick], -1), valid)
 
 
 def cost_fn(

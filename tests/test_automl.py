@@ -309,6 +309,45 @@ def test_cost_fn_rejects_bad_arguments():
         cost_fn(pg, "dgx-a100", 0)
 
 
+@pytest.mark.parametrize("w, res, batch, phrase", [
+    ((1.0, -0.5, 1.0, 1.0), 1.0, 256.0, "width multipliers must be positive"),
+    ((1.0, 0.0, 1.0, 1.0), 1.0, 256.0, "width multipliers must be positive"),
+    ((1.0, 1.0, 1.0, 1.0), -1.0, 256.0, "resolution multiplier must be positive"),
+    ((1.0, 1.0, 1.0, 1.0), 1.0, 0.2, "at least 1 sample"),
+    ((1.0, float("nan"), 1.0, 1.0), 1.0, 256.0, "finite"),
+])
+def test_cost_fn_refuses_architectures_it_cannot_plan(tiny_cost, w, res, batch, phrase):
+    _, cf = tiny_cost
+    with pytest.raises(ValueError, match=phrase):
+        cf(params(w, res, batch))
+
+
+def test_cost_fn_refuses_a_batch_no_mesh_can_split():
+    # 16 devices in nodes of 8: the data axis is 2, 4, 8 or 16, so batch 7 splits on no mesh
+    pg = resnet_parametric(**TINY, channel_multiple=8)
+    cf = cost_fn(pg, "dgx-a100", 16)
+    assert sorted(d for d, _ in cf.meshes) == [2, 4, 8, 16]
+    with pytest.raises(ValueError, match=r"no mesh can split batch 7 .*data axes \[2, 4, 8, 16\].*multiple of 2"):
+        cf(params(batch=7.0))
+
+
+@pytest.mark.slow
+def test_cost_fn_traced_bad_architecture_is_nan_not_zero(tiny_cost):
+    """Under jit or grad the values are unknown until run time: every number
+    of an unplannable architecture is NaN (its gradient too), never 0."""
+    _, cf = tiny_cost
+    f = jax.jit(lambda p: cf(p))
+    good, bad = f(params()), f(params((1.0, -0.5, 1.0, 1.0)))
+    assert bool(good.valid) and np.isfinite(float(good.time_s)) and float(good.time_s) > 0
+    assert not bool(bad.valid) and not bool(bad.exact_fits) and int(bad.exact_mesh) == -1
+    for x in (bad.time_s, bad.memory_bytes_per_device, bad.objective_s, bad.exact_time_s):
+        assert np.isnan(float(x))
+    g = jax.grad(lambda w: cf(params(w, batch=0.2)).time_s)(jnp.ones(4, jnp.float32))
+    assert bool(jnp.all(jnp.isnan(g)))
+    g_ok = jax.grad(lambda w: cf(params(w)).time_s)(jnp.ones(4, jnp.float32))
+    assert bool(jnp.all(jnp.isfinite(g_ok))) and float(jnp.sum(jnp.abs(g_ok))) > 0
+
+
 def test_total_forward_flops_is_the_graph_total():
     t = tiny()
     pg = resnet_parametric(**TINY)
