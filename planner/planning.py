@@ -348,6 +348,22 @@ def _format_up(nbytes: float) -> str:
     return f"{math.ceil(nbytes):.0f} B"
 
 
+UNBOUNDED = 1 << 62  # devices_per_node of _advice where the model axis may cross nodes
+
+
+def _advice(P: int, batch: int, batch_is_global: bool, devices_per_node: int) -> str:
+    """What else would make a plan fit (see :func:`_infeasible_message`)."""
+    wider = devices_per_node > P  # a model axis of up to devices_per_node devices is allowed
+    if batch_is_global:
+        return (f"use more devices (the global batch of {batch} then splits into fewer samples per device) "
+                "or a smaller batch")
+    per_device = batch // P if P else batch
+    node = "" if devices_per_node >= UNBOUNDED else f" (up to {devices_per_node} in a node)"
+    more = (f", or more devices for a wider model axis{node}" if wider else
+            "; more devices would not help: with the per-device batch fixed each device keeps as many samples")
+    return f"use a smaller per-device batch (now {per_device}){more}"
+
+
 # Relative slack between two float32 sums of the same per-layer bytes in different orders:
 # float32's unit roundoff (6e-8) times the number of terms of a 1,000-layer model
 # (Higham, "Accuracy and Stability of Numerical Algorithms", §4.2: |error| <= (n - 1) u sum|x|).
@@ -355,10 +371,15 @@ FLOAT32_ROUNDING = 1e-5
 
 
 def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshes, margin: float = 0.0,
-                        inputs: float = 0.0) -> tuple[str, float]:
+                        inputs: float = 0.0, *, batch: int = 0, batch_is_global: bool = True,
+                        devices_per_node: int = 0) -> tuple[str, float]:
     """The message and the smallest limit under which some plan fits: the
     smallest memory any plan needs plus the ``inputs`` bytes, plus the share
-    ``margin`` of that limit kept free for the platform."""
+    ``margin`` of that limit kept free for the platform. Its advice is what
+    would help: more devices only where the global ``batch`` is fixed (each
+    then holds fewer samples) or the model axis could still grow inside a
+    node of ``devices_per_node``; with the per-device batch fixed, more
+    devices bring more samples, not room."""
     mins = [minimum_memory(p) for p in problems]
     k = int(np.argmin([m.memory_bytes for m in mins]))
     p, mm = problems[k], mins[k]
@@ -384,7 +405,7 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshe
         f"limit any plan needs is {need} ({required:,.0f} bytes, on mesh {d}x{m}){kept}; of the plan's memory "
         f"{_format_up(float(persistent.sum()))} are weights, optimizer state and activations kept for the backward "
         f"pass (largest: {parts}) and {_format_up(ws[w])} the largest transient workspace (at {graph.names[w]}); "
-        f"raise the memory limit to at least {need}, use more devices or a smaller batch"
+        f"raise the memory limit to at least {need}, {_advice(P, batch, batch_is_global, devices_per_node)}"
     )
     return message, required
 
@@ -490,7 +511,10 @@ def plan(
     fitting = [i for i, s in enumerate(solutions) if s.feasible]
     if not fitting:
         message, required = _infeasible_message(graph, P, limit, [discrete_problem(t) for t in tables], meshes,
-                                                MEMORY_MARGIN[platform], inputs)
+                                                MEMORY_MARGIN[platform], inputs, batch=B,
+                                                batch_is_global=batch is not None,
+                                                devices_per_node=UNBOUNDED if allow_cross_node_model_axis
+                                                else hw.devices_per_node)
         raise InfeasibleMemoryError(message, required)
     fastest = min(fitting, key=lambda i: (solutions[i].time_s, i))
     dp_time = dp_memory = speedup = base = None

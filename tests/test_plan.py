@@ -84,6 +84,25 @@ def test_infeasible_memory_says_the_smallest_limit_that_fits():
         plan("vgg16", devices=64, hardware=hw, memory_limit=e.required_bytes * 0.999)
 
 
+def test_infeasible_memory_advice_is_advice_that_helps():
+    """Checked by planning what the message suggests (or rules out)."""
+    kw = dict(hardware="abci-v100", memory_limit="2GB")  # 4 GPUs per node
+    with pytest.raises(InfeasibleMemoryError) as err:
+        plan("vgg16", devices=64, **kw)  # 32 samples per device, fixed
+    msg = str(err.value)
+    assert "smaller per-device batch (now 32)" in msg and "more devices would not help" in msg
+    with pytest.raises(InfeasibleMemoryError):  # ... and indeed they do not
+        plan("vgg16", devices=128, **kw)
+    assert plan("vgg16", devices=64, batch_per_device=2, **kw).fits_memory
+    with pytest.raises(InfeasibleMemoryError) as err:
+        plan("vgg16", devices=64, batch=2048, **kw)  # a fixed global batch: more devices, fewer samples each
+    assert "use more devices (the global batch of 2048" in str(err.value)
+    assert plan("vgg16", devices=1024, batch=2048, **kw).fits_memory
+    with pytest.raises(InfeasibleMemoryError) as err:
+        plan("vgg16", devices=2, memory_limit="2GB", hardware="abci-v100")  # the model axis could grow to 4
+    assert "or more devices for a wider model axis (up to 4 in a node)" in str(err.value)
+
+
 def test_memory_limit_units():
     assert parse_memory_limit("16GiB") == 16 * 2**30
     assert parse_memory_limit("16GB") == 16e9
