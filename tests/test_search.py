@@ -9,6 +9,7 @@ graphs) padded to one bucket; memory sizes are small integers so every
 plan's memory is exact in float64 and limits sit half a byte away from any
 plan's memory (no ties at the boundary)."""
 
+import importlib
 import itertools
 
 import jax.numpy as jnp
@@ -336,8 +337,32 @@ def test_auto_uses_dp_on_chains_and_certifies_small_dags():
     chain = synthetic_table(2, 5, chain_edges(5, 2, False))
     assert solve(chain, method="auto").method == "dp"
     dag = synthetic_table(2, 5, dag_edges(5, 2))
-    sol = solve(dag, limit_between(discrete_problem(dag), 2), method="auto", config=FAST)
-    assert sol.method in ("gradient", "milp") and sol.optimality_gap is not None and sol.optimality_gap < 1e-6
+    limit = limit_between(discrete_problem(dag), 2)
+    sol = solve(dag, limit, method="auto", config=FAST)
+    # the MILP proves the optimum at once: no gradient search (its stages are not in the history)
+    assert sol.method == "milp" and sol.optimality_gap is not None and sol.optimality_gap < 1e-6
+    assert [h.stage for h in sol.history] == ["milp"]
+    assert sol.time_s == pytest.approx(solve_brute(discrete_problem(dag), limit).time_s, rel=1e-6)
+
+
+def test_auto_adds_the_gradient_search_where_the_milp_proves_nothing_in_time(monkeypatch):
+    solve_module = importlib.import_module("search.solve")  # (the function search.solve shadows the module)
+
+    dag = synthetic_table(3, 6, dag_edges(6, 3))
+    limit = limit_between(discrete_problem(dag), 3)
+    exact = solve(dag, limit, method="milp")
+
+    def unproven(p, lim, *, time_limit_s=None):  # a MILP stopped by its time limit, with no incumbent
+        assert time_limit_s == solve_module.AUTO_MILP_TIME_LIMIT_S
+        return exact_milp(p, lim)._replace(exact=False, feasible=False, time_s=float("inf"))
+
+    exact_milp = solve_module.solve_milp
+    monkeypatch.setattr(solve_module, "solve_milp", unproven)
+    sol = solve(dag, limit, method="auto", config=FAST)
+    stages = [h.stage for h in sol.history]
+    assert sol.method == "gradient" and "relaxed" in stages and stages[-1] == "milp"
+    assert sol.feasible and sol.time_s == pytest.approx(exact.time_s, rel=1e-6)  # the gradient search finds it
+    assert sol.lower_bound_s == pytest.approx(exact.lower_bound_s)  # and the MILP's bound stays
 
 
 def test_solve_reports_infeasible_with_the_smallest_memory_plan():
