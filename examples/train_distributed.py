@@ -13,7 +13,9 @@ Each process joins the run through ``jax.distributed`` (from the launcher's
 or a SLURM job's environment), builds the plan's mesh with the model axis
 inside a process, and feeds only its own rows of every global batch. The
 synthetic data depends only on (seed, step, row), so any process count sees
-the same global batches. ``--save`` / ``--restore`` write and read the
+the same global batches. Process 0 prints what the run is (model, devices,
+processes, mesh), one line per step (loss, seconds) and a summary.
+``--save`` / ``--restore`` write and read the
 sharded state with Orbax; ``--out`` (process 0) writes the losses, the plan's
 mesh and the compiled step's collectives, with which processes each crosses,
 as JSON.
@@ -130,8 +132,19 @@ def main(argv: list[str] | None = None) -> int:
         mark("restore")
 
     rows = distributed.process_rows(plan.batch, mesh)
+    lead = jax.process_index() == 0  # one line per step and a summary, from process 0 only
+
+    def say(line: str) -> None:
+        if lead:
+            print(line, flush=True)
+
+    off_data = sum(1 for s in plan.strategies.values() if s != "data")
+    say(f"{plan.model} on {jax.device_count()} devices in {jax.process_count()} process(es), mesh "
+        f"{plan.mesh[0]}x{plan.mesh[1]} (data x model), batch {plan.batch}, {off_data} of "
+        f"{len(plan.strategies)} layers off data parallelism; this process feeds rows {rows.start}-{rows.stop - 1}")
     sample, classes = tuple(spec.shape[1:]), 10
     losses, step_seconds, compiled = [], [], None
+    last = args.start_step + args.steps - 1
     for i in range(args.start_step, args.start_step + args.steps):
         x, y = _batch(args.seed, i, rows, sample, classes)
         x, y = distributed.global_batch(x, mesh), distributed.global_batch(y, mesh)
@@ -142,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         state, loss = compiled(state, x, y)
         losses.append(float(loss.addressable_data(0)))
         step_seconds.append(round(time.perf_counter() - t, 3))
+        say(f"step {i}/{last}  loss {losses[-1]:.6f}  {step_seconds[-1]:.3f} s")
     mark("steps")
     if args.save:
         distributed.save_state(args.save, state)
@@ -179,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
             "step_seconds": step_seconds,
             "launched_by": None if config is None else config.source,
         }, indent=1))
+    steady = sorted(step_seconds[1:]) or step_seconds  # the first step also waits for the devices to warm up
+    say(f"done: {args.steps} step(s), loss {losses[0]:.6f} -> {losses[-1]:.6f}, median step "
+        f"{steady[len(steady) // 2]:.3f} s, compile {timings['compile']:.1f} s, {time.perf_counter() - t0:.1f} s in all"
+        + (f"; {sum(r['ok'] for r in validation)}/{len(validation)} collectives as planned" if validation else "")
+        + (f"; saved to {args.save}" if args.save else "") + (f"; wrote {args.out}" if args.out and lead else ""))
     return 0
 
 

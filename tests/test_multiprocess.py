@@ -271,7 +271,7 @@ def _run_example(cmd: list[str], env: dict[str, str], out: Path) -> dict:
         p = _popen(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         log, _ = p.communicate(timeout=HARD_TIMEOUT_S)
         assert p.returncode == 0, log[-3000:]
-        return json.loads(out.read_text())
+        return {**json.loads(out.read_text()), "log": log}
     finally:
         _stop(p)
 
@@ -304,6 +304,13 @@ def test_two_processes_train_like_one_and_resume_from_a_checkpoint(tmp_path, req
     assert (ref["processes"], ref["devices"]) == (1, 8)
     assert (first["processes"], first["devices"], first["mesh"]) == (2, 8, [2, 4])
     assert first["rows_of_process_0"] == [0, 4]  # each process feeds its own half of the batch
+    # what a user reads: one line per step and a summary, from process 0 only (among the transport's lines)
+    steps = [ln for ln in first["log"].splitlines() if ln.startswith("step ")]
+    assert [ln.split()[:4] for ln in steps] == [["step", f"{i}/2", "loss", f"{first['losses'][i]:.6f}"] for i in range(3)]
+    assert [ln for ln in first["log"].splitlines() if ln.startswith("done: ")] == [
+        ln for ln in first["log"].splitlines() if ln.startswith(f"done: 3 step(s), loss {first['losses'][0]:.6f} -> ")]
+    assert sum(ln.startswith("done: ") for ln in first["log"].splitlines()) == 1
+    assert "in 2 process(es), mesh 2x4" in first["log"]
     # each process wrote its own shards
     assert {p.name for p in ckpt.iterdir() if p.name.startswith("ocdbt.process_")} == {"ocdbt.process_0",
                                                                                        "ocdbt.process_1"}
