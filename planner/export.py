@@ -54,7 +54,11 @@ def make_mesh(d: int, m: int, devices: Any = None) -> Mesh:
     """A ``d x m`` mesh with Auto axes over ``devices`` (default: all)."""
     devices = jax.devices() if devices is None else list(devices)
     if d * m != len(devices):
-        raise ValueError(f"a {d}x{m} mesh needs {d * m} devices, but {len(devices)} are available")
+        hint = ""
+        if devices and all(getattr(x, "platform", "") == "cpu" for x in devices):
+            hint = (f"; on a CPU, run with JAX_NUM_CPU_DEVICES={d * m} in the environment for {d * m} "
+                    "XLA CPU devices (set before JAX starts)")
+        raise ValueError(f"a {d}x{m} mesh needs {d * m} devices, but {len(devices)} are available{hint}")
     return jax.make_mesh((d, m), AXES, axis_types=(AxisType.Auto, AxisType.Auto), devices=devices)
 
 

@@ -348,3 +348,63 @@ def test_quickstart_python_runs(devices, tmp_path, monkeypatch, capsys):
     assert {p.strategies[n] for n in ("conv1", "conv2")} == {"data"}
     assert ns["loss"].shape == ()
     assert "P(None, 'model')" in capsys.readouterr().out
+
+
+# -- the README's examples chain -------------------------------------------------------------
+
+
+def _readme_commands() -> list[tuple[dict[str, str], list[str]]]:
+    """(environment assignments, argv) of each ``shardplan`` line of the README's bash blocks."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    out = []
+    for block in _blocks(text, "bash"):
+        for line in block.splitlines():
+            words = shlex.split(line.partition("  #")[0].partition("\t#")[0])
+            env = {}
+            while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+                k, _, v = words.pop(0).partition("=")
+                env[k] = v
+            if words and words[0] == "shardplan":
+                out.append((env, words[1:]))
+    return out
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_readme_examples_chain():
+    """A command that reads a plan (validate --plan, plot, evaluate --plan)
+    reads one a line above it wrote (-o), for the same model, and validate runs
+    with as many devices as that plan was made for."""
+    written: dict[str, list[str]] = {}
+    readers = 0
+    for env, argv in _readme_commands():
+        plan_file = _option(argv, "--plan") or (argv[1] if argv[0] == "plot" else None)
+        if plan_file is not None:
+            readers += 1
+            assert plan_file in written, f"README: `shardplan {' '.join(argv)}` reads {plan_file}, no line above writes it"
+            made = written[plan_file]
+            if argv[0] in ("validate", "evaluate"):
+                assert argv[1] == made[1], f"README: {plan_file} is a plan of {made[1]}, not {argv[1]}"
+            if argv[0] == "validate":
+                assert env.get("JAX_NUM_CPU_DEVICES") == _option(made, "--devices"), (
+                    f"README: validate needs {_option(made, '--devices')} devices (JAX_NUM_CPU_DEVICES on a CPU)")
+        if argv[0] == "plan" and _option(argv, "-o"):
+            written[_option(argv, "-o")] = argv
+    assert readers >= 2
+
+
+@pytest.mark.slow
+def test_readme_plan_then_validate_runs(tmp_path, monkeypatch, capsys):
+    """The README's plan -> validate pair, run as written (8 fake CPU devices here, as JAX_NUM_CPU_DEVICES=8)."""
+    from planner.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    cmds = [argv for _, argv in _readme_commands() if argv[0] == "validate" or (argv[0] == "plan" and "-o" in argv)]
+    assert [c[0] for c in cmds] == ["plan", "validate"]
+    for argv in cmds:
+        status = main(argv + (["--json"] if argv[0] == "validate" else []))
+        out = capsys.readouterr()
+        assert status == 0, f"`shardplan {' '.join(argv)}` exited {status}: {out.err.strip()}"
+    assert json.loads(out.out)["ok"] is True

@@ -22,7 +22,8 @@ indented ones in lists included) is one of:
   replaced by ``<t>`` on both sides before comparing; nothing else is
   normalised.
 * a **command list** or usage synopsis, no output: every line is a command
-  (it starts with one of ``_PROGRAMS``; a trailing ``# comment`` is allowed)
+  (it starts with one of ``_PROGRAMS``, after any ``VAR=value`` environment
+  settings; a trailing ``# comment`` is allowed)
   or continues one (the line before ends with ``\\``, or it is indented and
   starts with ``[`` or ``-``, as a synopsis's options). Those commands are run
   where their page's tests run them (tests/test_docs.py for the quick start).
@@ -65,6 +66,7 @@ EXEMPT_BLOCKS = {
 }
 # First words of the lines of a command list.
 _PROGRAMS = ("shardplan", "python", "python3", "pip")
+_ENV_ASSIGNMENT = re.compile(r"[A-Z_][A-Z0-9_]*=\S*")
 # Phrases whose number is a wall-clock time: group 2 is the number, groups 1 and 3 are kept.
 _TIMINGS = [
     re.compile(r"(shape\(s\)\s+in\s+)(\d+(?:\.\d+)?)(\s+s\b)"),  # shardplan plan: "searched 4 mesh shape(s) in 1.44 s"
@@ -122,7 +124,10 @@ def is_command_list(lines: list[str]) -> bool:
     for ln in lines:
         continues = previous is not None and (
             previous.rstrip().endswith("\\") or (ln[:1] in " \t" and ln.lstrip()[:1] in "[-"))
-        if not continues and (ln[:1] in " \t" or ln.split()[0] not in _PROGRAMS):
+        words = ln.split()
+        while words and _ENV_ASSIGNMENT.fullmatch(words[0]):  # VAR=value before a command sets its environment
+            words.pop(0)
+        if not continues and (ln[:1] in " \t" or not words or words[0] not in _PROGRAMS):
             return False
         previous = ln
     return True
