@@ -3,10 +3,11 @@
 
 Subcommands:
 
-* ``shardplan layers MODEL [--batch B] [--json] [--dtype float32|bfloat16]``:
+* ``shardplan layers MODEL [--batch B] [--json] [--dtype float32|bfloat16] [--full]``:
   the per-layer table of a model (shapes, parameters, FLOPs and activation
-  bytes at batch B). A rich table on a terminal, JSON otherwise (or with
-  ``--json``).
+  bytes at batch B). A rich table on a terminal (above 40 layers, blocks of
+  consecutive layers grouped into one row each unless ``--full``:
+  :mod:`planner._compact`), JSON otherwise (or with ``--json``).
 * ``shardplan hardware`` and ``shardplan evaluate``: see
   :mod:`planner.cli_cost`.
 
@@ -217,14 +218,21 @@ def layer_report(graph: LayerGraph, batch: int = 1, dtype: str = "float32") -> d
     return {"model": graph.model_name, "batch": batch, "dtype": dtype, "layers": rows, "totals": totals}
 
 
-def _render_layers_table(report: dict[str, Any]) -> None:
+def _render_layers_table(report: dict[str, Any], full: bool = True) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
+    from planner._compact import group_rows
     from planner._format import format_bytes, format_count, format_shape
+    from planner.cli_cost import describe_grouping, label_group
 
     t = report["totals"]
+    rows = report["layers"]
+    names = [row["name"] for row in rows]
+    spans = tuple(range(i, i + 1) for i in range(len(rows))) if full else group_rows(names, [True] * len(rows))
+    note = describe_grouping(spans, len(rows),
+                             "consecutive layers of one block; input of the first, output of the last")
     table = Table(
         title=f"{report['model']}: {t['layers']} layers, batch {report['batch']}, {report['dtype']}",
         box=box.SIMPLE_HEAD,
@@ -232,6 +240,8 @@ def _render_layers_table(report: dict[str, Any]) -> None:
         show_edge=False,
         collapse_padding=True,
         pad_edge=False,
+        caption=note,
+        caption_justify="left",
     )
     table.add_column("name", footer="total", overflow="fold", min_width=12)
     table.add_column("kind", overflow="fold")
@@ -240,15 +250,20 @@ def _render_layers_table(report: dict[str, Any]) -> None:
     table.add_column("params", justify="right", no_wrap=True, min_width=7, footer=format_count(t["params"]))
     table.add_column("fwd\nFLOPs", justify="right", no_wrap=True, min_width=7, footer=format_count(t["flops_forward"]))
     table.add_column("act.\nbytes", justify="right", no_wrap=True, min_width=8, footer=format_bytes(t["activation_bytes"]))
-    for row in report["layers"]:
+    for span in spans:
+        first, last = rows[span.start], rows[span.stop - 1]
+        group = rows[span.start:span.stop]
+        params = sum(r["params"] for r in group)
+        act = sum(r["activation_bytes"] for r in group)
         table.add_row(
-            row["name"],
-            row["kind"],
-            format_shape(row["input_shape"]),
-            format_shape(row["output_shape"]),
-            format_count(row["params"]) if row["params"] else "",
-            format_count(row["flops_forward"]),
-            format_bytes(row["activation_bytes"]) if row["activation_bytes"] else "",
+            label_group(names, span) if len(span) > 1 else first["name"],
+            "" if len(span) > 1 else first["kind"],
+            format_shape(first["input_shape"]),
+            format_shape(last["output_shape"]),
+            format_count(params) if params else "",
+            format_count(sum(r["flops_forward"] for r in group)),
+            format_bytes(act) if act else "",
+            style="dim" if len(span) > 1 else None,
         )
     Console().print(table)
 
@@ -274,7 +289,7 @@ def _run_layers(args: argparse.Namespace) -> int:
     if args.json or not sys.stdout.isatty():
         print(_dump_json(report))
     else:
-        _render_layers_table(report)
+        _render_layers_table(report, full=args.full)
     return 0
 
 
@@ -286,6 +301,8 @@ def _parser() -> _Parser:
     p.add_argument("--debug", action="store_true",
                    help=f"show the full traceback of an internal error (or set {DEBUG_ENV}=1)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from planner._compact import COMPACT_ABOVE
+
     lay = sub.add_parser(
         "layers",
         help="print a model's per-layer table",
@@ -299,6 +316,9 @@ def _parser() -> _Parser:
     lay.add_argument("--batch", type=int, default=1, metavar="B", help="samples per step (default: 1)")
     lay.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32", help="activation dtype (default: float32)")
     lay.add_argument("--json", action="store_true", help="print JSON even on a terminal")
+    lay.add_argument("--full", action="store_true",
+                     help=f"print every layer's row: a table of more than {COMPACT_ABOVE} layers otherwise groups "
+                          "consecutive layers of one block into one row each (JSON is never grouped)")
     lay.set_defaults(run=_run_layers)
     from planner.cli_cost import add_cost_commands
     from planner.cli_oracle import add_oracle_commands

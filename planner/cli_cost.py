@@ -5,8 +5,10 @@
 * ``shardplan evaluate MODEL --devices P [--mesh DxM] (--strategy NAME |
   --plan FILE) [--batch B | --batch-per-device b] [--hardware NAME|FILE]
   [--dtype float32|bfloat16] [--optimizer sgd|momentum|adam]
-  [--calibration FILE] [--json]``: per-layer compute, communication,
-  resharding and memory of one plan, and the totals.
+  [--calibration FILE] [--json] [--full]``: per-layer compute, communication,
+  resharding and memory of one plan, and the totals (on a terminal, above
+  40 layers, runs of alike layers grouped unless ``--full``:
+  :mod:`planner._compact`).
 
 ``--plan FILE`` reads any JSON object with a ``"layers"`` list of
 ``{"name": ..., "strategy": ...}`` rows (the output of ``evaluate --json``
@@ -190,11 +192,11 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     if args.json or not sys.stdout.isatty():
         _print_json(data)
         return 0
-    _render_evaluation(data)
+    _render_evaluation(data, full=args.full)
     return 0
 
 
-def _render_evaluation(data: dict[str, Any]) -> None:
+def _render_evaluation(data: dict[str, Any], full: bool = True) -> None:
     from rich.console import Console
 
     from planner._format import format_bytes
@@ -206,29 +208,85 @@ def _render_evaluation(data: dict[str, Any]) -> None:
         f"{data['dtype']}, {data['optimizer']}: {data['iteration_s'] * 1e3:.3f} ms/iteration, "
         f"{format_bytes(data['memory_bytes_per_device'])} per device ({fits} in {format_bytes(data['memory_capacity_bytes'])})"
     )
-    Console().print(layer_cost_table(title, data["layers"]))
+    asked = {r.get("requested_strategy", r["strategy"]) for r in data["layers"]}
+    base = asked.pop() if len(asked) == 1 else "data"  # --strategy NAME: NAME; a plan: data parallelism
+    Console().print(layer_cost_table(title, data["layers"], full=full, base=base, iteration_s=data["iteration_s"]))
 
 
-def layer_cost_table(title: str, layers: list[dict[str, Any]]) -> Any:
+def _plain_cost_rows(layers: list[dict[str, Any]], base: str, iteration_s: float | None) -> list[bool]:
+    """Which rows the compact view may hide in a group: on ``base``, as
+    requested, communicating under :data:`~planner._compact.NOTABLE_SHARE`
+    of the iteration, and resharding nothing the table would show (under
+    0.00005 ms) where ``base`` is data parallelism (there resharding marks a
+    change of layout), under that share of the iteration otherwise (on
+    ``evaluate --strategy filter`` every convolution reshards)."""
+    from planner._compact import NOTABLE_SHARE
+
+    notable = NOTABLE_SHARE * iteration_s if iteration_s else float("inf")
+    reshard = 0.5e-7 if base == "data" else max(0.5e-7, notable)
+    return [r["strategy"] == base and r.get("requested_strategy", r["strategy"]) == r["strategy"]
+            and r["reshard_s"] < reshard and r["comm_s"] < notable for r in layers]
+
+
+def describe_grouping(spans: tuple[range, ...], rows: int, what: str) -> str | None:
+    """The line under a compact table saying what was grouped and how to see
+    every row; None when nothing was."""
+    groups = [s for s in spans if len(s) > 1]
+    if not groups:
+        return None
+    hidden = sum(len(s) for s in groups)
+    return (f"{hidden} of {rows} layers are grouped into {len(groups)} rows '… N layers (first … last)' "
+            f"whose columns are their sums ({what}); --full prints every row")
+
+
+def label_group(names: list[str], span: range) -> str:
+    """``… 12 layers (layer1/0/conv1 … layer1/0/relu_2)``."""
+    return f"… {len(span)} layers ({names[span.start]} … {names[span.stop - 1]})"
+
+
+def layer_cost_table(title: str, layers: list[dict[str, Any]], *, full: bool = True, base: str = "data",
+                     iteration_s: float | None = None) -> Any:
     """A rich table of per-layer plan rows (name, kind, strategy, compute,
     communication, resharding, memory), as ``evaluate`` and ``plan`` print.
     A layer costed under another strategy than requested shows the costed
     one with a ``*``, and a footnote below the table says what was requested
-    and why it cannot run there."""
+    and why it cannot run there. Unless ``full``, a table of more than
+    :data:`~planner._compact.COMPACT_ABOVE` rows is compact
+    (:func:`planner._compact.group_rows`): runs of consecutive layers of one
+    block on ``base`` without resharding (on another base than data, each
+    resharding under 1% of ``iteration_s``), each communicating under 1% of
+    ``iteration_s``, are one summary row of their summed times and memory."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
+    from planner._compact import group_rows
     from planner._format import format_bytes
     from planner.evaluate import substitution_notes
 
+    names = [r["name"] for r in layers]
+    if full:
+        spans = tuple(range(i, i + 1) for i in range(len(layers)))
+    else:
+        spans = group_rows(names, _plain_cost_rows(layers, base, iteration_s))
     notes = substitution_notes(layers)
+    resharding = "without resharding" if base == "data" else "each resharding under 1% of the iteration"
+    grouped = describe_grouping(spans, len(layers), f"consecutive {base} layers of one block {resharding}, "
+                                               "each communicating under 1% of the iteration")
+    notes += [grouped] if grouped else []
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False,
                   caption=Text("\n".join(notes)) if notes else None, caption_justify="left")
     for col, just in (("name", "left"), ("kind", "left"), ("strategy", "left"), ("compute ms", "right"),
                       ("comm ms", "right"), ("reshard ms", "right"), ("memory", "right")):
         table.add_column(col, justify=just, overflow="fold")
-    for r in layers:
+    for span in spans:
+        if len(span) > 1:
+            rows = layers[span.start:span.stop]
+            table.add_row(label_group(names, span), "", base,
+                          *(f"{sum(r[k] for r in rows) * 1e3:.4f}" for k in ("compute_s", "comm_s", "reshard_s")),
+                          format_bytes(sum(r["memory_bytes"] for r in rows)), style="dim")
+            continue
+        r = layers[span.start]
         mark = "*" if r.get("requested_strategy", r["strategy"]) != r["strategy"] else ""
         table.add_row(r["name"], r["kind"], r["strategy"] + mark, f"{r['compute_s'] * 1e3:.4f}",
                       f"{r['comm_s'] * 1e3:.4f}", f"{r['reshard_s'] * 1e3:.4f}", format_bytes(r["memory_bytes"]))
@@ -237,6 +295,8 @@ def layer_cost_table(title: str, layers: list[dict[str, Any]]) -> Any:
 
 def add_cost_commands(sub: Any) -> None:
     """Register ``hardware`` and ``evaluate`` on an argparse subparsers object."""
+    from planner._compact import COMPACT_ABOVE
+
     hw = sub.add_parser("hardware", help="list hardware presets or show one",
                         description="List the hardware presets, or show one preset or hardware JSON file.")
     hw.add_argument("name", nargs="?", metavar="NAME|FILE", help="a preset name or a hardware JSON file")
@@ -267,4 +327,7 @@ def add_cost_commands(sub: Any) -> None:
     ev.add_argument("--allow-other-hardware", action="store_true",
                     help="use a calibration measured on other hardware than --hardware")
     ev.add_argument("--json", action="store_true", help="print JSON even on a terminal")
+    ev.add_argument("--full", action="store_true",
+                    help=f"print every layer's row: a table of more than {COMPACT_ABOVE} layers otherwise groups "
+                         "runs of alike layers into one row each (JSON is never grouped)")
     ev.set_defaults(run=_run_evaluate)

@@ -10,7 +10,8 @@ One row per strategy and device count (:func:`planner.oracle`): a
 rich table on a terminal, JSON otherwise (a list of rows). ``--rank``
 orders the strategies at each device count instead, by throughput (time
 per sample: the strategies run different global batches). ``--plot`` also draws
-time per iteration against GPU count (needs the ``plot`` extra,
+throughput (samples per second) against GPU count, its legend naming the
+strategies left out past their parallelism limits (needs the ``plot`` extra,
 matplotlib).
 """
 
@@ -22,7 +23,7 @@ import json
 import sys
 from typing import Any
 
-__all__ = ["add_oracle_commands", "parse_devices", "plot_report"]
+__all__ = ["add_oracle_commands", "left_out_notes", "parse_devices", "plot_report"]
 
 _PLOT_HINT = "install the plot extra: pip install 'shardplan[plot]' (matplotlib)"
 
@@ -98,17 +99,51 @@ def _render_ranking(report: Any, ranking: list[dict[str, Any]]) -> None:
     Console().print(table)
 
 
-def plot_report(report: Any, path: str) -> None:
-    """Time per iteration against GPU count, one colour per strategy: total
-    (solid), compute alone (dashed; the gap is communication and weight
-    update), out-of-memory points marked ×. Rows that break a parallelism
-    limit are left out."""
-    import matplotlib
+def _per_s(samples: float, seconds: float) -> float:
+    return samples / seconds if seconds > 0 else float("nan")  # nothing to draw for a zero time
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 5.5))
+def _device_list(devices: list[int]) -> str:
+    return ", ".join(str(p) for p in devices)
+
+
+def left_out_notes(report: Any) -> list[str]:
+    """One line per strategy that has rows past a parallelism limit, which
+    the oracle plot leaves out: ``filter: left out at p ≥ 128 (p ≤ min F =
+    64 filters of a split layer)``, ``spatial: left out at every p (...)``,
+    or the device counts themselves where they are not the largest ones."""
+    out = []
+    for s in dict.fromkeys(r.strategy for r in report.rows):
+        rows = [r for r in report.rows if r.strategy == s]
+        past = [r for r in rows if r.limit is not None]
+        if not past:
+            continue
+        kept = [r.devices for r in rows if r.limit is None]
+        at = sorted({r.devices for r in past})
+        if not kept:
+            where = "every p"
+        elif min(at) > max(kept):
+            where = f"p ≥ {min(at)}"
+        else:
+            where = f"p = {_device_list(at)}"
+        why = "; ".join(dict.fromkeys(r.limit.split(": ", 1)[-1] for r in past))
+        out.append(f"{s}: left out at {where} ({why})")
+    return out
+
+
+def plot_report(report: Any, path: str | None = None) -> Any:
+    """Throughput (samples per second: the strategies run different global
+    batches, so seconds per iteration do not compare) against GPU count, one
+    colour per strategy: the whole iteration (solid) and compute alone
+    (dashed: the throughput were communication and weight update free),
+    out-of-memory points marked ×. Rows past a parallelism limit are left
+    out, and the legend says which (:func:`left_out_notes`). Written to
+    ``path`` when given; returns the figure."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    fig = Figure(figsize=(10, 5.5), layout="constrained")
+    ax = fig.subplots()
     strategies = list(dict.fromkeys(r.strategy for r in report.rows))
     oom_labelled = False
     for i, s in enumerate(strategies):
@@ -117,30 +152,38 @@ def plot_report(report: Any, path: str) -> None:
             continue
         color = f"C{i % 10}"
         p = [r.devices for r in rows]
-        ax.plot(p, [r.total_s for r in rows], "-o", color=color, label=f"{s}: total", markersize=3)
-        ax.plot(p, [r.compute_s for r in rows], "--", color=color, alpha=0.7, label=f"{s}: compute")
+        ax.plot(p, [_per_s(r.batch, r.total_s) for r in rows], "-o", color=color, label=f"{s}: iteration",
+                markersize=3)
+        ax.plot(p, [_per_s(r.batch, r.compute_s) for r in rows], "--", color=color, alpha=0.7,
+                label=f"{s}: compute")
         oom = [r for r in rows if not r.fits_memory]
         if oom:
-            ax.plot([r.devices for r in oom], [r.total_s for r in oom], "x", color="red", markersize=10,
-                    markeredgewidth=2, label=None if oom_labelled else "out of memory")
+            ax.plot([r.devices for r in oom], [_per_s(r.batch, r.total_s) for r in oom], "x", color="red",
+                    markersize=10, markeredgewidth=2, label=None if oom_labelled else "out of memory")
             oom_labelled = True
+    handles = ax.get_legend_handles_labels()[0]
+    notes = left_out_notes(report)
+    if notes:
+        handles.append(Line2D([], [], linestyle="none", label="past a parallelism limit, not drawn:"))
+        handles += [Line2D([], [], linestyle="none", label=n) for n in notes]
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("GPUs")
-    ax.set_ylabel("seconds per iteration")
-    ax.set_title(f"{report.model} on {report.hardware} ({report.mode} mode)")
+    ax.set_ylabel("samples per second (global batch / iteration time)")
+    ax.set_title(f"{report.model} on {report.hardware} ({report.mode} mode): throughput; "
+                 "the strategies' global batches differ", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="solid: total; dashed: compute",
-              title_fontsize=7)
-    fig.tight_layout()
-    import io
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              title="solid: whole iteration; dashed: compute alone", title_fontsize=7)
+    if path is not None:
+        import io
 
-    from costmodels.files import write_atomic
+        from costmodels.files import write_atomic
 
-    buf = io.BytesIO()
-    fig.savefig(buf, format=os.path.splitext(str(path))[1].lstrip(".").lower() or "png", dpi=120)
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())  # a kill mid-write leaves any previous plot whole
+        buf = io.BytesIO()
+        fig.savefig(buf, format=os.path.splitext(str(path))[1].lstrip(".").lower() or "png", dpi=120)
+        write_atomic(path, buf.getvalue())  # a kill mid-write leaves any previous plot whole
+    return fig
 
 
 def _check_matplotlib() -> None:
@@ -223,5 +266,5 @@ def add_oracle_commands(sub: Any) -> None:
                    help="use a calibration measured on other hardware than --hardware")
     p.add_argument("--rank", action="store_true", help="order the strategies at each device count")
     p.add_argument("--json", action="store_true", help="print JSON even on a terminal")
-    p.add_argument("--plot", metavar="FILE.png", help="also draw time per iteration against GPU count")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw throughput (samples/s) against GPU count")
     p.set_defaults(run=_run_oracle)

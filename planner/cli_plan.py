@@ -3,11 +3,12 @@
 ``shardplan plan MODEL --devices P [--memory-limit 16GiB] [--hardware NAME|FILE]
 [--batch B | --batch-per-device b] [--method auto|gradient|dp|milp] [--seed S]
 [--dtype float32|bfloat16] [--optimizer sgd|momentum|adam] [--calibration FILE]
-[--allow-cross-node-model-axis] [--json] [-o plan.json]``
+[--allow-cross-node-model-axis] [--json] [--full] [-o plan.json]``
 
 Prints the per-layer plan (strategy, compute, communication, resharding,
 memory), the mesh, the predicted iteration time and its speed-up over pure
-data parallelism: a rich table on a terminal, JSON otherwise (or with
+data parallelism: a rich table on a terminal (compact above 40 layers,
+every row with ``--full``: :mod:`planner._compact`), JSON otherwise (or with
 ``--json``; the keys of ``shardplan evaluate --json`` plus ``mesh``,
 ``method``, ``seconds`` and the search's own). ``-o FILE`` writes the plan
 JSON as well (``shardplan evaluate --plan FILE`` reads it back). Same inputs
@@ -38,7 +39,7 @@ def _progress(console: Any):
     return callback, status
 
 
-def _render(data: dict[str, Any], output: str | None) -> None:
+def _render(data: dict[str, Any], output: str | None, full: bool = True) -> None:
     from rich.console import Console
 
     from planner._format import format_bytes
@@ -65,7 +66,7 @@ def _render(data: dict[str, Any], output: str | None) -> None:
         f"{data['iteration_s'] * 1e3:.3f} ms/iteration{vs_dp}"
     )
     console = Console()
-    console.print(layer_cost_table(title, data["layers"]))
+    console.print(layer_cost_table(title, data["layers"], full=full, iteration_s=data["iteration_s"]))
     gap = data["optimality_gap"]
     gap_text = "optimal" if gap == 0 else (f"within {gap:.2%} of optimal" if gap is not None else "no optimality bound")
     console.print(
@@ -125,12 +126,13 @@ def _run_plan(args: argparse.Namespace) -> int:
     if as_json:
         print(result.to_json())
     else:
-        _render(data, args.output)
+        _render(data, args.output, full=args.full)
     return 0
 
 
 def add_plan_commands(sub: Any) -> None:
     """Register ``plan`` on an argparse subparsers object."""
+    from planner._compact import COMPACT_ABOVE
     from search import METHODS
 
     pl = sub.add_parser(
@@ -165,4 +167,7 @@ def add_plan_commands(sub: Any) -> None:
                     help="also try model axes larger than one node")
     pl.add_argument("--json", action="store_true", help="print JSON even on a terminal")
     pl.add_argument("-o", "--output", metavar="FILE", help="write the plan as JSON to FILE")
+    pl.add_argument("--full", action="store_true",
+                    help=f"print every layer's row: a table of more than {COMPACT_ABOVE} layers otherwise groups "
+                         "runs of data-parallel layers of one block into one row each (JSON is never grouped)")
     pl.set_defaults(run=_run_plan)

@@ -25,7 +25,16 @@ import sys
 from typing import Any
 from costmodels.files import check_writable, write_atomic
 
-__all__ = ["add_profile_commands"]
+__all__ = ["CAPS", "add_profile_commands"]
+
+# The largest value each knob takes, and why: what grows with it.
+CAPS: dict[str, tuple[int, str]] = {
+    "--batch": (65536, "the one-device shard holds all B samples, so its memory grows with B"),
+    "--max-devices": (65536, ("every power-of-two mesh up to P is timed, a number of shard shapes that grows "
+                              "with log(P) squared")),
+    "--repeats": (1000, "every shard is called that many times, so the run time grows with it"),
+    "--warmup": (1000, "every shard is called that many times, so the run time grows with it"),
+}
 
 
 def _progress_bar(console: Any):
@@ -94,6 +103,10 @@ def _run_profile(args: argparse.Namespace) -> int:
                          ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0)):
         if v < low:
             raise UsageError(f"{name} must be an integer >= {low}, got {v}", f"expected e.g. {name} {max(low, 4)}")
+        high, why = CAPS[name]
+        if v > high:
+            raise UsageError(f"{name} must be at most {high}, got {v} ({why})",
+                             f"expected {name} from {low} to {high}")
     layers = [x.strip() for x in args.layers.split(",") if x.strip()] if args.layers else None
     if args.output:
         check_writable(args.output, "-o")  # before profiling, not after it
@@ -136,13 +149,16 @@ def add_profile_commands(sub: Any) -> None:
     )
     p.add_argument("model", metavar="MODEL",
                    help="built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory")
-    p.add_argument("--batch", type=int, required=True, metavar="B", help="global batch the plans will use")
+    p.add_argument("--batch", type=int, required=True, metavar="B",
+                   help=f"global batch the plans will use (at most {CAPS['--batch'][0]})")
     p.add_argument("--max-devices", type=int, default=8, metavar="P",
-                   help="shard shapes of meshes of up to P devices (powers of two; default 8)")
+                   help="shard shapes of meshes of up to P devices (powers of two; default 8, at most "
+                        f"{CAPS['--max-devices'][0]})")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    p.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed calls per shard (default 2)")
-    p.add_argument("--repeats", type=int, default=5, metavar="N", help="timed calls per shard; the median is kept "
-                                                                        "(default 5)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N",
+                   help=f"untimed calls per shard (default 2, at most {CAPS['--warmup'][0]})")
+    p.add_argument("--repeats", type=int, default=5, metavar="N",
+                   help=f"timed calls per shard; the median is kept (default 5, at most {CAPS['--repeats'][0]})")
     p.add_argument("--layers", metavar="NAME,...", help="only these layers (default: all)")
     p.add_argument("--hardware", metavar="NAME|FILE",
                    help="the hardware preset (or file) this machine is, recorded in the file: plan, evaluate and "

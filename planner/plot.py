@@ -29,7 +29,8 @@ from typing import Any
 from costmodels.files import write_atomic
 from costmodels.strategies import STRATEGY_NAMES
 
-__all__ = ["STRATEGY_COLORS", "plot_history", "plot_plan", "plot_plan_memory", "plot_plan_time"]
+__all__ = ["MAX_WIDTH_IN", "STRATEGY_COLORS", "layer_label_step", "plot_history", "plot_plan", "plot_plan_memory",
+           "plot_plan_time"]
 
 PLOT_HINT = "install the plot extra: pip install 'shardplan[plot]' (matplotlib)"
 
@@ -71,13 +72,40 @@ def _layers(plan: Any) -> Sequence[Any]:
     return layers
 
 
+MAX_WIDTH_IN = 24.0  # per-layer figures grow 0.22 inch a layer up to this width, then thin their labels
+_LABEL_FONTS = (8.0, 6.0)  # tick-label sizes tried in turn before labelling only every k-th layer
+_LABEL_PITCH = 1.25  # a rotated label takes its font size times this across the axis
+_AXES_SHARE = 0.8  # of the figure's width, what the axes get (the legend sits to their right)
+
+
 def _figure_width_in(num_layers: int) -> float:
-    return min(40.0, max(8.0, 0.22 * num_layers))
+    return min(MAX_WIDTH_IN, max(8.0, 0.22 * num_layers))
+
+
+def layer_label_step(num_layers: int, width_in: float) -> tuple[int, float]:
+    """``(k, font size)``: label every k-th layer of a per-layer axis
+    ``width_in`` inches wide, so that the rotated labels do not overlap: 8 pt
+    labels on every layer where they fit, else 6 pt, else 6 pt on every k-th
+    layer (k as small as fits)."""
+    room_pt = width_in * 72.0 * _AXES_SHARE
+    for size in _LABEL_FONTS:
+        if num_layers * size * _LABEL_PITCH <= room_pt:
+            return 1, size
+    size = _LABEL_FONTS[-1]
+    return max(1, math.ceil(num_layers * size * _LABEL_PITCH / room_pt)), size
 
 
 def _label_layers(ax: Any, names: Sequence[str]) -> None:
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(names, rotation=90, fontsize=max(4.0, min(8.0, 400.0 / max(1, len(names)))))
+    """Name the layers on the x axis: every layer where the labels fit the
+    figure's width, else every k-th (k from :func:`layer_label_step`), a
+    minor tick on each layer and the x label saying which are named."""
+    step, size = layer_label_step(len(names), ax.figure.get_figwidth())
+    shown = range(0, len(names), step)
+    ax.set_xticks(list(shown))
+    ax.set_xticklabels([names[i] for i in shown], rotation=90, fontsize=size)
+    if step > 1:
+        ax.set_xticks(range(len(names)), minor=True)
+        ax.set_xlabel(f"{len(names)} layers in plan order (one in {step} named)", fontsize=8)
     ax.set_xlim(-0.6, len(names) - 0.4)
 
 

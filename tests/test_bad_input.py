@@ -263,6 +263,18 @@ CLI_CASES = [
     pytest.param(["evaluate", M, "--devices", "8", "--strategy", "data", "--dtype", "bfloat16",
                   "--calibration", "{cal_float32}"], USAGE, "measured in float32, but the plan computes in bfloat16",
                  id="calibration-for-another-dtype"),
+    # -- knobs past their cap: work or memory would grow with the value ------------------
+    pytest.param(["plot", "{plan_file}", "-o", "{missing}.png", "--dpi", "5000"], USAGE,
+                 "--dpi must be at most 1200, got 5000 (the image's pixel count grows with dpi squared",
+                 id="plot-dpi-above-cap"),
+    pytest.param(["profile", M, "--batch", "100000"], USAGE, "--batch must be at most 65536, got 100000",
+                 id="profile-batch-above-cap"),
+    pytest.param(["profile", M, "--batch", "8", "--max-devices", "131072"], USAGE,
+                 "--max-devices must be at most 65536, got 131072", id="profile-max-devices-above-cap"),
+    pytest.param(["profile", M, "--batch", "8", "--repeats", "5000"], USAGE, "--repeats must be at most 1000",
+                 id="profile-repeats-above-cap"),
+    pytest.param(["profile", M, "--batch", "8", "--warmup", "1001"], USAGE, "--warmup must be at most 1000",
+                 id="profile-warmup-above-cap"),
     # -- an infeasible plan: exit 1 -------------------------------------------------------
     pytest.param(["plan", "{tiny}", "--devices", "4", "--batch", "8", "--memory-limit", "1kB"], INFEASIBLE,
                  "raise the memory limit to at least", id="plan-does-not-fit", marks=pytest.mark.slow),

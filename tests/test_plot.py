@@ -7,6 +7,7 @@ matplotlib."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import sys
 
@@ -213,3 +214,96 @@ def test_cli_plot_without_matplotlib(monkeypatch, plan_file, tmp_path, capsys):
     assert main(["plot", str(plan_file), "-o", str(out)]) == 2
     _one_error_line(capsys, "shardplan[plot]")
     assert not out.exists()
+
+
+# -- deep models and the oracle plot ("Trustworthy output": readable plots) -------------------------------
+
+
+def _long_plan(plan, copies):
+    """The short plan's layers repeated ``copies`` times (names made unique): a 100+ layer plan, cheaply."""
+    layers = [dataclasses.replace(r, name=f"copy{k}/{r.name}") for k in range(copies) for r in plan.layers]
+    return dataclasses.replace(plan, layers=tuple(layers))
+
+
+def _overlapping_labels(ax):
+    """Pairs of neighbouring x tick labels whose drawn boxes overlap along x."""
+    ax.figure.canvas.draw()
+    boxes = [t.get_window_extent() for t in ax.get_xticklabels() if t.get_text()]
+    return [(a, b) for a, b in itertools.pairwise(boxes) if a.x1 > b.x0 + 0.5]
+
+
+@pytest.mark.parametrize("copies", [6, 16])  # 198 and 528 layers
+def test_deep_plan_plot_is_bounded_and_its_labels_do_not_overlap(plan, copies):
+    _mpl()
+    from planner.plot import MAX_WIDTH_IN
+
+    deep = _long_plan(plan, copies)
+    n = len(deep.layers)
+    fig = plot_plan(deep)
+    assert fig.get_figwidth() <= MAX_WIDTH_IN
+    for ax in fig.axes:
+        assert len([p for c in ax.containers for p in c]) in (n, 3 * n)  # every layer keeps its bar(s)
+        ticks = [round(t) for t in ax.get_xticks()]
+        labels = [t.get_text() for t in ax.get_xticklabels()]
+        assert labels == [deep.layers[i].name for i in ticks]  # each label names the layer under it
+        step = ticks[1] - ticks[0]
+        assert ticks == list(range(0, n, step))
+        assert not _overlapping_labels(ax)
+        if step > 1:
+            assert ax.get_xlabel() == f"{n} layers in plan order (one in {step} named)"
+            minor = {round(t) for t in ax.get_xticks(minor=True)}  # matplotlib drops those under a major
+            assert minor | set(ticks) == set(range(n))
+    if copies == 16:
+        assert step > 1  # 528 names cannot all fit 24 inches
+
+
+def test_short_plan_names_every_layer_without_overlap(plan):
+    _mpl()
+    ax = plot_plan(plan).axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [r.name for r in plan.layers]
+    assert not _overlapping_labels(ax) and ax.get_xlabel() == ""
+
+
+@pytest.fixture(scope="module")
+def oracle_report():
+    from planner.oracle_report import oracle
+
+    return oracle("resnet50", "abci-v100", [16, 32, 64, 128, 256])
+
+
+def test_oracle_plot_shows_throughput_and_names_what_it_leaves_out(oracle_report, tmp_path):
+    _mpl()
+    from planner.cli_oracle import plot_report
+
+    out = tmp_path / "oracle.png"
+    fig = plot_report(oracle_report, out)
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    (ax,) = fig.axes
+    assert "samples per second" in ax.get_ylabel() and "batches differ" in ax.get_title()
+    rows = oracle_report.rows
+    kept = [r for r in rows if r.strategy == "data"]
+    assert all(r.limit is None for r in kept) and len({r.batch for r in rows if r.devices == 64}) > 1
+    line = _line(ax, "data: iteration")
+    assert list(line.get_xdata()) == [r.devices for r in kept]
+    assert list(line.get_ydata()) == pytest.approx([r.batch / r.total_s for r in kept])
+    assert list(_line(ax, "data: compute").get_ydata()) == pytest.approx([r.batch / r.compute_s for r in kept])
+    filt = _line(ax, "filter: iteration")
+    past = sorted(r.devices for r in rows if r.strategy == "filter" and r.limit is not None)
+    assert past and max(filt.get_xdata()) < min(past)  # not drawn past its limit
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    (note,) = [t for t in legend if t.startswith("filter: left out")]
+    assert f"p ≥ {min(past)}" in note and "64 filters" in note
+    omitted = {r.strategy for r in rows if r.limit is not None}
+    assert "filter" in omitted and {t.split(":")[0] for t in legend if "left out" in t} == omitted
+    assert "spatial: left out at every p" in " ".join(legend)  # resnet50 spatial: past its limit everywhere
+
+
+def test_cli_plot_dpi_cap(plan_file, tmp_path, capsys):
+    _mpl()
+    from planner.cli_plot import MAX_DPI
+
+    assert main(["plot", str(plan_file), "-o", str(tmp_path / "at_cap.svg"), "--dpi", str(MAX_DPI)]) == 0
+    assert (tmp_path / "at_cap.svg").read_bytes().lstrip().startswith(b"<?xml")
+    assert main(["plot", str(plan_file), "-o", str(tmp_path / "x.png"), "--dpi", str(MAX_DPI + 1)]) == 2
+    _one_error_line(capsys, f"--dpi must be at most {MAX_DPI}", "dpi squared", ".pdf")
+    assert not (tmp_path / "x.png").exists()
