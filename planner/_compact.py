@@ -16,9 +16,10 @@ Tables of at most :data:`COMPACT_ABOVE` rows are never grouped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-__all__ = ["COMPACT_ABOVE", "MIN_GROUP", "NOTABLE_SHARE", "group_rows"]
+__all__ = ["COMPACT_ABOVE", "MIN_GROUP", "NOTABLE_SHARE", "group_rows", "label_group", "plain_cost_rows"]
 
 COMPACT_ABOVE = 40  # tables of more rows than this are grouped (VGG16's 37 layers are not)
 MIN_GROUP = 3  # shorter runs of plain rows are shown row by row
@@ -64,3 +65,21 @@ def group_rows(names: Sequence[str], plain: Sequence[bool], limit: int = COMPACT
         if len(spans) <= limit or depth == 0:
             return spans
         depth -= 1
+
+
+def plain_cost_rows(layers: Sequence[Mapping[str, Any]], base: str, iteration_s: float | None) -> list[bool]:
+    """Which rows the compact view may hide in a group: on ``base``, as
+    requested, communicating under :data:`NOTABLE_SHARE`
+    of the iteration, and resharding nothing the table would show (under
+    0.00005 ms) where ``base`` is data parallelism (there resharding marks a
+    change of layout), under that share of the iteration otherwise (on
+    ``evaluate --strategy filter`` every convolution reshards)."""
+    notable = NOTABLE_SHARE * iteration_s if iteration_s else float("inf")
+    reshard = 0.5e-7 if base == "data" else max(0.5e-7, notable)
+    return [r["strategy"] == base and r.get("requested_strategy", r["strategy"]) == r["strategy"]
+            and r["reshard_s"] < reshard and r["comm_s"] < notable for r in layers]
+
+
+def label_group(names: list[str], span: range) -> str:
+    """``… 12 layers (layer1/0/conv1 … layer1/0/relu_2)``."""
+    return f"… {len(span)} layers ({names[span.start]} … {names[span.stop - 1]})"

@@ -225,7 +225,8 @@ def _render_layers_table(report: dict[str, Any], full: bool = True) -> None:
 
     from planner._compact import group_rows
     from planner._format import format_bytes, format_count, format_shape
-    from planner.cli_cost import describe_grouping, label_group
+    from planner._compact import label_group
+    from planner.cli_cost import describe_grouping
 
     t = report["totals"]
     rows = report["layers"]

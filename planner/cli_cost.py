@@ -213,21 +213,6 @@ def _render_evaluation(data: dict[str, Any], full: bool = True) -> None:
     Console().print(layer_cost_table(title, data["layers"], full=full, base=base, iteration_s=data["iteration_s"]))
 
 
-def _plain_cost_rows(layers: list[dict[str, Any]], base: str, iteration_s: float | None) -> list[bool]:
-    """Which rows the compact view may hide in a group: on ``base``, as
-    requested, communicating under :data:`~planner._compact.NOTABLE_SHARE`
-    of the iteration, and resharding nothing the table would show (under
-    0.00005 ms) where ``base`` is data parallelism (there resharding marks a
-    change of layout), under that share of the iteration otherwise (on
-    ``evaluate --strategy filter`` every convolution reshards)."""
-    from planner._compact import NOTABLE_SHARE
-
-    notable = NOTABLE_SHARE * iteration_s if iteration_s else float("inf")
-    reshard = 0.5e-7 if base == "data" else max(0.5e-7, notable)
-    return [r["strategy"] == base and r.get("requested_strategy", r["strategy"]) == r["strategy"]
-            and r["reshard_s"] < reshard and r["comm_s"] < notable for r in layers]
-
-
 def describe_grouping(spans: tuple[range, ...], rows: int, what: str) -> str | None:
     """The line under a compact table saying what was grouped and how to see
     every row; None when nothing was."""
@@ -237,11 +222,6 @@ def describe_grouping(spans: tuple[range, ...], rows: int, what: str) -> str | N
     hidden = sum(len(s) for s in groups)
     return (f"{hidden} of {rows} layers are grouped into {len(groups)} rows '… N layers (first … last)' "
             f"whose columns are their sums ({what}); --full prints every row")
-
-
-def label_group(names: list[str], span: range) -> str:
-    """``… 12 layers (layer1/0/conv1 … layer1/0/relu_2)``."""
-    return f"… {len(span)} layers ({names[span.start]} … {names[span.stop - 1]})"
 
 
 def layer_cost_table(title: str, layers: list[dict[str, Any]], *, full: bool = True, base: str = "data",
@@ -260,7 +240,7 @@ def layer_cost_table(title: str, layers: list[dict[str, Any]], *, full: bool = T
     from rich.table import Table
     from rich.text import Text
 
-    from planner._compact import group_rows
+    from planner._compact import group_rows, label_group, plain_cost_rows
     from planner._format import format_bytes
     from planner.evaluate import substitution_notes
 
@@ -268,7 +248,7 @@ def layer_cost_table(title: str, layers: list[dict[str, Any]], *, full: bool = T
     if full:
         spans = tuple(range(i, i + 1) for i in range(len(layers)))
     else:
-        spans = group_rows(names, _plain_cost_rows(layers, base, iteration_s))
+        spans = group_rows(names, plain_cost_rows(layers, base, iteration_s))
     notes = substitution_notes(layers)
     resharding = "without resharding" if base == "data" else "each resharding under 1% of the iteration"
     grouped = describe_grouping(spans, len(layers), f"consecutive {base} layers of one block {resharding}, "

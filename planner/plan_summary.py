@@ -22,8 +22,13 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f}"
 
 
-def plan_summary(plan: Any) -> str:
-    """One header line, one row per layer, one total row."""
+def plan_summary(plan: Any, full: bool = False) -> str:
+    """One header line, one row per layer, one total row. Unless ``full``, a
+    plan of more than :data:`planner._compact.COMPACT_ABOVE` layers is
+    compact as the command line's table is (runs of alike data-parallel
+    layers of one block as one row of their sums; :mod:`planner._compact`)."""
+    from planner._compact import group_rows, label_group, plain_cost_rows
+
     d, m = plan.mesh
     header = (
         f"{plan.model} on {plan.devices} x {plan.hardware}, mesh {d}x{m} (data x model), batch {plan.batch}, "
@@ -32,8 +37,23 @@ def plan_summary(plan: Any) -> str:
     )
     specs = {s.name: s for s in plan.layer_specs}
     cols = ("layer", "kind", "strategy", "compute ms", "comm ms", "reshard ms", "memory", "input", "output")
+    layers = list(plan.layers)
+    names = [r.name for r in layers]
+    if full:
+        spans = tuple(range(i, i + 1) for i in range(len(layers)))
+    else:
+        facts = [{"strategy": r.strategy, "requested_strategy": r.requested_strategy, "reshard_s": r.reshard_s,
+                  "comm_s": r.comm_s} for r in layers]
+        spans = group_rows(names, plain_cost_rows(facts, "data", plan.iteration_s))
     rows = []
-    for r in plan.layers:
+    for span in spans:
+        if len(span) > 1:
+            group = layers[span.start:span.stop]
+            rows.append((label_group(names, span), "", group[0].strategy, _ms(sum(r.compute_s for r in group)),
+                         _ms(sum(r.comm_s for r in group)), _ms(sum(r.reshard_s for r in group)),
+                         format_bytes(sum(r.memory_bytes for r in group)), "", ""))
+            continue
+        r = layers[span.start]
         s = specs.get(r.name)
         mark = "*" if getattr(r, "substituted", False) else ""  # costed under another strategy than requested
         rows.append((r.name, r.kind, r.strategy + mark, _ms(r.compute_s), _ms(r.comm_s), _ms(r.reshard_s),
@@ -41,6 +61,10 @@ def plan_summary(plan: Any) -> str:
                      format_spec(s.input_spec) if s else "", format_spec(s.output_spec) if s else ""))
     rows.append(("total", "", "", _ms(sum(r.compute_s for r in plan.layers)), _ms(sum(r.comm_s for r in plan.layers)),
                  _ms(sum(r.reshard_s for r in plan.layers)), format_bytes(plan.memory_bytes_per_device), "", ""))
+    grouped = [s for s in spans if len(s) > 1]
+    footer = [f"{sum(len(s) for s in grouped)} of {len(layers)} layers are grouped into {len(grouped)} rows "
+              "'… N layers (first … last)' whose columns are their sums; summary(full=True) shows every layer"
+              ] if grouped else []
     widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
     right = {3, 4, 5, 6}
 
@@ -49,4 +73,4 @@ def plan_summary(plan: Any) -> str:
 
     from planner.evaluate import substitution_notes
 
-    return "\n".join([header, line(cols), *(line(r) for r in rows), *substitution_notes(plan.layers)])
+    return "\n".join([header, line(cols), *(line(r) for r in rows), *footer, *substitution_notes(plan.layers)])

@@ -266,12 +266,14 @@ class Plan:
     def fits_memory(self) -> bool:
         return self.memory_bytes_per_device <= self.memory_capacity_bytes
 
-    def summary(self) -> str:
+    def summary(self, full: bool = False) -> str:
         """The per-layer table as plain text: strategy, predicted seconds and
-        bytes per device, and the layer's activation specs."""
+        bytes per device, and the layer's activation specs; over 40 layers
+        runs of alike data-parallel layers are one row each unless ``full``
+        (as ``shardplan plan`` prints them)."""
         from planner.plan_summary import plan_summary
 
-        return plan_summary(self)
+        return plan_summary(self, full)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the keys of ``shardplan evaluate --json`` plus the search's."""

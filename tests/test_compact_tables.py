@@ -238,3 +238,32 @@ def test_group_rows_by_hand():
     assert _spans(group_rows(deep, [True] * 18, limit=1)) == [(0, 18)]  # the top level: one block
     with pytest.raises(ValueError, match="one plain flag per row"):
         group_rows(["a", "b"], [True])
+
+
+def test_plan_summary_is_compact_like_the_cli_and_full_on_request(resnet50_plan):
+    """Plan.summary() groups the same way; each group row's compute is the
+    sum of its layers' (from the plan file, to the table's 3 decimals)."""
+    from planner import Plan
+
+    _, data, path = resnet50_plan
+    p = Plan.read(path)
+    by_name = {r["name"]: r for r in data["layers"]}
+    order = [r["name"] for r in data["layers"]]
+    lines = p.summary().splitlines()
+    body = lines[2:lines.index(next(ln for ln in lines if ln.startswith("total")))]
+    assert len(body) <= COMPACT_ABOVE < len(order)
+    seen = []
+    for ln in body:
+        m = re.match(r"… (\d+) layers \((\S+) … (\S+)\)\s+data\s+([\d.]+)", ln)
+        if m:
+            n, first, last = int(m[1]), m[2], m[3]
+            span = order[order.index(first):order.index(last) + 1]
+            assert len(span) == n and all(by_name[x]["strategy"] == "data" for x in span)
+            assert float(m[4]) == pytest.approx(sum(by_name[x]["compute_s"] for x in span) * 1e3, abs=1.5e-3)
+            seen += span
+        else:
+            seen.append(ln.split()[0])
+    assert seen == order  # every layer once, in order
+    assert any("summary(full=True) shows every layer" in ln for ln in lines)
+    full = p.summary(full=True).splitlines()
+    assert [ln.split()[0] for ln in full[2:2 + len(order)]] == order
