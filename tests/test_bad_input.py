@@ -494,3 +494,62 @@ def test_inconsistent_layer_graph_is_one_line_naming_the_layer(tmp_path, capsys,
 def test_values_a_plan_file_could_not_hold_are_refused(capsys, argv, words):
     assert main(argv) == 2
     assert words in capsys.readouterr().err
+
+
+# -- the classes of issue 14, each with its test(s) -------------------------------------------------
+# Where a class needs more than a table row (a killed writer, a traced function, a plan that must fit),
+# its tests live beside the code they exercise; this index names them and fails if one goes missing.
+CLASS_TESTS = {
+    "files: a killed writer leaves the old file whole": ["test_files.py::test_killed_writer_leaves_the_old_file_whole"],
+    "files: concurrent writers never interleave": ["test_files.py::test_concurrent_writers_never_interleave"],
+    "files: the output path is checked before the work": ["test_files.py::test_plan_output_checked_before_the_search",
+                                                         "test_files.py::test_check_writable_before_the_work"],
+    "files: deep nesting, huge integers, NaN/inf, non-UTF-8 refused naming the file": [
+        "test_files.py::test_parse_json_refuses_with_one_line",
+        "test_files.py::test_every_reader_refuses_bad_json_naming_the_file",
+        "test_files.py::test_cli_bad_json_is_one_line_exit_2"],
+    "files: inconsistent layer graphs name the layer": [
+        "test_bad_input.py::test_inconsistent_layer_graph_is_one_line_naming_the_layer"],
+    "plan/CLI contradictions: evaluate --plan with contradicting flags": [
+        "test_evaluate.py::test_evaluate_plan_refuses_contradicting_flags_unless_overridden"],
+    "plans: what the CLI writes is readable; what Plan.read accepts never crashes a later command": [
+        "test_bad_input.py::test_values_a_plan_file_could_not_hold_are_refused",
+        "test_bad_input.py::test_shard_rejects_a_plan_for_another_model"],
+    "numbers: cost_fn never answers 0 for what it cannot plan": [
+        "test_automl.py::test_cost_fn_refuses_architectures_it_cannot_plan",
+        "test_automl.py::test_cost_fn_refuses_a_batch_no_mesh_can_split",
+        "test_automl.py::test_cost_fn_traced_bad_architecture_is_nan_not_zero"],
+    "numbers: a plan at exactly the suggested limit fits it": [
+        "test_plan.py::test_infeasible_memory_says_the_smallest_limit_that_fits"],
+    "numbers: a limit above the device's memory is an error": ["test_plan.py::test_a_limit_above_the_devices_memory_is_an_error"],
+    "answers: the header says when pure data parallelism does not fit; the hint helps": [
+        "test_cli.py::test_plan_header_says_when_pure_data_parallelism_does_not_fit",
+        "test_plan.py::test_infeasible_memory_advice_is_advice_that_helps"],
+    "answers: the simpler plan within the tolerance": ["test_plan.py::test_tolerance_picks_the_simplest_plan_within_it"],
+    "errors: one line for any exception, Ctrl-C exits 130, --debug shows the traceback": [
+        "test_cli_boundary.py::test_every_exception_is_one_line", "test_cli_boundary.py::test_debug_shows_the_traceback"],
+    "factories that raise, exit or return the wrong thing": [
+        "test_cli_boundary.py::test_a_misbehaving_factory_is_one_line_naming_it"],
+    "sizes: work bounded by the input's size, not its values": [
+        "test_bounded_work.py::test_mesh_shapes_of_2_to_the_40_devices", "test_bounded_work.py::test_net_file_with_a_huge_image_parses",
+        "test_bounded_work.py::test_valid_taps_equals_brute_force"],
+    "sizes: knobs past their cap (CLI_CASES rows '...-above-cap')": ["test_bad_input.py::test_cli_rejects_bad_input"],
+    "time: the MILP stops at its time limit with the best plan and its gap": [
+        "test_plan.py::test_milp_time_limit_returns_the_best_plan_with_its_gap"],
+}
+
+
+def test_every_class_has_its_tests():
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    missing = []
+    for cls, tests in CLASS_TESTS.items():
+        for ref in tests:
+            file, _, name = ref.partition("::")
+            text = (here / file).read_text(encoding="utf-8")
+            if not re.search(rf"^def {re.escape(name)}\(", text, re.MULTILINE):
+                missing.append(f"{cls}: {ref}")
+    assert not missing, "classes whose test is gone: " + "; ".join(missing)
+    cap_rows = [c for c in CLI_CASES if "above-cap" in str(getattr(c, "id", ""))]
+    assert len(cap_rows) >= 5, "the '-above-cap' rows of CLI_CASES"

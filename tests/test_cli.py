@@ -216,3 +216,25 @@ def test_python_dash_m(tmp_path):
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
     )
     assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.splitlines()) == 1
+
+
+def test_plan_header_says_when_pure_data_parallelism_does_not_fit(capsys, monkeypatch):
+    """Under a limit below what pure data parallelism needs, the speed-up in the
+    header is against a plan that could not run, and the header says so with
+    its memory (the JSON's data_parallel_memory_bytes, which exceeds the limit)."""
+    import re as _re
+
+    from planner._format import format_bytes
+
+    argv = ["plan", "vgg16", "--devices", "64", "--hardware", "dgx-a100"]
+    assert main(argv + ["--json"]) == 0
+    free = json.loads(capsys.readouterr().out)
+    dp = free["data_parallel_memory_bytes"]
+    assert "which does not fit" not in json.dumps(free)
+    limit = int((dp + free["memory_bytes_per_device"]) / 2)  # between the hybrid's memory and pure data's
+    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(argv + ["--memory-limit", str(limit)]) == 0
+    out = " ".join(_re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out).split())
+    assert "pure data parallelism" in out and f"which does not fit the limit ({format_bytes(dp)} per device)" in out
+    assert dp > limit
