@@ -62,9 +62,9 @@ def plan_summary(plan: Any, full: bool = False) -> str:
     rows.append(("total", "", "", _ms(sum(r.compute_s for r in plan.layers)), _ms(sum(r.comm_s for r in plan.layers)),
                  _ms(sum(r.reshard_s for r in plan.layers)), format_bytes(plan.memory_bytes_per_device), "", ""))
     grouped = [s for s in spans if len(s) > 1]
-    footer = [f"{sum(len(s) for s in grouped)} of {len(layers)} layers are grouped into {len(grouped)} rows "
-              "'… N layers (first … last)' whose columns are their sums; summary(full=True) shows every layer"
-              ] if grouped else []
+    note = (f"{sum(len(s) for s in grouped)} of {len(layers)} layers are grouped into {len(grouped)} rows "
+            "'… N layers (first … last)' whose columns are their sums; summary(full=True) shows every layer")
+    footer = [note] if grouped else []
     widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
     right = {3, 4, 5, 6}
 
