@@ -366,6 +366,10 @@ def _advice(P: int, batch: int, batch_is_global: bool, devices_per_node: int) ->
     return f"use a smaller per-device batch (now {per_device}){more}"
 
 
+# Plans whose predicted times differ by less than this share are equally fast (the simpler is
+# returned): the exact solvers certify to a relative gap of 1e-7 (search.milp's mip_rel_gap).
+TIE_RTOL = 1e-6
+
 # Relative slack between two float32 sums of the same per-layer bytes in different orders:
 # float32's unit roundoff (6e-8) times the number of terms of a 1,000-layer model
 # (Higham, "Accuracy and Stability of Numerical Algorithms", §4.2: |error| <= (n - 1) u sum|x|).
@@ -533,7 +537,8 @@ def plan(
         candidates.append((dp_time, (0, 1), None))
     top = min(candidates, key=lambda c: (c[0], c[1]))  # the fastest (the simpler of equals)
     fastest_s = top[0]
-    simple = min((c for c in candidates if c[0] <= fastest_s * (1.0 + simplicity_tolerance)),
+    # Times within TIE_RTOL are equal: the MILP certifies its plan to a relative gap of 1e-7.
+    simple = min((c for c in candidates if c[0] <= fastest_s * (1.0 + max(simplicity_tolerance, TIE_RTOL))),
                  key=lambda c: (c[1], c[0]))
     if simple[2] is None:  # pure data parallelism, as evaluated above
         (d, m), ev, sol = (P, 1), base, solutions[fastest]
