@@ -282,7 +282,8 @@ def test_two_processes_train_like_one_and_resume_from_a_checkpoint(tmp_path, req
     assert plan.mesh == (2, 4) and any(s in ("filter", "channel") for s in plan.strategies.values())
     plan_file = tmp_path / "plan.json"
     plan.write(plan_file)
-    cache = request.config.cache.mkdir("jax_compilation_cache") if request.config.cache else tmp_path / "cache"
+    store = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    cache = store.mkdir("jax_compilation_cache") if store is not None else tmp_path / "cache"
     env = _env(cache)
     ckpt = tmp_path / "ckpt"
     single = [sys.executable, str(EXAMPLE), "--plan", str(plan_file)]
