@@ -1,10 +1,16 @@
 """Cost models: hardware specs and per-layer compute, communication, memory
 and resharding costs of every sharding, as jitted JAX functions.
 
-``costmodels`` reads a :class:`planner.LayerGraph`'s arrays, produces a
-:class:`CostTable`, and never imports ``search``."""
+``costmodels`` reads a model's layer arrays (:class:`LayerArrays`, as a
+:class:`LayerTable` such as ``planner.LayerGraph``), produces a
+:class:`CostTable`, and imports neither ``search`` nor ``planner``."""
 
-from costmodels.calibration import Calibration, CalibrationArrays, calibration_arrays, load_calibration
+from costmodels.calibration import (
+    Calibration,
+    CalibrationArrays,
+    calibration_arrays,
+    load_calibration,
+)
 from costmodels.collective_list import CollectiveRecord, plan_collectives
 from costmodels.compute import HardwareArrays, hardware_arrays
 from costmodels.evaluate import iteration_time, memory_per_device, one_hot
@@ -18,6 +24,7 @@ from costmodels.hardware import (
     load_hardware,
     preset_names,
 )
+from costmodels.layers import LayerArrays, LayerKind, LayerTable
 from costmodels.strategies import STRATEGY_NAMES, Layout, Strategy, parse_strategy
 from costmodels.table import CostSettings, CostTable, cost_table
 
@@ -33,6 +40,9 @@ __all__ = [
     "Device",
     "Hardware",
     "HardwareArrays",
+    "LayerArrays",
+    "LayerKind",
+    "LayerTable",
     "Layout",
     "NetworkTier",
     "Strategy",

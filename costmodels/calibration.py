@@ -71,10 +71,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from costmodels.compute import DTYPE_BYTES
+from costmodels.files import read_json
+from costmodels.layers import LayerKind, LayerTable
 from costmodels.shards import ShardShapes
 from costmodels.strategies import STRATEGY_NAMES
-from planner.graph import LayerGraph, LayerKind
-from costmodels.files import read_json
 
 __all__ = [
     "Calibration",
@@ -322,7 +322,7 @@ class Calibration:
             raise ValueError(f"{source}: no {dtype} rows to calibrate with")
         return cls(hardware=hardware, dtype=dtype, points=tuple(points), device_name=device_name, source=source)
 
-    def by_layer(self, graph: LayerGraph) -> Calibration:
+    def by_layer(self, graph: LayerTable) -> Calibration:
         """A version-3 calibration as per-layer work points (version 2) for
         ``graph``, the form the ParaDL oracle reads: each layer's points are
         its operation's, at work = ``b * (c / C) * (f / F) * (out rows / H_out)``
@@ -550,7 +550,7 @@ def check_hardware(calibration: Calibration, hardware_name: str, *, allow_other_
 # -- a graph's layers as operation keys ---------------------------------------------------------
 
 
-def graph_op_keys(graph: LayerGraph, dtype: str) -> list[tuple[OpKey, LayerDims] | None]:
+def graph_op_keys(graph: LayerTable, dtype: str) -> list[tuple[OpKey, LayerDims] | None]:
     """Per real layer of ``graph``: its (op, unsharded dims) key, or ``None``
     for kinds that are not measured (flatten, other)."""
     a = graph.arrays
@@ -640,7 +640,7 @@ def _fill(lw: np.ndarray, ls: np.ndarray, pts: Points) -> int:
     return k
 
 
-def calibration_arrays(calibration: Calibration, graph: LayerGraph, *, by_layer: bool = False):
+def calibration_arrays(calibration: Calibration, graph: LayerTable, *, by_layer: bool = False):
     """Align a calibration with a graph's (bucketed) rows.
 
     Versions 1/2: by layer name, a :class:`CalibrationArrays`; names the
@@ -679,7 +679,7 @@ def _pad3(v: tuple[float, ...]) -> list[float]:
     return [*v, *([1.0] * (3 - len(v)))]
 
 
-def _shape_arrays(calibration: Calibration, graph: LayerGraph) -> ShapeCalibrationArrays:
+def _shape_arrays(calibration: Calibration, graph: LayerTable) -> ShapeCalibrationArrays:
     rows = int(np.shape(graph.arrays.mask)[0])
     group_of: dict[tuple[OpKey, LayerDims], int] = {}
     first_row: list[int] = []

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from costmodels.layers import LayerTable
 from costmodels.reshard import COLLECTIVE_NAMES, CONVERSION, Collective
 from costmodels.strategies import Layout, Strategy, strategy_layouts
 from costmodels.table import CostSettings
-from planner.graph import LayerGraph
 
 __all__ = ["CollectiveRecord", "auxiliary_collectives", "plan_collectives", "sharded_parameters"]
 
@@ -33,7 +33,7 @@ class CollectiveRecord:
 
 
 def plan_collectives(
-    graph: LayerGraph, choice: Sequence[int], batch: float, d: int, m: int, settings: CostSettings | None = None
+    graph: LayerTable, choice: Sequence[int], batch: float, d: int, m: int, settings: CostSettings | None = None
 ) -> tuple[CollectiveRecord, ...]:
     """Every collective of one training iteration of the discrete plan ``choice``
     on a ``d x m`` mesh, in layer order (gradient all-reduces last)."""
@@ -100,7 +100,7 @@ def plan_collectives(
     return tuple(recs)
 
 
-def sharded_parameters(graph: LayerGraph, choice: Sequence[int], m: int) -> np.ndarray:
+def sharded_parameters(graph: LayerTable, choice: Sequence[int], m: int) -> np.ndarray:
     """Parameters each device holds per layer ``[L]`` under ``choice``: a filter
     layer splits its kernel and bias (they follow the output channels); a
     channel layer splits its kernel's input channels and keeps the whole bias
@@ -119,7 +119,7 @@ def sharded_parameters(graph: LayerGraph, choice: Sequence[int], m: int) -> np.n
 
 
 def auxiliary_collectives(
-    graph: LayerGraph, choice: Sequence[int], batch: float, d: int, m: int, settings: CostSettings | None = None
+    graph: LayerTable, choice: Sequence[int], batch: float, d: int, m: int, settings: CostSettings | None = None
 ) -> tuple[CollectiveRecord, ...]:
     """The small collectives a compiled training step adds beside
     :func:`plan_collectives`, which the time model neglects: batch-norm

@@ -38,8 +38,8 @@ import jax.numpy as jnp
 
 from costmodels.collectives import Network, network_arrays
 from costmodels.hardware import DTYPES, Hardware
+from costmodels.layers import LayerKind
 from costmodels.shards import ShardShapes
-from planner.graph import LayerKind
 
 __all__ = [
     "HardwareArrays",

@@ -33,11 +33,10 @@ from costmodels.calibration import CalibrationArrays, calibrated_seconds
 from costmodels.compute import hardware_arrays, op_class_efficiency, roofline_s
 from costmodels.compute import shard_compute_s as kernel_model_s
 from costmodels.hardware import Hardware, KernelSpec
+from costmodels.layers import LayerKind, LayerTable, layer_type
 from costmodels.shards import shard_shapes
 from costmodels.strategies import Strategy
 from costmodels.transport import IDEAL
-from planner.graph import LayerGraph, LayerKind
-from planner.netfile import layer_type
 
 __all__ = [
     "MASK_FAMILIES",
@@ -149,7 +148,7 @@ def compat_flops(kind, in_c, out_c, kernel, out_spatial, x_el, y_el, ptypes) -> 
     return 2.0 * fw + w
 
 
-def oracle_layers(graph: LayerGraph) -> OracleLayers:
+def oracle_layers(graph: LayerTable) -> OracleLayers:
     """ParaDL's per-layer table of ``graph`` (flatten rows bridged)."""
     a = graph.unpadded()
     n = graph.num_layers
@@ -443,7 +442,7 @@ def shard_compute_s(
     return t
 
 
-def oracle_calibration(calibration: CalibrationArrays, graph: LayerGraph, layers: OracleLayers) -> CalibrationArrays:
+def oracle_calibration(calibration: CalibrationArrays, graph: LayerTable, layers: OracleLayers) -> CalibrationArrays:
     """``calibration`` (aligned with ``graph``'s rows by
     :func:`costmodels.calibration_arrays`) re-aligned with the oracle's rows
     (flatten rows, which the oracle bridges, dropped)."""

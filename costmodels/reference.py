@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from costmodels.calibration import Calibration
 from costmodels.compute import DTYPE_BYTES
 from costmodels.hardware import Hardware
+from costmodels.layers import LayerKind, LayerTable
 from costmodels.strategies import STRATEGY_NAMES, Layout, Strategy
 from costmodels.table import OPTIMIZER_SLOTS, CostSettings
-from planner.graph import LayerGraph, LayerKind
 
 __all__ = ["reference_iteration_time", "reference_memory"]
 
@@ -43,7 +43,7 @@ def _layouts(kind: int, s: int) -> tuple[int, int, int, int]:
     }[s]
 
 
-def _local_params(graph: LayerGraph, i: int, s: int, m: float) -> float:
+def _local_params(graph: LayerTable, i: int, s: int, m: float) -> float:
     """Parameters one device holds of layer ``i`` under strategy ``s``."""
     a = graph.arrays
     params = float(a.params[i])
@@ -135,7 +135,7 @@ def _kernel_seconds(hw: Hardware, flops: float, rows: float, features: float, re
     return k.launch_s + both
 
 
-def _shard_seconds(graph: LayerGraph, i: int, s: int, hw: Hardware, dtype: str, gb: float, m: int
+def _shard_seconds(graph: LayerTable, i: int, s: int, hw: Hardware, dtype: str, gb: float, m: int
                    ) -> tuple[float, float]:
     """(forward + backward, backward) seconds of layer ``i``'s shard under strategy ``s``."""
     a = graph.arrays
@@ -178,7 +178,7 @@ def _shard_seconds(graph: LayerGraph, i: int, s: int, hw: Hardware, dtype: str, 
 
 
 def reference_iteration_time(
-    graph: LayerGraph, choice: Sequence[int], hw: Hardware, batch: float, d: int, m: int,
+    graph: LayerTable, choice: Sequence[int], hw: Hardware, batch: float, d: int, m: int,
     settings: CostSettings = CostSettings(), calibration: Calibration | None = None,
 ) -> float:
     """Seconds per iteration of the discrete plan ``choice`` (one strategy per real layer).
@@ -249,7 +249,7 @@ def reference_iteration_time(
 
 
 def reference_memory(
-    graph: LayerGraph, choice: Sequence[int], batch: float, d: int, m: int, settings: CostSettings = CostSettings(),
+    graph: LayerTable, choice: Sequence[int], batch: float, d: int, m: int, settings: CostSettings = CostSettings(),
 ) -> float:
     """Peak bytes per device of the discrete plan ``choice``."""
     a = graph.arrays

@@ -34,7 +34,7 @@ import enum
 import jax.numpy as jnp
 import numpy as np
 
-from planner.graph import LayerKind
+from costmodels.layers import LayerKind
 
 __all__ = [
     "Strategy",

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from planner.graph import (
-    _LAYER_FIELDS,
-    _VECTOR_FIELDS,
+    LAYER_FIELDS,
+    VECTOR_FIELDS,
     GRAPH_SCHEMA,
     GRAPH_VERSION,
     MAX_SPATIAL_DIMS,
@@ -61,7 +61,7 @@ def graph_from_dict(data: Any) -> LayerGraph:
     if not isinstance(layers, list) or not layers:
         raise ValueError('layer graph "layers" must be a non-empty list')
     names: list[str] = []
-    cols: dict[str, list[Any]] = {f: [] for f in _LAYER_FIELDS}
+    cols: dict[str, list[Any]] = {f: [] for f in LAYER_FIELDS}
     for i, row in enumerate(layers):
         if not isinstance(row, dict):
             raise ValueError(f"layers[{i}] must be an object")
@@ -69,7 +69,7 @@ def graph_from_dict(data: Any) -> LayerGraph:
         if not isinstance(name, str) or not name:
             raise ValueError(f'layers[{i}] needs a non-empty string "name"')
         names.append(name)
-        for f in _LAYER_FIELDS:
+        for f in LAYER_FIELDS:
             if f == "mask":
                 cols[f].append(1.0)
                 continue
@@ -77,7 +77,7 @@ def graph_from_dict(data: Any) -> LayerGraph:
                 raise ValueError(f'layers[{i}] ({name}) is missing "{f}"')
             v = row[f]
             where = f"layers[{i}] ({name}).{f}"
-            if f in _VECTOR_FIELDS:
+            if f in VECTOR_FIELDS:
                 sign = "non-negative" if f in _MAY_BE_ZERO else "positive"
                 if not isinstance(v, list) or len(v) != MAX_SPATIAL_DIMS:
                     raise ValueError(f"{where} must be a list of {MAX_SPATIAL_DIMS} {sign} integers, got {v!r}")

@@ -41,7 +41,7 @@ from planner._plan_dp import (
     pad_schedule,
 )
 from planner.evaluate import resolve_batch
-from planner.graph import _VECTOR_FIELDS, LayerArrays, LayerGraph, bucket_size
+from planner.graph import VECTOR_FIELDS, LayerArrays, LayerGraph, bucket_size
 from planner.planning import InfeasibleMemoryError, mesh_shapes, parse_memory_limit
 
 __all__ = ["PlanBatch", "PlanConfig", "ROW_MULTIPLE", "plan_many"]
@@ -130,7 +130,7 @@ def _stack(xs: Sequence[Any]) -> Any:
 
 def _fill_value(field: str) -> float:
     """What :meth:`LayerGraph.padded` puts in a padding row of ``field``."""
-    return 1.0 if field in _VECTOR_FIELDS or field in ("in_channels", "out_channels", "groups") else 0.0
+    return 1.0 if field in VECTOR_FIELDS or field in ("in_channels", "out_channels", "groups") else 0.0
 
 
 def _stack_graphs(graphs: Sequence[LayerGraph], layers: np.ndarray, edges: np.ndarray, rows: int, edge_rows: int

@@ -1,4 +1,5 @@
-"""The layer IR: ``LayerGraph``, the contract between ``planner`` and ``costmodels``.
+"""The layer IR: ``LayerGraph``, a model's layers as the cost models read them
+(:class:`costmodels.layers.LayerTable`: its arrays and kinds live there).
 
 A ``LayerGraph`` describes one CNN for training, per sample (batch size is a
 parameter of every cost function, never baked in). It has two parts:
@@ -25,14 +26,25 @@ parallelism splits (height, or depth in 3-D).
 from __future__ import annotations
 
 import dataclasses
-import enum
 import hashlib
 import json
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
+
+# The arrays and kinds are the cost models' contract (costmodels.layers); the graph builds them.
+from costmodels.layers import (  # noqa: F401 (re-exported: the IR's names)
+    LAYER_FIELDS,
+    MAX_SPATIAL_DIMS,
+    MIN_BUCKET,
+    VECTOR_FIELDS,
+    LayerArrays,
+    LayerKind,
+    bucket_size,
+    kind_name,
+)
 
 __all__ = [
     "LayerKind",
@@ -46,97 +58,6 @@ __all__ = [
 
 GRAPH_SCHEMA = "shardplan/layer-graph"
 GRAPH_VERSION = 1
-MAX_SPATIAL_DIMS = 3
-MIN_BUCKET = 8
-
-
-class LayerKind(enum.IntEnum):
-    """Layer kinds; the integer code is what ``LayerArrays.kind`` stores."""
-
-    PAD = 0  # a masked, zero-cost row added by bucketing
-    CONV = 1  # 1-D / 2-D / 3-D by ``spatial_rank``
-    DENSE = 2
-    POOL = 3  # max or average pooling, global pooling included
-    BATCH_NORM = 4
-    ELEMENTWISE = 5  # activations, dropout, scaling
-    ADD = 6
-    CONCAT = 7
-    FLATTEN = 8
-    OTHER = 9  # an op with no dedicated model: replicated, cost from FLOPs
-
-
-def kind_name(kind: int, spatial_rank: int) -> str:
-    """Display name of a layer kind: ``conv2d``, ``dense``, ``pool``, ..."""
-    kind = LayerKind(int(kind))
-    if kind is LayerKind.CONV:
-        return f"conv{int(spatial_rank)}d"
-    return {
-        LayerKind.PAD: "pad",
-        LayerKind.DENSE: "dense",
-        LayerKind.POOL: "pool",
-        LayerKind.BATCH_NORM: "batch_norm",
-        LayerKind.ELEMENTWISE: "elementwise",
-        LayerKind.ADD: "add",
-        LayerKind.CONCAT: "concat",
-        LayerKind.FLATTEN: "flatten",
-        LayerKind.OTHER: "other",
-    }[kind]
-
-
-class LayerArrays(NamedTuple):
-    """Per-layer arrays of a model (a pytree). ``L`` is the bucketed layer count,
-    ``E`` the bucketed edge count. All counts are per sample."""
-
-    mask: Any  # [L] 1.0 for a real layer, 0.0 for a padding row
-    kind: Any  # [L] LayerKind code (float, exact small integers)
-    spatial_rank: Any  # [L] spatial dims of the input: 0 (dense/flat), 1, 2 or 3
-    out_spatial_rank: Any  # [L] spatial dims of the output (0 after flatten or a global pool)
-    in_channels: Any  # [L] channels of the (first) input
-    in_spatial: Any  # [L, 3] spatial dims of the input, padded with 1
-    out_channels: Any  # [L] output channels
-    out_spatial: Any  # [L, 3] spatial dims of the output, padded with 1
-    kernel: Any  # [L, 3] kernel / pooling window, 1 where absent
-    stride: Any  # [L, 3]
-    dilation: Any  # [L, 3] kernel dilation
-    pad_lo: Any  # [L, 3] padding before, elements
-    pad_hi: Any  # [L, 3] padding after, elements
-    groups: Any  # [L] feature groups of a conv (1 otherwise)
-    params: Any  # [L] trainable parameter count (weights + biases + BN scale/shift)
-    buffers: Any  # [L] non-trainable state elements (BN running statistics)
-    flops_fwd: Any  # [L] forward FLOPs per sample (padding-aware, XLA's counting)
-    flops_bwd_data: Any  # [L] backward FLOPs w.r.t. the layer input, per sample
-    flops_bwd_weight: Any  # [L] backward FLOPs w.r.t. the parameters, per sample
-    saved_elements: Any  # [L] activation elements kept for the backward pass, per sample
-    edge_src: Any  # [E] producing layer of each edge (int-valued)
-    edge_dst: Any  # [E] consuming layer of each edge (int-valued)
-    edge_mask: Any  # [E] 1.0 for a real edge, 0.0 for padding
-
-    @property
-    def in_elements(self) -> Any:  # [L] input elements per sample
-        return self.in_channels * self.in_spatial.prod(axis=-1)
-
-    @property
-    def out_elements(self) -> Any:  # [L] output elements per sample
-        return self.out_channels * self.out_spatial.prod(axis=-1)
-
-    @property
-    def flops_total(self) -> Any:  # [L] forward + backward FLOPs per sample
-        return self.flops_fwd + self.flops_bwd_data + self.flops_bwd_weight
-
-
-_LAYER_FIELDS = tuple(f for f in LayerArrays._fields if not f.startswith("edge_"))
-_VECTOR_FIELDS = ("in_spatial", "out_spatial", "kernel", "stride", "dilation", "pad_lo", "pad_hi")
-
-
-def bucket_size(n: int) -> int:
-    """The padded size for ``n`` rows: the next power of two, at least 8.
-
-    Models whose layer (and edge) counts fall in the same bucket produce
-    arrays of identical shapes, so jitted cost functions compile once for all
-    of them."""
-    if n < 0:
-        raise ValueError(f"row count must be non-negative, got {n}")
-    return max(MIN_BUCKET, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +118,7 @@ class LayerGraph:
     # -- totals (exact, float64 on the host) --------------------------------
     def total(self, field: str) -> float:
         """Sum of a per-layer field over the real layers, e.g. ``total("params")``."""
-        if field not in _LAYER_FIELDS or field in _VECTOR_FIELDS:
+        if field not in LAYER_FIELDS or field in VECTOR_FIELDS:
             raise ValueError(f"no per-layer scalar field {field!r}")
         return float(np.sum(np.asarray(getattr(self.arrays, field), dtype=np.float64)))
 
@@ -224,11 +145,11 @@ class LayerGraph:
         layers = []
         for i, name in enumerate(self.names):
             row: dict[str, Any] = {"name": name}
-            for f in _LAYER_FIELDS:
+            for f in LAYER_FIELDS:
                 if f == "mask":
                     continue
                 v = np.asarray(getattr(a, f))[i]
-                row[f] = [_num(x) for x in v] if f in _VECTOR_FIELDS else _num(v)
+                row[f] = [_num(x) for x in v] if f in VECTOR_FIELDS else _num(v)
             layers.append(row)
         return {
             "schema": GRAPH_SCHEMA,
@@ -278,7 +199,7 @@ def _pad_arrays(a: LayerArrays, n: int, e: int, layers: int, edges: int) -> Laye
         real, total = (e, edges) if f.startswith("edge_") else (n, layers)
         v = v[:real]
         pad_shape = (total - real,) + v.shape[1:]
-        fill = 1.0 if f in _VECTOR_FIELDS or f in ("in_channels", "out_channels", "groups") else 0.0
+        fill = 1.0 if f in VECTOR_FIELDS or f in ("in_channels", "out_channels", "groups") else 0.0
         out[f] = np.concatenate([v, np.full(pad_shape, fill)], axis=0)
     return LayerArrays(**out)
 

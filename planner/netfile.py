@@ -46,13 +46,15 @@ import math
 import os
 from collections.abc import Sequence
 
+from costmodels.layers import (  # ParaDL's layer types (the oracle reads them too)
+    LAYER_TYPES,
+    layer_type,
+)
 from planner.builder import GraphBuilder
 from planner.graph import LayerGraph, LayerKind
 
 __all__ = ["load_net", "parse_net", "paradl_totals", "layer_type", "LAYER_TYPES", "NET_SUFFIXES"]
 
-# paradl.md §5: the NAME substrings, in the order they are tried.
-LAYER_TYPES: tuple[str, ...] = ("CONV", "MPOOL", "APOOL", "RELU", "FC", "BNORM", "ADD", "DROPOUT")
 NET_SUFFIXES: tuple[str, ...] = (".net", ".net_sc", ".net_256")
 
 _HEADERS = ("Dataset", "Input", "Model")
@@ -63,15 +65,6 @@ _TOTALS_EXCLUDED_TYPES = ("RELU", "BNORM")
 _LAYER_FORMAT = "NAME|x dims|w dims|y dims[|time_s], e.g. CONV1|3x226x226|3x96x11x11|96x54x54|0"
 
 Shape = tuple[int, tuple[int, ...]]  # (channels, spatial in graph order)
-
-
-def layer_type(name: str) -> str | None:
-    """ParaDL's layer type of a layer NAME: the first of :data:`LAYER_TYPES`
-    that is a substring of it, or ``None``."""
-    for t in LAYER_TYPES:
-        if t in name:
-            return t
-    return None
 
 
 def load_net(path: str | os.PathLike[str]) -> LayerGraph:
