@@ -1,5 +1,7 @@
-"""Reading a ``LayerGraph`` back from its JSON form, with messages that name
-the offending field (the writer is ``LayerGraph.to_dict``)."""
+"""The layer-graph file: its schema and version, and reading its JSON form
+back into the fields of a ``LayerGraph`` with messages that name the
+offending field (the writer is ``LayerGraph.to_dict``; ``LayerGraph.from_dict``
+builds the graph from what :func:`graph_fields` returns)."""
 
 from __future__ import annotations
 
@@ -8,16 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from planner.graph import (
+from costmodels.layers import (
     LAYER_FIELDS,
-    VECTOR_FIELDS,
-    GRAPH_SCHEMA,
-    GRAPH_VERSION,
     MAX_SPATIAL_DIMS,
+    VECTOR_FIELDS,
     LayerArrays,
-    LayerGraph,
     LayerKind,
 )
+
+GRAPH_SCHEMA = "shardplan/layer-graph"
+GRAPH_VERSION = 1
 
 # Shape fields are whole numbers: padding may be 0, every other size at least 1.
 _MAY_BE_ZERO = ("pad_lo", "pad_hi")
@@ -39,7 +41,10 @@ def _number(v: Any, where: str) -> float:
     return float(v)
 
 
-def graph_from_dict(data: Any) -> LayerGraph:
+def graph_fields(data: Any) -> dict[str, Any]:
+    """The ``LayerGraph`` fields (unpadded arrays, names, model name, input
+    shape, measured time) of a layer-graph JSON object; ``ValueError`` naming
+    the field or layer where it is not one."""
     if not isinstance(data, dict):
         raise ValueError("layer-graph JSON must be an object")
     schema, version = data.get("schema"), data.get("version")
@@ -133,14 +138,8 @@ def graph_from_dict(data: Any) -> LayerGraph:
     arrays["edge_dst"] = np.asarray(dst, dtype=np.float64)
     arrays["edge_mask"] = np.ones(len(src))
     _check_consistent(arrays, names, src, dst, shape)
-    g = LayerGraph(
-        arrays=LayerArrays(**arrays),
-        names=tuple(names),
-        model_name=model_name,
-        input_shape=tuple(shape),
-        measured_time_per_sample_s=t,
-    )
-    return g.padded()
+    return {"arrays": LayerArrays(**arrays), "names": tuple(names), "model_name": model_name,
+            "input_shape": tuple(shape), "measured_time_per_sample_s": t}
 
 
 def _check_consistent(a: dict[str, np.ndarray], names: list[str], src: list[int], dst: list[int],

@@ -11,7 +11,7 @@ Subcommands:
 * ``shardplan hardware`` and ``shardplan evaluate``: see
   :mod:`planner.cli_cost`.
 
-MODEL is one of (:func:`load_model`): a built-in model name
+MODEL is one of (:func:`planner.model_loading.load_model`): a built-in model name
 (:data:`planner.zoo.MODEL_NAMES`); a ParaDL network file (``.net``,
 ``.net_sc``, ``.net_256``, or any file whose first line starts with
 ``Dataset|``; paradl.md §5); a layer-graph ``.json`` file
@@ -29,153 +29,24 @@ the Flax extractor, rich) are imported only when needed.
 from __future__ import annotations
 
 import argparse
-import difflib
-import importlib
-import inspect
-import json
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from costmodels.files import read_json
+from planner.cli_common import PROG, Parser, dump_json
 from planner.graph import LayerGraph
-from planner.netfile import NET_SUFFIXES, load_net
+from planner.model_loading import (  # (load_model, call_factory: re-exported)
+    accepted_models,
+    call_factory,
+    load_model,
+)
+from planner.usage import UsageError, one_line
 
 __all__ = ["main", "load_model", "call_factory", "layer_report", "UsageError", "DTYPE_BYTES"]
 
-PROG = "shardplan"
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2}
-_FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
-_NET_MAGIC = b"Dataset|"
-
-
-class UsageError(ValueError):
-    """A mistake in what the user asked for: ``what`` is wrong, ``accepted``
-    says what would work. ``main`` prints it as one line and exits with 2."""
-
-    def __init__(self, what: str, accepted: str) -> None:
-        super().__init__(f"{what}; {accepted}")
-        self.what = what
-        self.accepted = accepted
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (raised, printed by ``main``)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message, f"see '{self.prog} --help'")
-
-
-# -- model resolution -------------------------------------------------------------
-
-
-def _zoo_names() -> tuple[str, ...]:
-    try:
-        from planner.zoo import MODEL_NAMES
-    except ImportError:
-        return ()
-    return tuple(MODEL_NAMES)
-
-
-def _accepted() -> str:
-    names = _zoo_names()
-    listed = f" ({', '.join(names)})" if names else ""
-    return (
-        f"expected a built-in model name{listed}, a ParaDL .net file, "
-        "a layer-graph .json file or package.module:factory"
-    )
-
-
-def load_model(spec: str) -> LayerGraph:
-    """The :class:`LayerGraph` a command-line MODEL argument names (see the
-    module docstring). Raises :class:`UsageError` for names and paths that
-    resolve to nothing, ``ValueError`` for malformed files and ``OSError``
-    for unreadable ones."""
-    if spec in _zoo_names():
-        from planner.zoo import get_model
-
-        return get_model(spec)
-    path = Path(spec)
-    if path.is_file():
-        return _load_file(path)
-    if path.exists():
-        raise UsageError(f"{spec} is not a file", _accepted())
-    if _FACTORY.fullmatch(spec):
-        return _load_factory(spec)
-    if os.sep in spec or "/" in spec or path.suffix in (*NET_SUFFIXES, ".json"):
-        raise UsageError(f"no such file: {spec}", _accepted())
-    close = difflib.get_close_matches(spec, _zoo_names(), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise UsageError(f"unknown model {spec!r}{hint}", _accepted())
-
-
-def _load_file(path: Path) -> LayerGraph:
-    with open(path, "rb") as f:
-        head = f.read(len(_NET_MAGIC) + 3)
-    if path.suffix in NET_SUFFIXES or head.removeprefix(b"\xef\xbb\xbf").startswith(_NET_MAGIC):
-        return load_net(path)
-    if path.suffix == ".json":
-        data = read_json(path, "layer-graph JSON file (LayerGraph.to_json)")  # its errors name the file
-        try:
-            return LayerGraph.from_dict(data)
-        except ValueError as e:
-            raise ValueError(f"{path}: {e}; expected a layer-graph JSON file written by LayerGraph.to_json") from None
-    raise UsageError(
-        f"{path} is neither a ParaDL .net file (first line Dataset|...) nor a .json layer graph", _accepted()
-    )
-
-
-def call_factory(spec: str) -> tuple[Any, Any]:
-    """``(flax_module, example_input)`` from a ``package.module:factory``
-    argument: imported, checked to take no arguments, called and its result
-    checked; every mistake is a :class:`UsageError`."""
-    module_name, _, attr = spec.partition(":")
-    accepted = "expected package.module:factory, a function taking no arguments that returns (flax_module, example_input)"
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise UsageError(f"cannot import {module_name!r} ({e})", accepted) from None
-    except SyntaxError as e:
-        raise UsageError(f"cannot import {module_name!r} (syntax error: {e})", accepted) from None
-    except SystemExit as e:
-        raise UsageError(f"importing {module_name!r} called exit({e.code!r})", accepted) from None
-    except Exception as e:  # the user's module raised while importing
-        raise UsageError(f"importing {module_name!r} raised {type(e).__name__}: {_one_line(str(e))[:200]}",
-                         accepted) from None
-    factory: Any = module
-    for part in attr.split("."):
-        factory = getattr(factory, part, None)
-        if factory is None:
-            raise UsageError(f"module {module_name!r} has no attribute {attr!r}", accepted)
-    if not callable(factory):
-        raise UsageError(f"{spec} is not callable", accepted)
-    try:
-        inspect.signature(factory).bind()
-    except TypeError:
-        raise UsageError(f"{spec} needs arguments", accepted) from None
-    except ValueError:  # no signature (a builtin): just call it
-        pass
-    try:
-        result = factory()
-    except SystemExit as e:
-        raise UsageError(f"{spec}() called exit({e.code!r})", accepted) from None
-    except Exception as e:  # the user's factory raised
-        raise UsageError(f"{spec}() raised {type(e).__name__}: {_one_line(str(e))[:200]}", accepted) from None
-    if not (isinstance(result, (tuple, list)) and len(result) == 2):
-        raise UsageError(f"{spec}() returned {type(result).__name__}, not a (module, example_input) pair", accepted)
-    return result[0], result[1]
-
-
-def _load_factory(spec: str) -> LayerGraph:
-    result = call_factory(spec)
-    try:
-        from planner.extraction import extract
-    except ImportError as e:
-        raise UsageError(f"Flax model extraction is unavailable ({e})", _accepted()) from None
-    return extract(*result)
 
 
 # -- the layers report -------------------------------------------------------------
@@ -223,9 +94,8 @@ def _render_layers_table(report: dict[str, Any], full: bool = True) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from planner._compact import group_rows
+    from planner._compact import group_rows, label_group
     from planner._format import format_bytes, format_count, format_shape
-    from planner._compact import label_group
     from planner.cli_cost import describe_grouping
 
     t = report["totals"]
@@ -269,18 +139,6 @@ def _render_layers_table(report: dict[str, Any], full: bool = True) -> None:
     Console().print(table)
 
 
-def _dump_json(report: dict[str, Any]) -> str:
-    """Indented JSON with one line per layer row (``json.loads`` reads it back)."""
-    lines = []
-    for key, value in report.items():
-        if key == "layers":
-            rows = ",\n".join(f"  {json.dumps(row)}" for row in value)
-            lines.append(f' "layers": [\n{rows}\n ]')
-        else:
-            lines.append(f" {json.dumps(key)}: {json.dumps(value)}")
-    return "{\n" + ",\n".join(lines) + "\n}"
-
-
 def _run_layers(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise UsageError(f"--batch must be a positive integer, got {args.batch}", "expected e.g. --batch 64")
@@ -288,7 +146,7 @@ def _run_layers(args: argparse.Namespace) -> int:
     report = layer_report(graph, args.batch, args.dtype)
     report["source"] = args.model
     if args.json or not sys.stdout.isatty():
-        print(_dump_json(report))
+        print(dump_json(report))
     else:
         _render_layers_table(report, full=args.full)
     return 0
@@ -297,8 +155,8 @@ def _run_layers(args: argparse.Namespace) -> int:
 # -- entry point ---------------------------------------------------------------------
 
 
-def _parser() -> _Parser:
-    p = _Parser(prog=PROG, description="Plan per-layer sharding of CNN training.")
+def _parser() -> Parser:
+    p = Parser(prog=PROG, description="Plan per-layer sharding of CNN training.")
     p.add_argument("--debug", action="store_true",
                    help=f"show the full traceback of an internal error (or set {DEBUG_ENV}=1)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -324,8 +182,8 @@ def _parser() -> _Parser:
     from planner.cli_cost import add_cost_commands
     from planner.cli_oracle import add_oracle_commands
     from planner.cli_plan import add_plan_commands
-    from planner.cli_profile import add_profile_commands
     from planner.cli_plot import add_plot_commands
+    from planner.cli_profile import add_profile_commands
     from planner.cli_validate import add_validate_commands
 
     add_cost_commands(sub)
@@ -335,10 +193,6 @@ def _parser() -> _Parser:
     add_validate_commands(sub)
     add_plot_commands(sub)
     return p
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 DEBUG_ENV = "SHARDPLAN_DEBUG"
@@ -404,12 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.dup2(devnull, sys.stdout.fileno())
             return 1
         what = f"cannot read {e.filename}: {e.strerror}" if e.filename else str(e)
-        message = f"{what}; {_accepted()}"
+        message = f"{what}; {accepted_models()}"
     except Exception as e:  # a bug of ours, not the user's input
         if debug:
             raise
-        print(f"{PROG}: internal error: {type(e).__name__}: {_one_line(str(e))[:300]} (a bug in shardplan; "
+        print(f"{PROG}: internal error: {type(e).__name__}: {one_line(str(e))[:300]} (a bug in shardplan; "
               f"rerun with --debug or {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         return 1
-    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
+    print(f"{PROG}: error: {one_line(message)}", file=sys.stderr)
     return 2

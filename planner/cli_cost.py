@@ -22,6 +22,7 @@ import json
 import re
 import sys
 from typing import Any
+
 from costmodels.files import read_json
 
 __all__ = ["add_cost_commands", "layer_cost_table", "parse_mesh"]
@@ -159,8 +160,8 @@ def _run_hardware(args: argparse.Namespace) -> int:
 
 def _run_evaluate(args: argparse.Namespace) -> int:
     from costmodels import load_calibration, load_hardware
-    from planner.cli import load_model
     from planner.evaluate import evaluate
+    from planner.model_loading import load_model
 
     if (args.strategy is None) == (args.plan is None):
         raise ValueError("give exactly one of --strategy NAME or --plan FILE")

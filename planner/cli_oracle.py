@@ -18,8 +18,8 @@ matplotlib).
 from __future__ import annotations
 
 import argparse
-import os
 import json
+import os
 import sys
 from typing import Any
 
@@ -187,7 +187,7 @@ def plot_report(report: Any, path: str | None = None) -> Any:
 
 
 def _check_matplotlib() -> None:
-    from planner.cli import UsageError
+    from planner.usage import UsageError
 
     try:
         import matplotlib  # noqa: F401
@@ -196,8 +196,8 @@ def _check_matplotlib() -> None:
 
 
 def _run_oracle(args: argparse.Namespace) -> int:
-    from planner.cli import UsageError
     from planner.oracle_report import oracle
+    from planner.usage import UsageError
 
     if args.plot:
         _check_matplotlib()

@@ -80,10 +80,11 @@ def _render(data: dict[str, Any], output: str | None, full: bool = True) -> None
 
 def _run_plan(args: argparse.Namespace) -> int:
     from costmodels import load_calibration, load_hardware
-    from planner.cli import PROG, _one_line, load_model
-    from planner.planning import InfeasibleMemoryError, parse_memory_limit, plan
-
     from costmodels.files import check_writable
+    from planner.cli_common import PROG
+    from planner.model_loading import load_model
+    from planner.planning import InfeasibleMemoryError, parse_memory_limit, plan
+    from planner.usage import one_line
 
     # what the plan file holds must read back (plan_file.py): counts within its integer range
     if not args.milp_time_limit >= 0:
@@ -115,7 +116,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             platform=args.platform, milp_time_limit_s=args.milp_time_limit if args.milp_time_limit > 0 else None,
         )
     except InfeasibleMemoryError as e:
-        print(f"{PROG}: error: {_one_line(str(e))}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(str(e))}", file=sys.stderr)
         return 1
     finally:
         if status is not None:

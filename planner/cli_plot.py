@@ -23,9 +23,9 @@ MAX_DPI = 1200  # pixels grow with dpi squared; 1200 dpi is a print resolution
 
 
 def _run_plot(args: argparse.Namespace) -> int:
-    from planner.cli import UsageError
     from planner.planning import Plan
     from planner.plot import _require_matplotlib, plot_plan
+    from planner.usage import UsageError
 
     if args.dpi < 1:
         raise UsageError(f"--dpi must be a positive integer, got {args.dpi}", "expected e.g. --dpi 120")

@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 from typing import Any
+
 from costmodels.files import check_writable, write_atomic
 
 __all__ = ["CAPS", "add_profile_commands"]
@@ -96,8 +97,10 @@ def _render(summary: dict[str, Any], output: str) -> None:
 
 def _run_profile(args: argparse.Namespace) -> int:
     from costmodels import load_hardware
-    from planner.cli import UsageError, _dump_json, load_model
+    from planner.cli_common import dump_json
+    from planner.model_loading import load_model
     from planner.profile import profile_layers
+    from planner.usage import UsageError
 
     for name, v, low in (("--batch", args.batch, 1), ("--max-devices", args.max_devices, 1),
                          ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0)):
@@ -133,7 +136,7 @@ def _run_profile(args: argparse.Namespace) -> int:
     write_atomic(args.output, text + "\n")  # the path was checked before profiling
     summary = _summary(profile, profile.layer_calibration())
     if args.json or not sys.stdout.isatty():
-        print(_dump_json(summary))
+        print(dump_json(summary))
     else:
         _render(summary, args.output)
     return 0

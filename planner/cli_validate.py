@@ -26,13 +26,14 @@ _ACCEPTED = "expected a built-in model name or package.module:factory returning 
 
 
 def _flax_model(spec: str) -> Any:
-    from planner.cli import _FACTORY, UsageError, _zoo_names, call_factory
+    from planner.model_loading import FACTORY_PATTERN, call_factory, zoo_names
+    from planner.usage import UsageError
 
-    if spec in _zoo_names():
+    if spec in zoo_names():
         from planner.flax_zoo import flax_model
 
         return flax_model(spec)[0]
-    if not _FACTORY.fullmatch(spec):
+    if not FACTORY_PATTERN.fullmatch(spec):
         raise UsageError(f"unknown model {spec!r} (validate needs a Flax model)", _ACCEPTED)
     return call_factory(spec)[0]
 
@@ -77,8 +78,8 @@ def _render(report: Any) -> None:
 def _run_validate(args: argparse.Namespace) -> int:
     import json
 
-    from planner.cli import UsageError
     from planner.planning import Plan
+    from planner.usage import UsageError
     from planner.validation import validate
 
     for name in ("memory_rtol", "activation_rtol", "comm_rtol"):

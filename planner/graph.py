@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from typing import Any
 
 import jax
@@ -45,6 +44,11 @@ from costmodels.layers import (  # noqa: F401 (re-exported: the IR's names)
     bucket_size,
     kind_name,
 )
+from planner._graph_io import (  # the file format
+    GRAPH_SCHEMA,
+    GRAPH_VERSION,
+    graph_fields,
+)
 
 __all__ = [
     "LayerKind",
@@ -56,8 +60,6 @@ __all__ = [
     "kind_name",
 ]
 
-GRAPH_SCHEMA = "shardplan/layer-graph"
-GRAPH_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,9 +178,7 @@ class LayerGraph:
 
     @classmethod
     def from_dict(cls, data: Any) -> LayerGraph:
-        from planner._graph_io import graph_from_dict  # local: keeps this module small
-
-        return graph_from_dict(data)
+        return cls(**graph_fields(data)).padded()
 
     @classmethod
     def from_json(cls, text: str, source: str = "layer-graph JSON") -> LayerGraph:

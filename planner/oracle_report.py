@@ -22,7 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from costmodels.calibration import Calibration, calibration_arrays, check_hardware, load_calibration
+from costmodels.calibration import (
+    Calibration,
+    calibration_arrays,
+    check_hardware,
+    load_calibration,
+)
 from costmodels.hardware import Hardware, load_hardware
 from costmodels.oracle import STRATEGIES, oracle_context, oracle_table, parse_strategies
 from costmodels.oracle_cost import StrategyCost
@@ -110,8 +115,8 @@ def _is_net(path: Path) -> bool:
 def _resolve_model(model: LayerGraph | str | os.PathLike[str]) -> tuple[LayerGraph, int | None]:
     if isinstance(model, LayerGraph):
         return model, None
-    from planner.cli import (
-        load_model,  # the CLI's resolver: zoo names, .net, .json, module:factory
+    from planner.model_loading import (
+        load_model,  # zoo names, .net, .json, module:factory
     )
 
     graph = load_model(os.fspath(model))

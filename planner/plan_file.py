@@ -13,7 +13,6 @@ field, a non-finite number or an unknown strategy is rejected.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -23,7 +22,10 @@ from planner.evaluate import LayerCost
 from planner.plan_specs import LayerSpecs, layer_specs_from_kinds
 from search import HistoryEntry
 
-__all__ = ["plan_from_dict"]
+__all__ = ["PLAN_SCHEMA", "PLAN_VERSION", "plan_fields"]
+
+PLAN_SCHEMA = "shardplan/plan"
+PLAN_VERSION = 2  # 2 added layer specs, the embedded hardware, the package version, the search history
 
 
 class _Reader:
@@ -101,9 +103,10 @@ def _layer_specs(row: _Reader, i: int, name: str) -> LayerSpecs:
     )
 
 
-def plan_from_dict(data: Any) -> Any:
-    from planner.planning import PLAN_SCHEMA, PLAN_VERSION, MeshResult, Plan
-
+def plan_fields(data: Any) -> dict[str, Any]:
+    """The fields of a ``Plan`` read from a plan file's JSON object (``meshes``
+    as dicts of ``MeshResult`` fields; ``Plan.from_dict`` builds the records);
+    ``ValueError`` naming the first problem."""
     r = _Reader(data, "plan")
     if r.get("schema") != PLAN_SCHEMA:
         raise ValueError(f'not a plan file: "schema" is {data.get("schema")!r}, expected {PLAN_SCHEMA!r}')
@@ -151,7 +154,7 @@ def plan_from_dict(data: Any) -> Any:
         feasible = mr.get("feasible")
         if not isinstance(feasible, bool):
             raise ValueError(f"plan.meshes[{i}].feasible must be true or false")
-        meshes.append(MeshResult(
+        meshes.append(dict(
             mesh=mr.ints("mesh", 2), feasible=feasible, iteration_s=mr.number("iteration_s", optional=True),
             memory_bytes_per_device=mr.number("memory_bytes_per_device"),
             min_memory_bytes=mr.number("min_memory_bytes"), method=mr.string("method"),
@@ -217,5 +220,4 @@ def plan_from_dict(data: Any) -> Any:
         fields["hardware_spec"] = load_hardware(name) if name in preset_names() else None
         fields["package_version"] = "unknown (plan file version 1)"
         fields["history"] = ()
-    assert set(fields) == {f.name for f in dataclasses.fields(Plan)}  # internal: writer and reader agree
-    return Plan(**fields)
+    return fields

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from costmodels.files import parse_json, read_json, write_atomic
 from costmodels import (
     CollectiveRecord,
     CostSettings,
@@ -36,9 +35,11 @@ from costmodels import (
     load_hardware,
 )
 from costmodels.calibration import Calibration, calibration_arrays, check_hardware
+from costmodels.files import parse_json, read_json, write_atomic
 from planner._version import __version__
 from planner.evaluate import LayerCost, evaluate, positive_int, resolve_batch
 from planner.graph import LayerGraph
+from planner.plan_file import PLAN_SCHEMA, PLAN_VERSION, plan_fields  # the file format
 from planner.plan_specs import LayerSpecs, layer_specs, to_partition_spec
 from search import (
     GradientConfig,
@@ -64,8 +65,6 @@ __all__ = [
     "plan",
 ]
 
-PLAN_SCHEMA = "shardplan/plan"
-PLAN_VERSION = 2  # 2 added layer specs, the embedded hardware, the package version, the search history
 AXIS_NAMES = ("data", "model")
 
 # The share of a memory limit the search keeps free, per XLA platform: what
@@ -324,9 +323,11 @@ class Plan:
     def from_dict(cls, data: Any) -> Plan:
         """A plan from its ``to_dict`` form; rejects other schemas, newer versions
         and malformed fields with a message naming the problem."""
-        from planner.plan_file import plan_from_dict
-
-        return plan_from_dict(data)
+        fields = plan_fields(data)
+        fields["meshes"] = tuple(MeshResult(**m) for m in fields["meshes"])
+        if set(fields) != {f.name for f in dataclasses.fields(cls)}:  # the writer and the reader agree
+            raise RuntimeError(f"internal error: plan file fields {sorted(fields)} are not Plan's")
+        return cls(**fields)
 
     @classmethod
     def from_json(cls, text: str, source: str = "plan file") -> Plan:

@@ -41,3 +41,80 @@ def test_packages_import_only_downward(package, forbidden):
         if bad:
             offenders[str(path.relative_to(ROOT))] = sorted(bad)
     assert not offenders, f"{package} must not import {sorted(forbidden)}: {offenders}"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in ("costmodels", "search", "planner"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def module_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports (``from pkg import sub``
+    counts as importing ``pkg.sub`` where ``sub`` is a module)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & set(modules)
+            out |= subs if len(subs) == len(node.names) else ({node.module} & set(modules)) | subs
+    return out
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    component = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        component.append(w)
+                        if w == v:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+    return cycles
+
+
+def test_import_cycles_by_hand():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set(), "c": {"b"}}) == []
+    assert sorted(import_cycles({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c", "a"}})) == [["a", "b"], ["c", "d"]]
+
+
+def test_no_file_imports_back_from_a_file_that_imports_it():
+    modules = _modules()
+    graph = {m: module_imports(p, modules) - {m} for m, p in modules.items()}
+    assert "planner.graph" in graph["planner.builder"]  # the reader sees imports at all
+    assert not import_cycles(graph), f"import cycles: {import_cycles(graph)}"

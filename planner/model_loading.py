@@ -1,0 +1,134 @@
+"""One resolver for every way a model is named (the CLI's MODEL argument,
+``planner.oracle``'s model): a built-in model name
+(:data:`planner.zoo.MODEL_NAMES`); a ParaDL network file (``.net``,
+``.net_sc``, ``.net_256``, or any file whose first line starts with
+``Dataset|``; paradl.md §5); a layer-graph ``.json`` file
+(:meth:`LayerGraph.to_json`); or ``package.module:factory``, a function that
+returns ``(flax_module, example_input)``, extracted with
+:func:`planner.extract`. Mistakes are :class:`planner.usage.UsageError`s."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from costmodels.files import read_json
+from planner.graph import LayerGraph
+from planner.netfile import NET_SUFFIXES, load_net
+from planner.usage import UsageError, one_line
+
+__all__ = ["FACTORY_PATTERN", "accepted_models", "call_factory", "load_model", "zoo_names"]
+
+FACTORY_PATTERN = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
+_NET_MAGIC = b"Dataset|"
+
+
+def zoo_names() -> tuple[str, ...]:
+    try:
+        from planner.zoo import MODEL_NAMES
+    except ImportError:
+        return ()
+    return tuple(MODEL_NAMES)
+
+
+def accepted_models() -> str:
+    names = zoo_names()
+    listed = f" ({', '.join(names)})" if names else ""
+    return (
+        f"expected a built-in model name{listed}, a ParaDL .net file, "
+        "a layer-graph .json file or package.module:factory"
+    )
+
+
+def load_model(spec: str) -> LayerGraph:
+    """The :class:`LayerGraph` a command-line MODEL argument names (see the
+    module docstring). Raises :class:`UsageError` for names and paths that
+    resolve to nothing, ``ValueError`` for malformed files and ``OSError``
+    for unreadable ones."""
+    if spec in zoo_names():
+        from planner.zoo import get_model
+
+        return get_model(spec)
+    path = Path(spec)
+    if path.is_file():
+        return _load_file(path)
+    if path.exists():
+        raise UsageError(f"{spec} is not a file", accepted_models())
+    if FACTORY_PATTERN.fullmatch(spec):
+        return _load_factory(spec)
+    if os.sep in spec or "/" in spec or path.suffix in (*NET_SUFFIXES, ".json"):
+        raise UsageError(f"no such file: {spec}", accepted_models())
+    close = difflib.get_close_matches(spec, zoo_names(), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise UsageError(f"unknown model {spec!r}{hint}", accepted_models())
+
+
+def _load_file(path: Path) -> LayerGraph:
+    with open(path, "rb") as f:
+        head = f.read(len(_NET_MAGIC) + 3)
+    if path.suffix in NET_SUFFIXES or head.removeprefix(b"\xef\xbb\xbf").startswith(_NET_MAGIC):
+        return load_net(path)
+    if path.suffix == ".json":
+        data = read_json(path, "layer-graph JSON file (LayerGraph.to_json)")  # its errors name the file
+        try:
+            return LayerGraph.from_dict(data)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}; expected a layer-graph JSON file written by LayerGraph.to_json") from None
+    raise UsageError(
+        f"{path} is neither a ParaDL .net file (first line Dataset|...) nor a .json layer graph", accepted_models()
+    )
+
+
+def call_factory(spec: str) -> tuple[Any, Any]:
+    """``(flax_module, example_input)`` from a ``package.module:factory``
+    argument: imported, checked to take no arguments, called and its result
+    checked; every mistake is a :class:`UsageError`."""
+    module_name, _, attr = spec.partition(":")
+    accepted = "expected package.module:factory, a function taking no arguments that returns (flax_module, example_input)"
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UsageError(f"cannot import {module_name!r} ({e})", accepted) from None
+    except SyntaxError as e:
+        raise UsageError(f"cannot import {module_name!r} (syntax error: {e})", accepted) from None
+    except SystemExit as e:
+        raise UsageError(f"importing {module_name!r} called exit({e.code!r})", accepted) from None
+    except Exception as e:  # the user's module raised while importing
+        raise UsageError(f"importing {module_name!r} raised {type(e).__name__}: {one_line(str(e))[:200]}",
+                         accepted) from None
+    factory: Any = module
+    for part in attr.split("."):
+        factory = getattr(factory, part, None)
+        if factory is None:
+            raise UsageError(f"module {module_name!r} has no attribute {attr!r}", accepted)
+    if not callable(factory):
+        raise UsageError(f"{spec} is not callable", accepted)
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise UsageError(f"{spec} needs arguments", accepted) from None
+    except ValueError:  # no signature (a builtin): just call it
+        pass
+    try:
+        result = factory()
+    except SystemExit as e:
+        raise UsageError(f"{spec}() called exit({e.code!r})", accepted) from None
+    except Exception as e:  # the user's factory raised
+        raise UsageError(f"{spec}() raised {type(e).__name__}: {one_line(str(e))[:200]}", accepted) from None
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise UsageError(f"{spec}() returned {type(result).__name__}, not a (module, example_input) pair", accepted)
+    return result[0], result[1]
+
+
+def _load_factory(spec: str) -> LayerGraph:
+    result = call_factory(spec)
+    try:
+        from planner.extraction import extract
+    except ImportError as e:
+        raise UsageError(f"Flax model extraction is unavailable ({e})", accepted_models()) from None
+    return extract(*result)
