@@ -2,99 +2,102 @@
 shard its training over many devices, apply the plan with JAX's own
 sharding and check it against what XLA compiles.
 
-Everything but the layer-graph basics is imported on first use (see
-``_LAZY``), so ``import planner`` stays light for the command line; flax,
-optax and matplotlib load only when a name that needs them is used.
-Multi-process helpers live in :mod:`planner.distributed` and the local
-launcher in :mod:`planner.launch`."""
+Every name is imported here, except the five that need Flax at import time
+(``extract``, ``flax_model``, ``shard``, ``validate``, ``ValidationReport``):
+those load on first use, so ``import planner`` (and the command line) does
+not pay for Flax unless it is used; type checkers and IDEs see them through
+the ``TYPE_CHECKING`` imports below. Multi-process helpers live in
+:mod:`planner.distributed` and the local launcher in :mod:`planner.launch`."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner._version import __version__
+from planner.automl import CostEstimate, CostFunction, cost_fn
+from planner.batch_planning import PlanBatch, PlanConfig, plan_many
 from planner.builder import GraphBuilder
+from planner.evaluation import Evaluation, evaluate
+from planner.fit import HardwareFit, StepTime, fit_hardware
 from planner.graph import GRAPH_SCHEMA, GRAPH_VERSION, LayerArrays, LayerGraph, LayerKind, bucket_size
 from planner.netfile import load_net, parse_net
+from planner.oracle_report import OracleReport, oracle
+from planner.parametric import (
+    ArchParams,
+    ParametricGraph,
+    parametric_graph,
+    resnet_parametric,
+    resnet_template,
+    total_forward_flops,
+)
+from planner.planning import InfeasibleMemoryError, Plan, plan
+from planner.plot import plot_plan
+from planner.profile import Profile, profile_layers
 from planner.zoo import MODEL_NAMES, get_model
+from search import GradientConfig
+
+if TYPE_CHECKING:  # imported on first use (module docstring)
+    from planner.extraction import extract
+    from planner.flax_zoo import flax_model
+    from planner.sharding import shard
+    from planner.validation import ValidationReport, validate
 
 __all__ = [
-    "__version__",
+    "GRAPH_SCHEMA",
+    "GRAPH_VERSION",
+    "MODEL_NAMES",
     "ArchParams",
     "CostEstimate",
     "CostFunction",
+    "Evaluation",
+    "GradientConfig",
+    "GraphBuilder",
     "HardwareFit",
+    "InfeasibleMemoryError",
+    "LayerArrays",
+    "LayerGraph",
+    "LayerKind",
+    "OracleReport",
     "ParametricGraph",
+    "Plan",
     "PlanBatch",
     "PlanConfig",
     "Profile",
     "StepTime",
     "ValidationReport",
+    "__version__",
+    "bucket_size",
     "cost_fn",
+    "evaluate",
+    "extract",
     "fit_hardware",
+    "flax_model",
+    "get_model",
+    "load_net",
+    "oracle",
     "parametric_graph",
+    "parse_net",
+    "plan",
     "plan_many",
     "plot_plan",
     "profile_layers",
     "resnet_parametric",
     "resnet_template",
+    "shard",
     "total_forward_flops",
     "validate",
-    "GRAPH_SCHEMA",
-    "GRAPH_VERSION",
-    "MODEL_NAMES",
-    "OracleReport",
-    "Plan",
-    "GraphBuilder",
-    "LayerArrays",
-    "LayerGraph",
-    "LayerKind",
-    "bucket_size",
-    "extract",
-    "flax_model",
-    "get_model",
-    "load_net",
-    "oracle",
-    "parse_net",
-    "plan",
-    "shard",
 ]
 
-# Imported on first use: flax is heavy, and the oracle imports costmodels,
-# which itself imports planner.graph (importing it here would be circular).
-_LAZY = {
-    "extract": ("planner.extraction", "extract"),
-    "flax_model": ("planner.flax_zoo", "flax_model"),
-    "oracle": ("planner.oracle_report", "oracle"),
-    "OracleReport": ("planner.oracle_report", "OracleReport"),
-    "plan": ("planner.planning", "plan"),
-    "Plan": ("planner.planning", "Plan"),
-    "shard": ("planner.sharding", "shard"),
-    "validate": ("planner.validation", "validate"),
-    "ValidationReport": ("planner.validation", "ValidationReport"),
-    "profile_layers": ("planner.profile", "profile_layers"),
-    "Profile": ("planner.profile", "Profile"),
-    "fit_hardware": ("planner.fit", "fit_hardware"),
-    "StepTime": ("planner.fit", "StepTime"),
-    "HardwareFit": ("planner.fit", "HardwareFit"),
-    "cost_fn": ("planner.automl", "cost_fn"),
-    "plan_many": ("planner.batch_planning", "plan_many"),
-    "PlanConfig": ("planner.batch_planning", "PlanConfig"),
-    "PlanBatch": ("planner.batch_planning", "PlanBatch"),
-    "CostEstimate": ("planner.automl", "CostEstimate"),
-    "CostFunction": ("planner.automl", "CostFunction"),
-    "ArchParams": ("planner.parametric", "ArchParams"),
-    "ParametricGraph": ("planner.parametric", "ParametricGraph"),
-    "parametric_graph": ("planner.parametric", "parametric_graph"),
-    "resnet_parametric": ("planner.parametric", "resnet_parametric"),
-    "resnet_template": ("planner.parametric", "resnet_template"),
-    "total_forward_flops": ("planner.parametric", "total_forward_flops"),
-    "plot_plan": ("planner.plot", "plot_plan"),
+_NEED_FLAX = {  # name -> module: imported on first use
+    "extract": "planner.extraction",
+    "flax_model": "planner.flax_zoo",
+    "shard": "planner.sharding",
+    "validate": "planner.validation",
+    "ValidationReport": "planner.validation",
 }
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
+    if name in _NEED_FLAX:
         import importlib
 
-        module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
+        return getattr(importlib.import_module(_NEED_FLAX[name]), name)
     raise AttributeError(f"module 'planner' has no attribute {name!r}")

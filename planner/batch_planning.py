@@ -40,7 +40,7 @@ from planner._plan_dp import (
     dp_schedule,
     pad_schedule,
 )
-from planner.evaluate import resolve_batch
+from planner.evaluation import resolve_batch
 from planner.graph import VECTOR_FIELDS, LayerArrays, LayerGraph, bucket_size
 from planner.planning import InfeasibleMemoryError, mesh_shapes, parse_memory_limit
 

@@ -160,7 +160,7 @@ def _run_hardware(args: argparse.Namespace) -> int:
 
 def _run_evaluate(args: argparse.Namespace) -> int:
     from costmodels import load_calibration, load_hardware
-    from planner.evaluate import evaluate
+    from planner.evaluation import evaluate
     from planner.model_loading import load_model
 
     if (args.strategy is None) == (args.plan is None):
@@ -243,7 +243,7 @@ def layer_cost_table(title: str, layers: list[dict[str, Any]], *, full: bool = T
 
     from planner._compact import group_rows, label_group, plain_cost_rows
     from planner._format import format_bytes
-    from planner.evaluate import substitution_notes
+    from planner.evaluation import substitution_notes
 
     names = [r["name"] for r in layers]
     if full:

@@ -18,7 +18,7 @@ from typing import Any
 
 from costmodels import STRATEGY_NAMES, CollectiveRecord
 from costmodels.hardware import hardware_from_dict, load_hardware, preset_names
-from planner.evaluate import LayerCost
+from planner.evaluation import LayerCost
 from planner.plan_specs import LayerSpecs, layer_specs_from_kinds
 from search import HistoryEntry
 

@@ -7,7 +7,7 @@ otherwise, the data axis dividing the global batch) the cost model builds a
 ``m`` are traced), and :func:`search.solve_many` plans all meshes together
 (the gradient search vmapped over them). The fastest plan that fits wins
 (ties: the smaller model axis). A :class:`Plan` is plain data: the mesh, the
-per-layer strategies and predicted costs (from :func:`planner.evaluate.evaluate`,
+per-layer strategies and predicted costs (from :func:`planner.evaluate`,
 so ``shardplan evaluate --plan`` on the written file reproduces them), the
 speed-up over pure data parallelism, and how the search went.
 """
@@ -37,7 +37,7 @@ from costmodels import (
 from costmodels.calibration import Calibration, calibration_arrays, check_hardware
 from costmodels.files import parse_json, read_json, write_atomic
 from planner._version import __version__
-from planner.evaluate import LayerCost, evaluate, positive_int, resolve_batch
+from planner.evaluation import LayerCost, evaluate, positive_int, resolve_batch
 from planner.graph import LayerGraph
 from planner.plan_file import PLAN_SCHEMA, PLAN_VERSION, plan_fields  # the file format
 from planner.plan_specs import LayerSpecs, layer_specs, to_partition_spec

@@ -351,7 +351,7 @@ def fixed_plan(
     ``strategies`` for the layers named (``data`` for the rest), evaluated by
     the cost model on a ``d x m`` mesh; for validating single strategies."""
     from planner._version import __version__
-    from planner.evaluate import evaluate
+    from planner.evaluation import evaluate
     from planner.plan_specs import layer_specs
     from planner.planning import AXIS_NAMES
 

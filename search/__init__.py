@@ -5,9 +5,7 @@ refinement and exact solvers (issue 5). Never imports flax.
 callback) -> Solution`` is the entry point; ``solve_many`` plans several
 same-shaped tables (mesh shapes) together. See ``docs/search.md``.
 
-Note: the package attribute ``search.solve`` is the function; the module is
-``sys.modules["search.solve"]`` (``from search.solve import ...`` works as
-usual)."""
+The function ``search.solve`` and its methods live in :mod:`search.solver`."""
 
 from search.brute import solve_brute
 from search.dp import DPResult, solve_dp
@@ -25,7 +23,7 @@ from search.problem import (
 from search.refine import local_search, repair
 from search.relax import relaxed_probs, round_probs
 from search.solution import HistoryEntry, SearchEvent, Solution
-from search.solve import METHODS, solve, solve_many
+from search.solver import METHODS, solve, solve_many
 
 __all__ = [
     "METHODS",

@@ -300,7 +300,7 @@ def _plan(**kw):
 
 
 def _evaluate(model=M, devices=8, **kw):
-    from planner.evaluate import evaluate
+    from planner.evaluation import evaluate
 
     return evaluate(get_model(model), load_hardware("abci-v100"), devices, **kw)
 

@@ -29,7 +29,7 @@ from costmodels.strategies import Strategy
 from costmodels.table import cost_table
 from planner import GraphBuilder
 from planner.cli import main
-from planner.evaluate import evaluate
+from planner.evaluation import evaluate
 
 S = len(Strategy)
 CONV = OpKey(kind="conv", dtype="float32", rank=2, kernel=(3, 3), stride=(1, 1), dilation=(1, 1), groups=1)

@@ -1,4 +1,4 @@
-"""``planner.evaluate`` and the ``evaluate`` / ``hardware`` commands."""
+"""``planner.evaluate`` (:mod:`planner.evaluation`) and the ``evaluate`` / ``hardware`` commands."""
 
 import json
 
@@ -6,7 +6,7 @@ import pytest
 
 from costmodels import load_hardware
 from planner.cli import main
-from planner.evaluate import evaluate
+from planner.evaluation import evaluate
 from planner.zoo import get_model
 
 LAYER_KEYS = {"name", "kind", "strategy", "compute_s", "comm_s", "reshard_s", "memory_bytes", "requested_strategy",
@@ -165,7 +165,7 @@ def test_every_infeasible_strategy_has_a_reason():
     import numpy as np
 
     from costmodels import cost_table, hardware_arrays
-    from planner.evaluate import unavailable_reason
+    from planner.evaluation import unavailable_reason
 
     hw = hardware_arrays(load_hardware("dgx-a100"))
     for model, batch, d, m in (("resnet50", 64, 2, 4), ("vgg16-cifar10", 64, 1, 8), ("alexnet", 32, 4, 2)):

@@ -9,7 +9,7 @@ import pytest
 
 from costmodels import CostSettings, cost_table, hardware_arrays, load_hardware
 from planner.cli import main
-from planner.evaluate import evaluate
+from planner.evaluation import evaluate
 from planner.planning import InfeasibleMemoryError, mesh_shapes, parse_memory_limit, plan
 from planner.zoo import get_model
 from search import discrete_problem, minimum_memory

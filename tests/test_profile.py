@@ -17,7 +17,7 @@ from costmodels.calibration import LayerDims, OpKey
 from costmodels.strategies import STRATEGY_NAMES, Strategy
 from planner import GraphBuilder
 from planner.cli import main
-from planner.evaluate import evaluate
+from planner.evaluation import evaluate
 from planner.fit import StepTime, fit_hardware
 from planner.oracle_report import oracle
 from planner.profile import _forward, _shard_op, menu_meshes, profile_layers

@@ -9,7 +9,6 @@ graphs) padded to one bucket; memory sizes are small integers so every
 plan's memory is exact in float64 and limits sit half a byte away from any
 plan's memory (no ties at the boundary)."""
 
-import importlib
 import itertools
 
 import jax.numpy as jnp
@@ -346,7 +345,7 @@ def test_auto_uses_dp_on_chains_and_certifies_small_dags():
 
 
 def test_auto_adds_the_gradient_search_where_the_milp_proves_nothing_in_time(monkeypatch):
-    solve_module = importlib.import_module("search.solve")  # (the function search.solve shadows the module)
+    import search.solver as solve_module
 
     dag = synthetic_table(3, 6, dag_edges(6, 3))
     limit = limit_between(discrete_problem(dag), 3)
