@@ -17,7 +17,14 @@ import numpy as np
 
 from costmodels.layers import LayerTable
 from costmodels.reshard import COLLECTIVE_NAMES, CONVERSION, Collective
-from costmodels.strategies import Layout, Strategy, strategy_layouts
+from costmodels.strategies import (
+    AXIS_NAMES,
+    DATA_AXIS,
+    MODEL_AXIS,
+    Layout,
+    Strategy,
+    strategy_layouts,
+)
 from costmodels.table import CostSettings
 
 __all__ = ["CollectiveRecord", "auxiliary_collectives", "plan_collectives", "sharded_parameters"]
@@ -54,7 +61,7 @@ def plan_collectives(
         if kind is Collective.NONE:
             return
         result = nbytes if kind in (Collective.ALL_GATHER, Collective.ALL_REDUCE) else nbytes / m
-        recs.append(CollectiveRecord(COLLECTIVE_NAMES[kind], ("model",), phase, where, float(result)))
+        recs.append(CollectiveRecord(COLLECTIVE_NAMES[kind], (MODEL_AXIS,), phase, where, float(result)))
 
     consumers = set()
     produced = {v for _, v in graph.edges}
@@ -72,14 +79,14 @@ def plan_collectives(
                 x_row = a.in_channels[i] * a.in_spatial[i, 1] * a.in_spatial[i, 2] * gb * delta
                 y_row = a.out_channels[i] * a.out_spatial[i, 1] * a.out_spatial[i, 2] * gb * delta
                 name = graph.names[i]
-                recs.append(CollectiveRecord("collective-permute", ("model",), "forward", name, float(rows * x_row)))
+                recs.append(CollectiveRecord("collective-permute", (MODEL_AXIS,), "forward", name, float(rows * x_row)))
                 if i in produced:  # the input gradient (none for a layer fed by the model input)
-                    recs.append(CollectiveRecord("collective-permute", ("model",), "backward", name, float(rows * y_row)))
+                    recs.append(CollectiveRecord("collective-permute", (MODEL_AXIS,), "backward", name, float(rows * y_row)))
                 if a.params[i] > 0:
                     # The weight gradient needs the input's halo again: XLA's SPMD partitioner
                     # re-exchanges it rather than keeping the forward's haloed input
                     # (measured, docs/validation.md).
-                    recs.append(CollectiveRecord("collective-permute", ("model",), "backward",
+                    recs.append(CollectiveRecord("collective-permute", (MODEL_AXIS,), "backward",
                                                  f"{name} (weight gradient)", float(rows * x_row)))
         if i not in consumers:  # a model output: the loss runs batch-split, else on the gathered output
             out_l, gout_l = lay[i, s, 1], lay[i, s, 3]
@@ -92,8 +99,8 @@ def plan_collectives(
         s = choice[i]
         if a.params[i] <= 0:
             continue
-        axes = ("data", "model") if s in (Strategy.DATA, Strategy.SPATIAL) and m > 1 else ("data",)
-        ranks = d * m if axes == ("data", "model") else d
+        axes = AXIS_NAMES if s in (Strategy.DATA, Strategy.SPATIAL) and m > 1 else (DATA_AXIS,)
+        ranks = d * m if axes == AXIS_NAMES else d
         if ranks > 1:
             nbytes = float(local[i]) * settings.gradient_bytes_per_param
             recs.append(CollectiveRecord("all-reduce", axes, "gradient", graph.names[i], nbytes))
@@ -145,11 +152,11 @@ def auxiliary_collectives(
 
     def batch_axes(s: int) -> tuple[str, ...]:
         if s == Strategy.DATA or s == Strategy.SPATIAL:  # batch (and rows) over every device
-            return ("data", "model") if m > 1 else ("data",)
-        return ("data",)
+            return AXIS_NAMES if m > 1 else (DATA_AXIS,)
+        return (DATA_AXIS,)
 
     def ranks(axes: tuple[str, ...]) -> int:
-        return d * m if axes == ("data", "model") else d
+        return d * m if axes == AXIS_NAMES else d
 
     for i in range(n):
         if graph.kind_names[i] != "batch_norm":
@@ -174,15 +181,15 @@ def auxiliary_collectives(
                 continue
             nbytes = float(a.in_elements[i]) * gb * delta
             result = nbytes if kind in (Collective.ALL_GATHER, Collective.ALL_REDUCE) else nbytes / m
-            recs.append(CollectiveRecord(COLLECTIVE_NAMES[kind], ("model",), "forward",
+            recs.append(CollectiveRecord(COLLECTIVE_NAMES[kind], (MODEL_AXIS,), "forward",
                                          f"input -> {graph.names[i]}", result))
     sinks = [i for i in range(n) if i not in consumers]
     if sinks:
         s = int(choice[sinks[-1]])
         batch_split = lay[sinks[-1], s, 1] == Layout.BATCH
         if m > 1 and not batch_split:  # the loss runs on the group's gathered labels (int32)
-            recs.append(CollectiveRecord("all-gather", ("model",), "forward", "labels -> loss", gb * 4.0))
-        axes = ("data", "model") if batch_split and m > 1 else ("data",)
+            recs.append(CollectiveRecord("all-gather", (MODEL_AXIS,), "forward", "labels -> loss", gb * 4.0))
+        axes = AXIS_NAMES if batch_split and m > 1 else (DATA_AXIS,)
         if ranks(axes) > 1:
             recs.append(CollectiveRecord("all-reduce", axes, "forward", "loss", 4.0))
     return tuple(recs)

@@ -37,6 +37,9 @@ import numpy as np
 from costmodels.layers import LayerKind
 
 __all__ = [
+    "AXIS_NAMES",
+    "DATA_AXIS",
+    "MODEL_AXIS",
     "Strategy",
     "Layout",
     "STRATEGY_NAMES",
@@ -45,6 +48,12 @@ __all__ = [
     "strategy_mask",
     "parse_strategy",
 ]
+
+# The 2-D device mesh every plan runs on: the batch splits over "data", a layer's
+# channels, features or rows over "model" (the one set of axis names).
+DATA_AXIS = "data"
+MODEL_AXIS = "model"
+AXIS_NAMES = (DATA_AXIS, MODEL_AXIS)
 
 
 class Strategy(enum.IntEnum):

@@ -17,7 +17,14 @@ from planner.batch_planning import PlanBatch, PlanConfig, plan_many
 from planner.builder import GraphBuilder
 from planner.evaluation import Evaluation, evaluate
 from planner.fit import HardwareFit, StepTime, fit_hardware
-from planner.graph import GRAPH_SCHEMA, GRAPH_VERSION, LayerArrays, LayerGraph, LayerKind, bucket_size
+from planner.graph import (
+    GRAPH_SCHEMA,
+    GRAPH_VERSION,
+    LayerArrays,
+    LayerGraph,
+    LayerKind,
+    bucket_size,
+)
 from planner.netfile import load_net, parse_net
 from planner.oracle_report import OracleReport, oracle
 from planner.parametric import (

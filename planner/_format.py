@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["format_count", "format_bytes", "format_shape"]
+__all__ = ["format_count", "format_bytes", "format_bytes_up", "format_shape"]
 
 _PREFIXES = ("", "k", "M", "G", "T", "P", "E")
 
@@ -32,6 +32,17 @@ def format_bytes(value: float) -> str:
     if not p:
         return f"{v:.0f} B"
     return f"{v:.1f} {p}B"
+
+
+def format_bytes_up(nbytes: float) -> str:
+    """Bytes in decimal units with two decimals, rounded *up* so that the size
+    printed is enough (for a limit to give): ``8_922_601_651`` -> ``"8.93 GB"``."""
+    import math
+
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{math.ceil(nbytes / scale * 100) / 100:.2f} {unit}"
+    return f"{math.ceil(nbytes):.0f} B"
 
 
 def format_shape(shape: Sequence[int]) -> str:

@@ -5,6 +5,7 @@ stacks, into layers added through :class:`~planner.builder.GraphBuilder`
 :mod:`planner.extraction`."""
 
 from __future__ import annotations
+
 import dataclasses
 import itertools
 import math
@@ -12,8 +13,10 @@ import re
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
+
 import jax.extend.core as jex
 import numpy as np
+
 from planner.builder import GraphBuilder
 
 _REPLICATE_HINT = (

@@ -50,7 +50,11 @@ from planner._plan_dp import (
     dp_schedule,
     soft_min_lanes,
 )
-from planner.batch_planning import PlanBatch, PlanConfig, plan_many  # re-exported: the AutoML entry points
+from planner.batch_planning import (  # re-exported: the AutoML entry points
+    PlanBatch,
+    PlanConfig,
+    plan_many,
+)
 from planner.parametric import ArchParams, ParametricGraph
 from planner.planning import mesh_shapes, parse_memory_limit
 

@@ -1,4 +1,4 @@
-"""``shardplan oracle``: the ParaDL oracle on the command line (issue 4).
+"""``shardplan oracle``: the ParaDL oracle on the command line.
 
     shardplan oracle MODEL --devices 16,32,...,1024 [--hardware NAME|FILE]
         [--strategies data,spatial,filter,channel,pipeline,data+filter,data+spatial]

@@ -1,4 +1,4 @@
-"""``shardplan plot``: draw a plan file (issue 7; needs the ``plot`` extra).
+"""``shardplan plot``: draw a plan file (needs the ``plot`` extra).
 
 ``shardplan plot PLAN.json -o OUT.png [--history] [--dpi N]``
 

@@ -38,13 +38,15 @@ def _flax_model(spec: str) -> Any:
     return call_factory(spec)[0]
 
 
+def _exact_bytes(v: float) -> str:
+    """Every byte, grouped (``"176,736,156"``): validate compares to the byte."""
+    return f"{v:,.0f}"
+
+
 def _render(report: Any) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
-
-    def format_bytes(v: float) -> str:
-        return f"{v:,.0f}"
 
     def mark(ok: bool) -> str:
         return "[green]ok[/]" if ok else "[bold red]OUT[/]"
@@ -58,7 +60,7 @@ def _render(report: Any) -> None:
         mem.add_column(col, justify=justify)
     for r in report.memory:
         err = (r.compiled_bytes - r.predicted_bytes) / r.predicted_bytes if r.predicted_bytes else 0.0
-        mem.add_row(r.part, format_bytes(r.predicted_bytes), format_bytes(r.compiled_bytes), f"{err:+.1%}",
+        mem.add_row(r.part, _exact_bytes(r.predicted_bytes), _exact_bytes(r.compiled_bytes), f"{err:+.1%}",
                     "exact" if r.rtol == 0 else f"{r.rtol:.0%}", mark(r.ok), r.note)
     console.print(mem)
     col = Table(title="collectives per device, by kind and mesh axes", box=box.SIMPLE_HEAD)
@@ -66,7 +68,7 @@ def _render(report: Any) -> None:
                           ("ops", "right"), ("", "left"), ("note", "left")):
         col.add_column(name, justify=justify)
     for r in report.collectives:
-        col.add_row(r.kind, ",".join(r.axes), format_bytes(r.predicted_bytes), format_bytes(r.compiled_bytes),
+        col.add_row(r.kind, ",".join(r.axes), _exact_bytes(r.predicted_bytes), _exact_bytes(r.compiled_bytes),
                     str(r.count), mark(r.ok), r.note + (" (crosses processes)" if r.crosses_processes else ""))
     console.print(col)
     if report.over_limit is not None:

@@ -36,6 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 from costmodels.collective_list import CollectiveRecord
 from costmodels.hardware import Hardware
+from costmodels.strategies import AXIS_NAMES, DATA_AXIS, MODEL_AXIS
 
 __all__ = [
     "ENV_COORDINATOR",
@@ -63,8 +64,7 @@ ENV_PROCESS_ID = "SHARDPLAN_PROCESS_ID"
 ENV_DEVICES_PER_PROCESS = "SHARDPLAN_DEVICES_PER_PROCESS"  # devices each process owns (also read in cluster jobs)
 ENV_HEARTBEAT_SECONDS = "SHARDPLAN_HEARTBEAT_SECONDS"
 
-_AXES = ("data", "model")
-_BATCH_SPEC = P(_AXES)
+_BATCH_SPEC = P(AXIS_NAMES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +163,7 @@ def process_mesh(d: int, m: int, devices: Sequence[Any] | None = None) -> Mesh:
                 f"a model axis of {m} devices would span processes {sorted(procs)} (devices per process: {per}); "
                 f"plan with a model axis that divides the devices of one process (hardware devices_per_node)"
             )
-    return Mesh(grid, _AXES, axis_types=(AxisType.Auto, AxisType.Auto))
+    return Mesh(grid, AXIS_NAMES, axis_types=(AxisType.Auto, AxisType.Auto))
 
 
 def crosses_processes(groups: Sequence[Sequence[int]], mesh: Mesh) -> bool:
@@ -194,11 +194,11 @@ def collective_tiers(plan: Any, hardware: Hardware) -> tuple[CollectiveTier, ...
     rows_per_process = max(1, dpn // m)  # whole model groups per process (costmodels/table.py)
     out = []
     for c in plan.collectives:
-        if c.axes == ("model",):
+        if c.axes == (MODEL_AXIS,):
             ranks, crosses = m, m > dpn
-        elif c.axes == ("data",):
+        elif c.axes == (DATA_AXIS,):
             ranks, crosses = d, d > rows_per_process or m > dpn
-        elif set(c.axes) == set(_AXES):
+        elif set(c.axes) == set(AXIS_NAMES):
             ranks, crosses = d * m, d * m > dpn
         else:
             raise ValueError(f"collective over unknown mesh axes {c.axes}; expected 'data' and/or 'model'")

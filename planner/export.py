@@ -21,6 +21,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from costmodels.strategies import AXIS_NAMES
 from planner.plan_specs import (
     BATCH_AXES,
     CHANNELWISE_GRADIENT_LAYOUTS,
@@ -34,7 +35,7 @@ from planner.plan_specs import (
 )
 
 __all__ = [
-    "AXES",
+    "AXIS_NAMES",
     "TrainState",
     "activation_spec",
     "consumer_layouts",
@@ -47,8 +48,6 @@ __all__ = [
     "shardings",
 ]
 
-AXES = ("data", "model")
-
 
 def make_mesh(d: int, m: int, devices: Any = None) -> Mesh:
     """A ``d x m`` mesh with Auto axes over ``devices`` (default: all)."""
@@ -59,7 +58,7 @@ def make_mesh(d: int, m: int, devices: Any = None) -> Mesh:
             hint = (f"; on a CPU, run with JAX_NUM_CPU_DEVICES={d * m} in the environment for {d * m} "
                     "XLA CPU devices (set before JAX starts)")
         raise ValueError(f"a {d}x{m} mesh needs {d * m} devices, but {len(devices)} are available{hint}")
-    return jax.make_mesh((d, m), AXES, axis_types=(AxisType.Auto, AxisType.Auto), devices=devices)
+    return jax.make_mesh((d, m), AXIS_NAMES, axis_types=(AxisType.Auto, AxisType.Auto), devices=devices)
 
 
 def param_spec(strategy: str, ndim: int) -> P:

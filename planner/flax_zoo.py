@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from planner.zoo import COSMOFLOW_CONVS  # the one CosmoFlow table (re-exported)
+
 __all__ = [
     "VGG",
     "AlexNet",
@@ -217,20 +219,6 @@ class ResNet(nnx.Module):
                 x = block(x)
         x = x.mean(axis=(1, 2))
         return self.fc(x)
-
-
-# (features, kernel, stride, padding) per conv3d; paradl.md §5 and the
-# ParaDL files COSMOFLOW.net_256 / COSMOFLOW.net.
-COSMOFLOW_CONVS: dict[int, tuple[tuple[int, int, int, str], ...]] = {
-    256: (
-        (16, 3, 1, "SAME"), (32, 3, 1, "SAME"), (64, 3, 1, "SAME"), (128, 3, 2, "SAME"),
-        (256, 2, 1, "SAME"), (256, 2, 1, "SAME"), (128, 2, 1, "VALID"),
-    ),
-    512: (
-        (16, 3, 1, "VALID"), (32, 3, 1, "VALID"), (64, 3, 2, "VALID"), (128, 3, 1, "VALID"),
-        (256, 2, 1, "VALID"), (256, 2, 1, "VALID"), (128, 2, 1, "VALID"),
-    ),
-}
 
 
 class CosmoFlow(nnx.Module):

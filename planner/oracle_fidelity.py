@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from costmodels.files import read_json
 from costmodels.hardware import Hardware
 from costmodels.oracle_layers import oracle_layers, parse_lc
 from planner.netfile import load_net
 from planner.oracle_report import oracle
-from costmodels.files import read_json
 
 __all__ = ["MODES", "SeriesFidelity", "FidelityReport", "accuracy", "paradl_fidelity"]
 

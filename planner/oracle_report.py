@@ -1,4 +1,4 @@
-"""``planner.oracle`` (this module: ``planner.oracle_report``): the ParaDL oracle for a model and a machine (issue 4).
+"""``planner.oracle`` (this module: ``planner.oracle_report``): the ParaDL oracle for a model and a machine.
 
 For each strategy (data, spatial, filter, channel, pipeline, data+filter,
 data+spatial) and each device count: per-iteration compute, communication

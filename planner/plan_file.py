@@ -18,6 +18,7 @@ from typing import Any
 
 from costmodels import STRATEGY_NAMES, CollectiveRecord
 from costmodels.hardware import hardware_from_dict, load_hardware, preset_names
+from costmodels.strategies import AXIS_NAMES
 from planner.evaluation import LayerCost
 from planner.plan_specs import LayerSpecs, layer_specs_from_kinds
 from search import HistoryEntry
@@ -79,9 +80,9 @@ def _spec(value: Any, where: str, nullable: bool) -> Any:
         return None
 
     def entry(e: Any) -> Any:
-        if e is None or e in ("data", "model"):
+        if e is None or e in AXIS_NAMES:
             return e
-        if isinstance(e, list) and e and all(a in ("data", "model") for a in e):
+        if isinstance(e, list) and e and all(a in AXIS_NAMES for a in e):
             return tuple(e)
         raise ValueError(f'{where} entries must be null, "data", "model" or a list of those, got {e!r}')
 
@@ -165,14 +166,14 @@ def plan_fields(data: Any) -> dict[str, Any]:
     if mesh[0] * mesh[1] != devices:
         raise ValueError(f"plan.mesh {mesh[0]}x{mesh[1]} does not hold plan.devices = {devices} devices")
     axis_names = r.get("axis_names")
-    if axis_names != ["data", "model"]:
-        raise ValueError(f'plan.axis_names must be ["data", "model"], got {axis_names!r}')
+    if axis_names != list(AXIS_NAMES):
+        raise ValueError(f"plan.axis_names must be {list(AXIS_NAMES)!r}, got {axis_names!r}")
     names = [x.name for x in layers]
     if len(set(names)) != len(names):
         raise ValueError("plan.layers names must be unique")
     fields = dict(
         model=r.string("model"), hardware=r.string("hardware"), devices=devices, mesh=mesh,
-        axis_names=("data", "model"), batch=r.integer("batch", 1), dtype=r.string("dtype"),
+        axis_names=AXIS_NAMES, batch=r.integer("batch", 1), dtype=r.string("dtype"),
         optimizer=r.string("optimizer"), layers=tuple(layers), collectives=tuple(collectives),
         iteration_s=r.number("iteration_s"), memory_bytes_per_device=r.number("memory_bytes_per_device"),
         memory_capacity_bytes=r.number("memory_capacity_bytes"), memory_limit_bytes=r.number("memory_limit_bytes"),

@@ -35,7 +35,13 @@ from typing import Any
 
 from jax.sharding import PartitionSpec
 
-from costmodels.strategies import STRATEGY_NAMES, io_layout_names
+from costmodels.strategies import (
+    AXIS_NAMES,
+    DATA_AXIS,
+    MODEL_AXIS,
+    STRATEGY_NAMES,
+    io_layout_names,
+)
 
 __all__ = [
     "BATCH_AXES",
@@ -56,7 +62,7 @@ __all__ = [
 Entry = None | str | tuple[str, ...]
 Spec = tuple[Entry, ...]  # one entry per leading dim; see the module docstring
 
-BATCH_AXES = ("data", "model")
+BATCH_AXES = AXIS_NAMES  # the batch of a data-parallel layer splits over every device
 PARAM_LAYOUTS = io_layout_names(param_layer=True)  # conv / dense
 CHANNELWISE_LAYOUTS = io_layout_names(param_layer=False)  # batch norm and the other per-channel layers
 # (input gradient produced, output gradient needed): they differ from the forward layouts only
@@ -81,11 +87,11 @@ def param_spec_entries(strategy: str, ndim: int) -> Spec:
     if ndim == 0:
         return ()
     if ndim == 1:
-        return ("model",) if strategy == "filter" else ()
+        return (MODEL_AXIS,) if strategy == "filter" else ()
     if strategy == "filter":
-        return (*([None] * (ndim - 1)), "model")
+        return (*([None] * (ndim - 1)), MODEL_AXIS)
     if strategy == "channel":
-        return (*([None] * (ndim - 2)), "model", None)
+        return (*([None] * (ndim - 2)), MODEL_AXIS, None)
     return ()
 
 
@@ -96,13 +102,13 @@ def activation_spec_entries(layout: str, ndim: int) -> Spec | None:
     if layout == "batch":
         return (BATCH_AXES,)
     if layout == "replicated":
-        return ("data",)
+        return (DATA_AXIS,)
     if layout == "channel":
-        return ("data", *([None] * (ndim - 2)), "model")
+        return (DATA_AXIS, *([None] * (ndim - 2)), MODEL_AXIS)
     if layout == "spatial":
         if ndim < 3:
             raise ValueError(f"a spatial layout needs a spatial dim; this activation has rank {ndim}")
-        return ("data", "model")
+        return (DATA_AXIS, MODEL_AXIS)
     if layout == "partial":
         return None
     raise ValueError(f"unknown layout {layout!r}")

@@ -36,6 +36,8 @@ from costmodels import (
 )
 from costmodels.calibration import Calibration, calibration_arrays, check_hardware
 from costmodels.files import parse_json, read_json, write_atomic
+from costmodels.strategies import AXIS_NAMES
+from planner._format import format_bytes_up
 from planner._version import __version__
 from planner.evaluation import LayerCost, evaluate, positive_int, resolve_batch
 from planner.graph import LayerGraph
@@ -65,7 +67,6 @@ __all__ = [
     "plan",
 ]
 
-AXIS_NAMES = ("data", "model")
 
 # The share of a memory limit the search keeps free, per XLA platform: what
 # the cost model does not capture (docs/validation.md, "The memory promise").
@@ -343,14 +344,6 @@ class Plan:
         write_atomic(path, self.to_json() + "\n")
 
 
-def _format_up(nbytes: float) -> str:
-    """Decimal units, rounded up so that the printed size is enough."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            return f"{math.ceil(nbytes / scale * 100) / 100:.2f} {unit}"
-    return f"{math.ceil(nbytes):.0f} B"
-
-
 UNBOUNDED = 1 << 62  # devices_per_node of _advice where the model axis may cross nodes
 
 
@@ -395,8 +388,8 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshe
     state = p.state_bytes[rows, mm.choice]
     top = np.argsort(-persistent, kind="stable")[:3]
     parts = ", ".join(
-        f"{graph.names[i]} {_format_up(persistent[i])} ({_format_up(state[i])} weights, optimizer state and update, "
-        f"{_format_up(persistent[i] - state[i])} activations)"
+        f"{graph.names[i]} {format_bytes_up(persistent[i])} ({format_bytes_up(state[i])} weights, optimizer state and update, "
+        f"{format_bytes_up(persistent[i] - state[i])} activations)"
         for i in top
     )
     ws = p.workspace_bytes[rows, mm.choice]
@@ -404,14 +397,14 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshe
     d, m = meshes[k]
     # planning at exactly this limit must fit after the margin and the rounding slack are taken off again
     required = (mm.memory_bytes + inputs) / (1.0 - margin) / (1.0 - FLOAT32_ROUNDING) * (1.0 + 1e-9)
-    need = _format_up(required)
-    kept = (f": {_format_up(mm.memory_bytes)} for the plan, {_format_up(inputs)} for the input batch and "
+    need = format_bytes_up(required)
+    kept = (f": {format_bytes_up(mm.memory_bytes)} for the plan, {format_bytes_up(inputs)} for the input batch and "
             f"{margin:.0%} of the limit kept free for the platform's compiler (MEMORY_MARGIN)") if margin or inputs else ""
     message = (
-        f"no plan of {graph.model_name} on {P} devices fits {_format_up(limit)} per device: the smallest memory "
+        f"no plan of {graph.model_name} on {P} devices fits {format_bytes_up(limit)} per device: the smallest memory "
         f"limit any plan needs is {need} ({required:,.0f} bytes, on mesh {d}x{m}){kept}; of the plan's memory "
-        f"{_format_up(float(persistent.sum()))} are weights, optimizer state and activations kept for the backward "
-        f"pass (largest: {parts}) and {_format_up(ws[w])} the largest transient workspace (at {graph.names[w]}); "
+        f"{format_bytes_up(float(persistent.sum()))} are weights, optimizer state and activations kept for the backward "
+        f"pass (largest: {parts}) and {format_bytes_up(ws[w])} the largest transient workspace (at {graph.names[w]}); "
         f"raise the memory limit to at least {need}, {_advice(P, batch, batch_is_global, devices_per_node)}"
     )
     return message, required
@@ -479,8 +472,8 @@ def plan(
     limit = hw.device.memory_bytes if memory_limit is None else parse_memory_limit(memory_limit)
     if limit > hw.device.memory_bytes:  # a plan "fitting" memory the device does not have is no answer
         raise ValueError(
-            f"memory limit {_format_up(limit)} is more than a {hw.name} device has "
-            f"({_format_up(hw.device.memory_bytes)}); give at most that, or a hardware file with the right "
+            f"memory limit {format_bytes_up(limit)} is more than a {hw.name} device has "
+            f"({format_bytes_up(hw.device.memory_bytes)}); give at most that, or a hardware file with the right "
             "memory_bytes")
     platform = _platform(platform, hw)
     # Kept free: the platform's share of the limit, and the input batch (float32

@@ -53,7 +53,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from costmodels.calibration import MAX_POINTS, Calibration, LayerDims, OpKey, ShapePoint, ShardDims, graph_op_keys
+from costmodels.calibration import (
+    MAX_POINTS,
+    Calibration,
+    LayerDims,
+    OpKey,
+    ShapePoint,
+    ShardDims,
+    graph_op_keys,
+)
 from costmodels.shards import shard_shapes
 from costmodels.strategies import STRATEGY_NAMES, Strategy, strategy_mask
 from planner.graph import LayerGraph, LayerKind

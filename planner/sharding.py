@@ -13,7 +13,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from planner.export import (
-    AXES,
+    AXIS_NAMES,
     TrainState,
     consumer_layouts,
     make_mesh,
@@ -94,8 +94,8 @@ def plan_mesh(plan: Plan, mesh: Mesh | None = None) -> Mesh:
             mesh = process_mesh(*plan.mesh)
         else:
             mesh = make_mesh(*plan.mesh)
-    elif tuple(mesh.axis_names) != AXES or tuple(mesh.devices.shape) != tuple(plan.mesh):
+    elif tuple(mesh.axis_names) != AXIS_NAMES or tuple(mesh.devices.shape) != tuple(plan.mesh):
         raise ValueError(
-            f"mesh {dict(mesh.shape)} does not match the plan's {plan.mesh[0]}x{plan.mesh[1]} mesh over {AXES}"
+            f"mesh {dict(mesh.shape)} does not match the plan's {plan.mesh[0]}x{plan.mesh[1]} mesh over {AXIS_NAMES}"
         )
     return mesh

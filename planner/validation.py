@@ -69,6 +69,7 @@ from costmodels.collective_list import (
     plan_collectives,
     sharded_parameters,
 )
+from costmodels.strategies import AXIS_NAMES, DATA_AXIS, MODEL_AXIS
 from costmodels.table import OPTIMIZER_SLOTS
 from planner.export import consumer_layouts, lower_training, producer_layouts
 from planner.extraction import extract
@@ -353,7 +354,6 @@ def fixed_plan(
     from planner._version import __version__
     from planner.evaluation import evaluate
     from planner.plan_specs import layer_specs
-    from planner.planning import AXIS_NAMES
 
     graph = extract(model, example_input)
     hw = load_hardware(hardware)
@@ -385,7 +385,7 @@ def _hierarchical(predicted: dict, compiled: dict, notes: dict, rtol: float) -> 
     then over ``data`` (measured under the spatial strategy). When the
     compiled program lacks exactly such a share of the predicted two-axis
     all-reduce and has it as extra on both single axes, move the prediction."""
-    both, mod, dat = ("all-reduce", ("data", "model")), ("all-reduce", ("model",)), ("all-reduce", ("data",))
+    both, mod, dat = ("all-reduce", AXIS_NAMES), ("all-reduce", (MODEL_AXIS,)), ("all-reduce", (DATA_AXIS,))
     missing = predicted.get(both, 0.0) - compiled.get(both, 0.0)
     extra_m = compiled.get(mod, 0.0) - predicted.get(mod, 0.0)
     extra_d = compiled.get(dat, 0.0) - predicted.get(dat, 0.0)

@@ -51,7 +51,7 @@ from collections.abc import Callable, Sequence
 from planner.builder import GraphBuilder
 from planner.graph import LayerGraph
 
-__all__ = ["MODEL_NAMES", "get_model"]
+__all__ = ["COSMOFLOW_CONVS", "MODEL_NAMES", "get_model"]
 
 MODEL_NAMES: tuple[str, ...] = (
     "alexnet",
@@ -156,8 +156,9 @@ def _resnet(name: str, depths: Sequence[int]) -> LayerGraph:
     return b.build()
 
 
-# (features, kernel, stride, padding) per conv; paradl.md §5, COSMOFLOW.net*.
-_COSMOFLOW_CONVS: dict[int, tuple[tuple[int, int, int, str], ...]] = {
+# (features, kernel, stride, padding) per conv3d; paradl.md §5, COSMOFLOW.net* (the zoo's graphs
+# and planner.flax_zoo's CosmoFlow modules both read this one table).
+COSMOFLOW_CONVS: dict[int, tuple[tuple[int, int, int, str], ...]] = {
     256: (
         (16, 3, 1, "SAME"), (32, 3, 1, "SAME"), (64, 3, 1, "SAME"), (128, 3, 2, "SAME"),
         (256, 2, 1, "SAME"), (256, 2, 1, "SAME"), (128, 2, 1, "VALID"),
@@ -174,7 +175,7 @@ def _cosmoflow(size: int) -> LayerGraph:
     ReLU (+ 2x2x2 average pool after convs 1-6), flatten, FC 2048/256/4."""
     b = GraphBuilder(f"cosmoflow-{size}", (4, size, size, size))
     x = b.input
-    convs = _COSMOFLOW_CONVS[size]
+    convs = COSMOFLOW_CONVS[size]
     for i, (f, k, s, p) in enumerate(convs):
         x = b.conv(f"convs/{i}", x, f, k, stride=s, padding=p)
         x = b.relu(b.auto_name("", "relu"), x)

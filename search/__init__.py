@@ -1,5 +1,5 @@
 """Search over per-layer shardings: relaxation, gradient search, discrete
-refinement and exact solvers (issue 5). Never imports flax.
+refinement and exact solvers. Never imports flax or planner.
 
 ``solve(table, memory_limit, method="auto"|"gradient"|"dp"|"milp", seed,
 callback) -> Solution`` is the entry point; ``solve_many`` plans several
