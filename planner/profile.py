@@ -54,7 +54,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from costmodels.calibration import (
-    MAX_POINTS,
     Calibration,
     LayerDims,
     OpKey,
@@ -62,6 +61,7 @@ from costmodels.calibration import (
     ShardDims,
     graph_op_keys,
 )
+from costmodels.calibration_file import MAX_POINTS
 from costmodels.shards import shard_shapes
 from costmodels.strategies import STRATEGY_NAMES, Strategy, strategy_mask
 from planner.graph import LayerGraph, LayerKind

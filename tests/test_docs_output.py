@@ -59,7 +59,7 @@ EXEMPT_PAGES = {
 EXEMPT_BLOCKS = {
     ("costmodel.md", "model resnet152: 514 layers"):
         "a recorded run of benchmarks/costmodel_speed.py (evaluations per second on the 2-core machine)",
-    ("design.md", "LayerGraph                CostTable                Solution"):
+    ("design.md", "LayerTable                CostTable                Solution"):
         "a diagram of the packages, not output",
     ("multi-host.md", "python -m planner.launch: error: process 1 (pid 41873) exited with signal SIGKILL"):
         "a sample error line (its pid and time vary); tests/test_multiprocess.py checks the message",
