@@ -10,23 +10,22 @@ otherwise, the data axis dividing the global batch) the cost model builds a
 per-layer strategies and predicted costs (from :func:`planner.evaluate`,
 so ``shardplan evaluate --plan`` on the written file reproduces them), the
 speed-up over pure data parallelism, and how the search went.
+
+What it is asked for is checked in :mod:`planner.plan_inputs` (the memory
+limit, the margin kept free, the mesh shapes); the record it returns is
+:mod:`planner.plan_record`'s (its file format: :mod:`planner.plan_file`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-import re
 import time as _time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from costmodels import (
-    CollectiveRecord,
     CostSettings,
     Hardware,
     Strategy,
@@ -35,17 +34,23 @@ from costmodels import (
     load_hardware,
 )
 from costmodels.calibration import Calibration, calibration_arrays, check_hardware
-from costmodels.files import parse_json, read_json, write_atomic
 from costmodels.strategies import AXIS_NAMES
 from planner._format import format_bytes_up
 from planner._version import __version__
-from planner.evaluation import LayerCost, evaluate, positive_int, resolve_batch
+from planner.evaluation import evaluate, positive_int, resolve_batch
 from planner.graph import LayerGraph
-from planner.plan_file import PLAN_SCHEMA, PLAN_VERSION, plan_fields  # the file format
-from planner.plan_specs import LayerSpecs, layer_specs, to_partition_spec
+from planner.plan_file import PLAN_SCHEMA, PLAN_VERSION  # the file format
+from planner.plan_inputs import (
+    MEMORY_MARGIN,
+    memory_margin_bytes,
+    mesh_shapes,
+    parse_memory_limit,
+    platform_of,
+)
+from planner.plan_record import MeshResult, Plan
+from planner.plan_specs import layer_specs
 from search import (
     GradientConfig,
-    HistoryEntry,
     SearchEvent,
     Solution,
     discrete_problem,
@@ -68,32 +73,6 @@ __all__ = [
 ]
 
 
-# The share of a memory limit the search keeps free, per XLA platform: what
-# the cost model does not capture (docs/validation.md, "The memory promise").
-# cpu, measured (benchmarks/memory_grid.py, tests/test_memory_promise.py):
-# XLA:CPU's scheduler computes every max-pool's SelectAndScatterExpander
-# buffers (int32 iotas of the pool input's shape, one per dimension) at the
-# start of the step, beside transposed copies of the weights, so the forward
-# pass peaks above the backward step the cost model counts; and buffer
-# assignment packs the temporaries with ~8% fragmentation (7.6%, VGG16-CIFAR-10
-# batch 256, 2x4). Worst compiled / predicted measured: 1.20 (SplitBrain VGG16,
-# batch 256, 1x8, tight limit) on the grid and 1.55 on the tiny test CNN of
-# tests/test_memory_promise.py (229,088 B compiled for a tight plan predicted
-# at 147,424 B, 1x8, 2 samples per device: its two pools' expansion and the
-# inputs), and 1.69 on the ResNet (bottleneck 2-2-2-2, 32 px, batch 256, 1x8,
-# tight: its replicated stem pool's expansion on the whole batch), so plans are
-# predicted at most 0.55 x the limit (1 / 0.55 = 1.82). gpu, tpu: no max-pool expansion;
-# not measured yet (no GPU was at hand), so no margin: validate there first.
-MEMORY_MARGIN: dict[str, float] = {"cpu": 0.45, "gpu": 0.0, "tpu": 0.0}
-
-_UNITS = {
-    "": 1.0, "b": 1.0,
-    "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-    "kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30, "tib": 2.0**40,
-}
-_MEMORY = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*")
-
-
 class InfeasibleMemoryError(ValueError):
     """No plan on any mesh fits the memory limit. ``required_bytes`` is the
     smallest limit under which some plan fits."""
@@ -103,245 +82,7 @@ class InfeasibleMemoryError(ValueError):
         self.required_bytes = required_bytes
 
 
-def parse_memory_limit(value: float | int | str) -> float:
-    """Bytes from a number of bytes or a string with a unit: ``"16GiB"``,
-    ``"16GB"``, ``"500MiB"``, ``"1.5e9"`` (units B, kB, MB, GB, TB, KiB, MiB,
-    GiB, TiB; decimal units are powers of 1000, binary ones of 1024)."""
-    if isinstance(value, bool):
-        raise ValueError(f"memory limit must be bytes or a size like '16GiB', got {value!r}")
-    if isinstance(value, (int, float, np.integer, np.floating)):
-        nbytes = float(value)
-    elif isinstance(value, str):
-        match = _MEMORY.fullmatch(value)
-        if not match:
-            raise ValueError(f"memory limit {value!r} is not a size; write e.g. 16GiB, 16GB, 500MiB or 17179869184")
-        unit = match.group(2).lower()
-        if unit not in _UNITS:
-            raise ValueError(
-                f"unknown unit {match.group(2)!r} in memory limit {value!r}; use B, kB, MB, GB, TB, KiB, MiB, GiB or TiB"
-            )
-        nbytes = float(match.group(1)) * _UNITS[unit]
-    else:
-        raise ValueError(f"memory limit must be bytes or a size like '16GiB', got {type(value).__name__}")
-    if not (nbytes > 0 and math.isfinite(nbytes)):
-        raise ValueError(f"memory limit must be a positive size, got {value!r}")
-    return nbytes
-
-
-def memory_margin_bytes(limit_bytes: float, platform: str) -> float:
-    """The bytes of ``limit_bytes`` the search keeps free for ``platform``
-    (``cpu``, ``gpu`` or ``tpu``): :data:`MEMORY_MARGIN` of the limit."""
-    if platform not in MEMORY_MARGIN:
-        raise ValueError(f"unknown platform {platform!r}; choose from {', '.join(MEMORY_MARGIN)}")
-    return MEMORY_MARGIN[platform] * float(limit_bytes)
-
-
-def _platform(platform: str | None, hw: Hardware) -> str:
-    """The platform a plan is made for: ``platform``, else the hardware's:
-    ``cpu`` for CPU hardware (a name starting ``cpu``, as the ``cpu-local``
-    preset), ``gpu`` otherwise (every other preset is a GPU system)."""
-    if platform is not None:
-        if platform not in MEMORY_MARGIN:
-            raise ValueError(f"unknown platform {platform!r}; choose from {', '.join(MEMORY_MARGIN)}")
-        return platform
-    return "cpu" if hw.name.lower().startswith("cpu") else "gpu"
-
-
 MILP_TIME_LIMIT_S = 120.0  # per mesh shape: the MILP stops there with its best plan and its gap
-
-
-def _divisors(n: int) -> list[int]:
-    """The divisors of ``n``, ascending, by trial division up to sqrt(n)."""
-    small, large = [], []
-    k = 1
-    while k * k <= n:
-        if n % k == 0:
-            small.append(k)
-            if k * k != n:
-                large.append(n // k)
-        k += 1
-    return small + large[::-1]
-
-
-def mesh_shapes(devices: int, batch: int, devices_per_node: int, allow_cross_node_model_axis: bool = False
-                ) -> list[tuple[int, int]]:
-    """Every ``(d, m)`` with ``d * m = devices`` whose data axis divides the
-    batch and (unless allowed) whose model axis fits in one node; by ``m``."""
-    if devices < 1:
-        raise ValueError(f"devices must be a positive integer, got {devices}")
-    shapes = []
-    for m in _divisors(devices):  # by divisors: work bounded by sqrt(devices), not devices
-        d = devices // m
-        if batch % d:
-            continue
-        if m > devices_per_node and not allow_cross_node_model_axis:
-            continue
-        shapes.append((d, m))
-    if not shapes:
-        raise ValueError(
-            f"batch {batch} is not divisible by any data-parallel degree d of {devices} devices with a model axis "
-            f"of at most {devices_per_node} (one node); use a batch that is a multiple of {devices // max(1, min(devices, devices_per_node))}"
-            " or allow a cross-node model axis"
-        )
-    return shapes
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshResult:
-    """The best plan found on one mesh shape."""
-
-    mesh: tuple[int, int]
-    feasible: bool
-    iteration_s: float | None  # None when nothing fits on this mesh
-    memory_bytes_per_device: float
-    min_memory_bytes: float  # the smallest memory any plan needs on this mesh
-    method: str
-    optimality_gap: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "mesh": list(self.mesh)}
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """A per-layer sharding plan and its predicted costs (plain data)."""
-
-    model: str
-    hardware: str
-    devices: int
-    mesh: tuple[int, int]  # (d, m)
-    axis_names: tuple[str, str]
-    batch: int  # global
-    dtype: str
-    optimizer: str
-    layers: tuple[LayerCost, ...]  # name, kind, strategy and predicted costs per layer
-    collectives: tuple[CollectiveRecord, ...]
-    iteration_s: float  # predicted seconds per iteration
-    memory_bytes_per_device: float
-    memory_capacity_bytes: float
-    memory_limit_bytes: float
-    data_parallel_iteration_s: float | None  # pure data parallelism on all devices (None if the batch does not split)
-    data_parallel_memory_bytes: float | None
-    speedup_over_data_parallel: float | None
-    method: str  # the method that produced the plan
-    seed: int
-    seconds: float  # search wall time
-    optimality_gap: float | None  # relative, when an exact bound is known (0 = optimal)
-    meshes: tuple[MeshResult, ...]  # every mesh shape searched
-    graph_fingerprint: str = ""  # LayerGraph.fingerprint of the model the plan was made for
-    input_shape: tuple[int, ...] = ()  # per sample, channels first
-    layer_specs: tuple[LayerSpecs, ...] = ()  # PartitionSpecs of each layer's parameters and activations
-    hardware_spec: Hardware | None = None  # the hardware description used (None: a version-1 file of a non-preset)
-    package_version: str = ""  # shardplan's version that made the plan
-    history: tuple[HistoryEntry, ...] = ()  # the winning mesh's search steps (shardplan plot --history)
-    memory_margin_bytes: float = 0.0  # of memory_limit_bytes, kept free by the search (MEMORY_MARGIN + input batch)
-    platform: str = ""  # the XLA platform the margin is for ("": planned before margins)
-    # set when a simpler plan was preferred (SIMPLER_PLAN_TOLERANCE): the fastest plan found, which it is within
-    fastest_iteration_s: float | None = None
-    fastest_mesh: tuple[int, int] | None = None
-
-    @property
-    def strategies(self) -> dict[str, str]:
-        """Layer name -> strategy name."""
-        return {r.name: r.strategy for r in self.layers}
-
-    def partition_specs(self, params: Any) -> Any:
-        """PartitionSpecs for a Flax nnx ``State`` or linen params tree, from each
-        parameter's layer strategy (:mod:`planner.export`)."""
-        from planner.export import partition_specs
-
-        return partition_specs(params, self.strategies)
-
-    def shardings(self, params: Any, mesh: Any) -> Any:
-        """NamedShardings for ``params`` on ``mesh`` (a ``("data", "model")`` mesh)."""
-        from planner.export import shardings
-
-        return shardings(params, self.strategies, mesh)
-
-    def activation_specs(self) -> dict[str, tuple[Any, Any]]:
-        """Layer name -> (input, output) ``PartitionSpec`` (None: XLA decides)."""
-        return {s.name: (to_partition_spec(s.input_spec), to_partition_spec(s.output_spec)) for s in self.layer_specs}
-
-    @property
-    def fits_memory(self) -> bool:
-        return self.memory_bytes_per_device <= self.memory_capacity_bytes
-
-    def summary(self, full: bool = False) -> str:
-        """The per-layer table as plain text: strategy, predicted seconds and
-        bytes per device, and the layer's activation specs; over 40 layers
-        runs of alike data-parallel layers are one row each unless ``full``
-        (as ``shardplan plan`` prints them)."""
-        from planner.plan_summary import plan_summary
-
-        return plan_summary(self, full)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the keys of ``shardplan evaluate --json`` plus the search's."""
-        return {
-            "schema": PLAN_SCHEMA,
-            "version": PLAN_VERSION,
-            "model": self.model,
-            "hardware": self.hardware,
-            "devices": self.devices,
-            "mesh": list(self.mesh),
-            "axis_names": list(self.axis_names),
-            "batch": self.batch,
-            "dtype": self.dtype,
-            "optimizer": self.optimizer,
-            "iteration_s": self.iteration_s,
-            "memory_bytes_per_device": self.memory_bytes_per_device,
-            "memory_capacity_bytes": self.memory_capacity_bytes,
-            "memory_limit_bytes": self.memory_limit_bytes,
-            "memory_margin_bytes": self.memory_margin_bytes,
-            "platform": self.platform,
-            "fastest_iteration_s": self.fastest_iteration_s,
-            "fastest_mesh": None if self.fastest_mesh is None else list(self.fastest_mesh),
-            "fits_memory": self.fits_memory,
-            "data_parallel_iteration_s": self.data_parallel_iteration_s,
-            "data_parallel_memory_bytes": self.data_parallel_memory_bytes,
-            "speedup_over_data_parallel": self.speedup_over_data_parallel,
-            "method": self.method,
-            "seed": self.seed,
-            "seconds": self.seconds,
-            "optimality_gap": self.optimality_gap,
-            "graph_fingerprint": self.graph_fingerprint,
-            "input_shape": list(self.input_shape),
-            "package_version": self.package_version,
-            "hardware_spec": None if self.hardware_spec is None else self.hardware_spec.to_dict(),
-            "layers": [
-                {**dataclasses.asdict(r), **(s.to_dict() if s is not None else {})}
-                for r, s in zip(self.layers, self.layer_specs or (None,) * len(self.layers), strict=True)
-            ],
-            "collectives": [{**dataclasses.asdict(c), "axes": list(c.axes)} for c in self.collectives],
-            "meshes": [m.to_dict() for m in self.meshes],
-            "history": [dataclasses.asdict(h) for h in self.history],
-        }
-
-    def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
-
-    @classmethod
-    def from_dict(cls, data: Any) -> Plan:
-        """A plan from its ``to_dict`` form; rejects other schemas, newer versions
-        and malformed fields with a message naming the problem."""
-        fields = plan_fields(data)
-        fields["meshes"] = tuple(MeshResult(**m) for m in fields["meshes"])
-        if set(fields) != {f.name for f in dataclasses.fields(cls)}:  # the writer and the reader agree
-            raise RuntimeError(f"internal error: plan file fields {sorted(fields)} are not Plan's")
-        return cls(**fields)
-
-    @classmethod
-    def from_json(cls, text: str, source: str = "plan file") -> Plan:
-        return cls.from_dict(parse_json(text, source))
-
-    @classmethod
-    def read(cls, path: str | Path) -> Plan:
-        return cls.from_dict(read_json(path, "plan file (shardplan plan -o)"))
-
-    def write(self, path: str | Path) -> None:
-        """Write the plan file atomically (costmodels/files.py): a kill or a
-        full disk mid-write leaves the previous file whole."""
-        write_atomic(path, self.to_json() + "\n")
 
 
 UNBOUNDED = 1 << 62  # devices_per_node of _advice where the model axis may cross nodes
@@ -475,7 +216,7 @@ def plan(
             f"memory limit {format_bytes_up(limit)} is more than a {hw.name} device has "
             f"({format_bytes_up(hw.device.memory_bytes)}); give at most that, or a hardware file with the right "
             "memory_bytes")
-    platform = _platform(platform, hw)
+    platform = platform_of(platform, hw)
     # Kept free: the platform's share of the limit, and the input batch (float32
     # images, int32 labels, split over all P devices, as planner.export feeds
     # them), which the cost table does not count: exact, the same on every mesh

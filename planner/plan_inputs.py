@@ -1,0 +1,121 @@
+"""What a plan is asked for, checked: a memory limit (the one size parser,
+:func:`parse_memory_limit`), the share of it kept free per XLA platform
+(:data:`MEMORY_MARGIN`), and the mesh shapes ``d x m`` of ``P`` devices a
+search tries (:func:`mesh_shapes`)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from costmodels import Hardware
+
+__all__ = ["MEMORY_MARGIN", "memory_margin_bytes", "mesh_shapes", "parse_memory_limit", "platform_of"]
+
+
+# The share of a memory limit the search keeps free, per XLA platform: what
+# the cost model does not capture (docs/validation.md, "The memory promise").
+# cpu, measured (benchmarks/memory_grid.py, tests/test_memory_promise.py):
+# XLA:CPU's scheduler computes every max-pool's SelectAndScatterExpander
+# buffers (int32 iotas of the pool input's shape, one per dimension) at the
+# start of the step, beside transposed copies of the weights, so the forward
+# pass peaks above the backward step the cost model counts; and buffer
+# assignment packs the temporaries with ~8% fragmentation (7.6%, VGG16-CIFAR-10
+# batch 256, 2x4). Worst compiled / predicted measured: 1.20 (SplitBrain VGG16,
+# batch 256, 1x8, tight limit) on the grid and 1.55 on the tiny test CNN of
+# tests/test_memory_promise.py (229,088 B compiled for a tight plan predicted
+# at 147,424 B, 1x8, 2 samples per device: its two pools' expansion and the
+# inputs), and 1.69 on the ResNet (bottleneck 2-2-2-2, 32 px, batch 256, 1x8,
+# tight: its replicated stem pool's expansion on the whole batch), so plans are
+# predicted at most 0.55 x the limit (1 / 0.55 = 1.82). gpu, tpu: no max-pool expansion;
+# not measured yet (no GPU was at hand), so no margin: validate there first.
+MEMORY_MARGIN: dict[str, float] = {"cpu": 0.45, "gpu": 0.0, "tpu": 0.0}
+
+_UNITS = {
+    "": 1.0, "b": 1.0,
+    "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+    "kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30, "tib": 2.0**40,
+}
+_MEMORY = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*")
+
+
+def parse_memory_limit(value: float | int | str) -> float:
+    """Bytes from a number of bytes or a string with a unit: ``"16GiB"``,
+    ``"16GB"``, ``"500MiB"``, ``"1.5e9"`` (units B, kB, MB, GB, TB, KiB, MiB,
+    GiB, TiB; decimal units are powers of 1000, binary ones of 1024)."""
+    if isinstance(value, bool):
+        raise ValueError(f"memory limit must be bytes or a size like '16GiB', got {value!r}")
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        nbytes = float(value)
+    elif isinstance(value, str):
+        match = _MEMORY.fullmatch(value)
+        if not match:
+            raise ValueError(f"memory limit {value!r} is not a size; write e.g. 16GiB, 16GB, 500MiB or 17179869184")
+        unit = match.group(2).lower()
+        if unit not in _UNITS:
+            raise ValueError(
+                f"unknown unit {match.group(2)!r} in memory limit {value!r}; use B, kB, MB, GB, TB, KiB, MiB, GiB or TiB"
+            )
+        nbytes = float(match.group(1)) * _UNITS[unit]
+    else:
+        raise ValueError(f"memory limit must be bytes or a size like '16GiB', got {type(value).__name__}")
+    if not (nbytes > 0 and math.isfinite(nbytes)):
+        raise ValueError(f"memory limit must be a positive size, got {value!r}")
+    return nbytes
+
+
+def memory_margin_bytes(limit_bytes: float, platform: str) -> float:
+    """The bytes of ``limit_bytes`` the search keeps free for ``platform``
+    (``cpu``, ``gpu`` or ``tpu``): :data:`MEMORY_MARGIN` of the limit."""
+    if platform not in MEMORY_MARGIN:
+        raise ValueError(f"unknown platform {platform!r}; choose from {', '.join(MEMORY_MARGIN)}")
+    return MEMORY_MARGIN[platform] * float(limit_bytes)
+
+
+def platform_of(platform: str | None, hw: Hardware) -> str:
+    """The platform a plan is made for: ``platform``, else the hardware's:
+    ``cpu`` for CPU hardware (a name starting ``cpu``, as the ``cpu-local``
+    preset), ``gpu`` otherwise (every other preset is a GPU system)."""
+    if platform is not None:
+        if platform not in MEMORY_MARGIN:
+            raise ValueError(f"unknown platform {platform!r}; choose from {', '.join(MEMORY_MARGIN)}")
+        return platform
+    return "cpu" if hw.name.lower().startswith("cpu") else "gpu"
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending, by trial division up to sqrt(n)."""
+    small, large = [], []
+    k = 1
+    while k * k <= n:
+        if n % k == 0:
+            small.append(k)
+            if k * k != n:
+                large.append(n // k)
+        k += 1
+    return small + large[::-1]
+
+
+def mesh_shapes(devices: int, batch: int, devices_per_node: int, allow_cross_node_model_axis: bool = False
+                ) -> list[tuple[int, int]]:
+    """Every ``(d, m)`` with ``d * m = devices`` whose data axis divides the
+    batch and (unless allowed) whose model axis fits in one node; by ``m``."""
+    if devices < 1:
+        raise ValueError(f"devices must be a positive integer, got {devices}")
+    shapes = []
+    for m in _divisors(devices):  # by divisors: work bounded by sqrt(devices), not devices
+        d = devices // m
+        if batch % d:
+            continue
+        if m > devices_per_node and not allow_cross_node_model_axis:
+            continue
+        shapes.append((d, m))
+    if not shapes:
+        raise ValueError(
+            f"batch {batch} is not divisible by any data-parallel degree d of {devices} devices with a model axis "
+            f"of at most {devices_per_node} (one node); use a batch that is a multiple of {devices // max(1, min(devices, devices_per_node))}"
+            " or allow a cross-node model axis"
+        )
+    return shapes

@@ -1,0 +1,178 @@
+"""``Plan``: a per-layer sharding plan and its predicted costs, as plain
+data (the record :func:`planner.plan` returns and plan files hold;
+:mod:`planner.plan_file` reads the file), and ``MeshResult``, the best plan
+found on one mesh shape."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from costmodels import CollectiveRecord, Hardware
+from costmodels.files import parse_json, read_json, write_atomic
+from planner.evaluation import LayerCost
+from planner.plan_file import PLAN_SCHEMA, PLAN_VERSION, plan_fields  # the file format
+from planner.plan_specs import LayerSpecs, to_partition_spec
+from search import HistoryEntry
+
+__all__ = ["MeshResult", "Plan"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshResult:
+    """The best plan found on one mesh shape."""
+
+    mesh: tuple[int, int]
+    feasible: bool
+    iteration_s: float | None  # None when nothing fits on this mesh
+    memory_bytes_per_device: float
+    min_memory_bytes: float  # the smallest memory any plan needs on this mesh
+    method: str
+    optimality_gap: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "mesh": list(self.mesh)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A per-layer sharding plan and its predicted costs (plain data)."""
+
+    model: str
+    hardware: str
+    devices: int
+    mesh: tuple[int, int]  # (d, m)
+    axis_names: tuple[str, str]
+    batch: int  # global
+    dtype: str
+    optimizer: str
+    layers: tuple[LayerCost, ...]  # name, kind, strategy and predicted costs per layer
+    collectives: tuple[CollectiveRecord, ...]
+    iteration_s: float  # predicted seconds per iteration
+    memory_bytes_per_device: float
+    memory_capacity_bytes: float
+    memory_limit_bytes: float
+    data_parallel_iteration_s: float | None  # pure data parallelism on all devices (None if the batch does not split)
+    data_parallel_memory_bytes: float | None
+    speedup_over_data_parallel: float | None
+    method: str  # the method that produced the plan
+    seed: int
+    seconds: float  # search wall time
+    optimality_gap: float | None  # relative, when an exact bound is known (0 = optimal)
+    meshes: tuple[MeshResult, ...]  # every mesh shape searched
+    graph_fingerprint: str = ""  # LayerGraph.fingerprint of the model the plan was made for
+    input_shape: tuple[int, ...] = ()  # per sample, channels first
+    layer_specs: tuple[LayerSpecs, ...] = ()  # PartitionSpecs of each layer's parameters and activations
+    hardware_spec: Hardware | None = None  # the hardware description used (None: a version-1 file of a non-preset)
+    package_version: str = ""  # shardplan's version that made the plan
+    history: tuple[HistoryEntry, ...] = ()  # the winning mesh's search steps (shardplan plot --history)
+    memory_margin_bytes: float = 0.0  # of memory_limit_bytes, kept free by the search (MEMORY_MARGIN + input batch)
+    platform: str = ""  # the XLA platform the margin is for ("": planned before margins)
+    # set when a simpler plan was preferred (SIMPLER_PLAN_TOLERANCE): the fastest plan found, which it is within
+    fastest_iteration_s: float | None = None
+    fastest_mesh: tuple[int, int] | None = None
+
+    @property
+    def strategies(self) -> dict[str, str]:
+        """Layer name -> strategy name."""
+        return {r.name: r.strategy for r in self.layers}
+
+    def partition_specs(self, params: Any) -> Any:
+        """PartitionSpecs for a Flax nnx ``State`` or linen params tree, from each
+        parameter's layer strategy (:mod:`planner.export`)."""
+        from planner.export import partition_specs
+
+        return partition_specs(params, self.strategies)
+
+    def shardings(self, params: Any, mesh: Any) -> Any:
+        """NamedShardings for ``params`` on ``mesh`` (a ``("data", "model")`` mesh)."""
+        from planner.export import shardings
+
+        return shardings(params, self.strategies, mesh)
+
+    def activation_specs(self) -> dict[str, tuple[Any, Any]]:
+        """Layer name -> (input, output) ``PartitionSpec`` (None: XLA decides)."""
+        return {s.name: (to_partition_spec(s.input_spec), to_partition_spec(s.output_spec)) for s in self.layer_specs}
+
+    @property
+    def fits_memory(self) -> bool:
+        return self.memory_bytes_per_device <= self.memory_capacity_bytes
+
+    def summary(self, full: bool = False) -> str:
+        """The per-layer table as plain text: strategy, predicted seconds and
+        bytes per device, and the layer's activation specs; over 40 layers
+        runs of alike data-parallel layers are one row each unless ``full``
+        (as ``shardplan plan`` prints them)."""
+        from planner.plan_summary import plan_summary
+
+        return plan_summary(self, full)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the keys of ``shardplan evaluate --json`` plus the search's."""
+        return {
+            "schema": PLAN_SCHEMA,
+            "version": PLAN_VERSION,
+            "model": self.model,
+            "hardware": self.hardware,
+            "devices": self.devices,
+            "mesh": list(self.mesh),
+            "axis_names": list(self.axis_names),
+            "batch": self.batch,
+            "dtype": self.dtype,
+            "optimizer": self.optimizer,
+            "iteration_s": self.iteration_s,
+            "memory_bytes_per_device": self.memory_bytes_per_device,
+            "memory_capacity_bytes": self.memory_capacity_bytes,
+            "memory_limit_bytes": self.memory_limit_bytes,
+            "memory_margin_bytes": self.memory_margin_bytes,
+            "platform": self.platform,
+            "fastest_iteration_s": self.fastest_iteration_s,
+            "fastest_mesh": None if self.fastest_mesh is None else list(self.fastest_mesh),
+            "fits_memory": self.fits_memory,
+            "data_parallel_iteration_s": self.data_parallel_iteration_s,
+            "data_parallel_memory_bytes": self.data_parallel_memory_bytes,
+            "speedup_over_data_parallel": self.speedup_over_data_parallel,
+            "method": self.method,
+            "seed": self.seed,
+            "seconds": self.seconds,
+            "optimality_gap": self.optimality_gap,
+            "graph_fingerprint": self.graph_fingerprint,
+            "input_shape": list(self.input_shape),
+            "package_version": self.package_version,
+            "hardware_spec": None if self.hardware_spec is None else self.hardware_spec.to_dict(),
+            "layers": [
+                {**dataclasses.asdict(r), **(s.to_dict() if s is not None else {})}
+                for r, s in zip(self.layers, self.layer_specs or (None,) * len(self.layers), strict=True)
+            ],
+            "collectives": [{**dataclasses.asdict(c), "axes": list(c.axes)} for c in self.collectives],
+            "meshes": [m.to_dict() for m in self.meshes],
+            "history": [dataclasses.asdict(h) for h in self.history],
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Plan:
+        """A plan from its ``to_dict`` form; rejects other schemas, newer versions
+        and malformed fields with a message naming the problem."""
+        fields = plan_fields(data)
+        fields["meshes"] = tuple(MeshResult(**m) for m in fields["meshes"])
+        if set(fields) != {f.name for f in dataclasses.fields(cls)}:  # the writer and the reader agree
+            raise RuntimeError(f"internal error: plan file fields {sorted(fields)} are not Plan's")
+        return cls(**fields)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "plan file") -> Plan:
+        return cls.from_dict(parse_json(text, source))
+
+    @classmethod
+    def read(cls, path: str | Path) -> Plan:
+        return cls.from_dict(read_json(path, "plan file (shardplan plan -o)"))
+
+    def write(self, path: str | Path) -> None:
+        """Write the plan file atomically (costmodels/files.py): a kill or a
+        full disk mid-write leaves the previous file whole."""
+        write_atomic(path, self.to_json() + "\n")
