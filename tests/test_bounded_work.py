@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from planner.netfile import parse_net
-from planner.planning import _divisors, mesh_shapes
+from planner.plan_inputs import _divisors, mesh_shapes
 from reference_files import TINY_NET
 
 

@@ -178,7 +178,7 @@ def test_every_infeasible_strategy_has_a_reason():
 
 
 def test_table_marks_substitutions_with_a_footnote(capsys, monkeypatch):
-    from planner.cli_cost import _render_evaluation
+    from planner.cli.cost import _render_evaluation
 
     monkeypatch.setenv("COLUMNS", "200")
     ev = evaluate(_rows_graph(), load_hardware("dgx-a100"), 8, mesh=(1, 8), strategy="spatial", batch=8)

@@ -273,7 +273,7 @@ def oracle_report():
 
 def test_oracle_plot_shows_throughput_and_names_what_it_leaves_out(oracle_report, tmp_path):
     _mpl()
-    from planner.cli_oracle import plot_report
+    from planner.cli.oracle import plot_report
 
     out = tmp_path / "oracle.png"
     fig = plot_report(oracle_report, out)
@@ -300,7 +300,7 @@ def test_oracle_plot_shows_throughput_and_names_what_it_leaves_out(oracle_report
 
 def test_cli_plot_dpi_cap(plan_file, tmp_path, capsys):
     _mpl()
-    from planner.cli_plot import MAX_DPI
+    from planner.cli.plot import MAX_DPI
 
     assert main(["plot", str(plan_file), "-o", str(tmp_path / "at_cap.svg"), "--dpi", str(MAX_DPI)]) == 0
     assert (tmp_path / "at_cap.svg").read_bytes().lstrip().startswith(b"<?xml")

@@ -214,7 +214,7 @@ def test_producer_layouts_by_hand():
 
 @pytest.mark.slow
 def test_table_rendering(reports, capsys, monkeypatch):
-    from planner.cli_validate import _render
+    from planner.cli.validate import _render
 
     monkeypatch.setenv("COLUMNS", "250")  # rich wraps to the terminal width
 

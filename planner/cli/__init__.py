@@ -9,7 +9,7 @@ Subcommands:
   consecutive layers grouped into one row each unless ``--full``:
   :mod:`planner._compact`), JSON otherwise (or with ``--json``).
 * ``shardplan hardware`` and ``shardplan evaluate``: see
-  :mod:`planner.cli_cost`.
+  :mod:`planner.cli.cost`.
 
 MODEL is one of (:func:`planner.model_loading.load_model`): a built-in model name
 (:data:`planner.zoo.MODEL_NAMES`); a ParaDL network file (``.net``,
@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from planner.cli_common import PROG, Parser, dump_json
+from planner.cli.common import PROG, Parser, dump_json
 from planner.graph import LayerGraph
 from planner.model_loading import (  # (load_model, call_factory: re-exported)
     accepted_models,
@@ -96,7 +96,7 @@ def _render_layers_table(report: dict[str, Any], full: bool = True) -> None:
 
     from planner._compact import group_rows, label_group
     from planner._format import format_bytes, format_count, format_shape
-    from planner.cli_cost import describe_grouping
+    from planner.cli.cost import describe_grouping
 
     t = report["totals"]
     rows = report["layers"]
@@ -179,12 +179,12 @@ def _parser() -> Parser:
                      help=f"print every layer's row: a table of more than {COMPACT_ABOVE} layers otherwise groups "
                           "consecutive layers of one block into one row each (JSON is never grouped)")
     lay.set_defaults(run=_run_layers)
-    from planner.cli_cost import add_cost_commands
-    from planner.cli_oracle import add_oracle_commands
-    from planner.cli_plan import add_plan_commands
-    from planner.cli_plot import add_plot_commands
-    from planner.cli_profile import add_profile_commands
-    from planner.cli_validate import add_validate_commands
+    from planner.cli.cost import add_cost_commands
+    from planner.cli.oracle import add_oracle_commands
+    from planner.cli.plan import add_plan_commands
+    from planner.cli.plot import add_plot_commands
+    from planner.cli.profile import add_profile_commands
+    from planner.cli.validate import add_validate_commands
 
     add_cost_commands(sub)
     add_oracle_commands(sub)

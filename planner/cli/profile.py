@@ -97,7 +97,7 @@ def _render(summary: dict[str, Any], output: str) -> None:
 
 def _run_profile(args: argparse.Namespace) -> int:
     from costmodels import load_hardware
-    from planner.cli_common import dump_json
+    from planner.cli.common import dump_json
     from planner.model_loading import load_model
     from planner.profile import profile_layers
     from planner.usage import UsageError

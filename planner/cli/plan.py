@@ -43,7 +43,7 @@ def _render(data: dict[str, Any], output: str | None, full: bool = True) -> None
     from rich.console import Console
 
     from planner._format import format_bytes
-    from planner.cli_cost import layer_cost_table
+    from planner.cli.cost import layer_cost_table
 
     d, m = data["mesh"]
     speedup = data["speedup_over_data_parallel"]
@@ -81,7 +81,7 @@ def _render(data: dict[str, Any], output: str | None, full: bool = True) -> None
 def _run_plan(args: argparse.Namespace) -> int:
     from costmodels import load_calibration, load_hardware
     from costmodels.files import check_writable
-    from planner.cli_common import PROG
+    from planner.cli.common import PROG
     from planner.model_loading import load_model
     from planner.planning import InfeasibleMemoryError, parse_memory_limit, plan
     from planner.usage import one_line
