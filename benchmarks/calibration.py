@@ -40,8 +40,8 @@ from costmodels import (
 )
 from costmodels.calibration import Calibration
 from costmodels.strategies import STRATEGY_NAMES
+from planner.calibrate.profile import profile_layers
 from planner.cli import load_model
-from planner.profile import profile_layers
 
 
 def predictions(graph, hw, dtype, batch, timings, calibration):

@@ -30,7 +30,7 @@ from costmodels import (  # noqa: E402
     one_hot,
 )
 from costmodels.reference import reference_iteration_time, reference_memory  # noqa: E402
-from planner.zoo import get_model  # noqa: E402
+from planner.models.zoo import get_model  # noqa: E402
 
 
 def rate(fn, seconds: float) -> tuple[float, int]:

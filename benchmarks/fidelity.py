@@ -58,7 +58,7 @@ def read_rows(folder: Path) -> list[dict]:
 
 def shard_graph(row: dict):
     """The timed op of one measurement row as a LayerGraph (module docstring)."""
-    from planner.builder import GraphBuilder
+    from planner.ir.builder import GraphBuilder
 
     s = row["shard"]
     shape = (s["c"], s["h"], s["w"]) if row["kind"] == "conv" else (s["i"],)
@@ -170,7 +170,7 @@ def layer_graph(row: dict):
     """The whole (unsharded) layer of a row, ``input -> layer -> relu``, computing
     its input gradient as the measurement does: what a user's model holds, which a
     calibration is looked up against under the row's strategy and mesh."""
-    from planner.builder import GraphBuilder
+    from planner.ir.builder import GraphBuilder
 
     if row["kind"] == "conv":
         g = GraphBuilder(row["layer"], (row["C"], row["H"], row["W"]), input_gradient=True)
@@ -199,7 +199,11 @@ def calibrated_rows(train: list[dict], test: list[dict], hardware: str = "h200")
     import jax.numpy as jnp
 
     from costmodels import hardware_arrays, load_hardware
-    from costmodels.calibration import Calibration, calibrate_compute, calibration_arrays
+    from costmodels.calibration import (
+        Calibration,
+        calibrate_compute,
+        calibration_arrays,
+    )
     from costmodels.compute import DTYPE_BYTES, shard_compute_s
     from costmodels.shards import shard_shapes
     from costmodels.strategies import parse_strategy
@@ -236,7 +240,7 @@ def fitted_rows(train: list[dict], test: list[dict], hardware: str = "h200", ste
     import dataclasses
 
     from costmodels import load_hardware
-    from planner.fit import StepTime, fit_hardware
+    from planner.calibrate.fit import StepTime, fit_hardware
 
     hw = load_hardware(hardware)
     pred = {}
@@ -296,7 +300,7 @@ def calibrated_lines(rows: list[dict]) -> tuple[list[str], dict]:
 def paradl_lines(folder: Path) -> tuple[list[str], dict]:
     """Mean min(P/E, E/P) per ParaDL series: default mode on the environment
     preset, compat mode, and the original oracle's own predictions."""
-    from planner.oracle_fidelity import MODES, paradl_fidelity
+    from planner.paradl.fidelity import MODES, paradl_fidelity
 
     report = paradl_fidelity(folder / "paradl-abci-fig2.json")
     lines = [f"{'series':<30}{'points':>7}" + "".join(f"{m:>10}" for m in MODES)]

@@ -53,7 +53,7 @@ def whole_steps(name: str, hardware: str, batch: int, warmup: int, repeats: int)
     import optax
 
     import planner
-    from planner.export import make_mesh
+    from planner.runtime.export import make_mesh
 
     plan = planner.plan(name, devices=1, hardware=hardware, batch=batch)
     model, example = planner.flax_model(name, abstract=False)
@@ -68,7 +68,7 @@ def whole_steps(name: str, hardware: str, batch: int, warmup: int, repeats: int)
 
 def _classes(plan) -> int:
     """Output classes of the model: the last layer's output channels (from the zoo graph)."""
-    from planner.zoo import get_model
+    from planner.models.zoo import get_model
 
     g = get_model(plan.model)
     return int(g.unpadded().out_channels[g.num_layers - 1])
@@ -77,7 +77,7 @@ def _classes(plan) -> int:
 def shard_kernels(name: str, hardware: str, devices: int, batch_per_device: int, warmup: int, repeats: int) -> dict:
     """Part 2: each layer at its shard shape under the P-device plan, timed on one device."""
     import planner
-    from planner.zoo import get_model
+    from planner.models.zoo import get_model
 
     plan = planner.plan(name, devices=devices, hardware=hardware, batch_per_device=batch_per_device)
     graph = get_model(name)

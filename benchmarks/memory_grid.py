@@ -60,14 +60,13 @@ def mesh_plans(graph, model, x, mesh, batch, limits, hardware="dgx-a100", margin
     """(label, limit bytes or None, Plan) for each limit label on one mesh,
     searched as :func:`planner.plan` searches (margin included)."""
     import dataclasses
+    import math
 
     import numpy as np
 
     from costmodels import CostSettings, cost_table, hardware_arrays, load_hardware
-    import math
-
     from planner.planning import MEMORY_MARGIN, memory_margin_bytes
-    from planner.validation import fixed_plan
+    from planner.runtime.validation import fixed_plan
     from search import discrete_problem, minimum_memory, solve
 
     hw = load_hardware(hardware)
@@ -147,7 +146,7 @@ def main(argv=None) -> int:
     import jax
 
     import planner
-    from planner.validation import validate
+    from planner.runtime.validation import validate
 
     meshes = [tuple(int(v) for v in s.split("x")) for s in args.meshes.split(",")]
     print(f"jax {jax.__version__}, {jax.device_count()} x {jax.devices()[0].platform}, adam, {args.hardware}; "

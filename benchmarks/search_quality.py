@@ -34,8 +34,8 @@ from costmodels import (  # noqa: E402
     load_hardware,
 )
 from planner import GraphBuilder  # noqa: E402
+from planner.models.zoo import get_model  # noqa: E402
 from planner.planning import mesh_shapes, plan  # noqa: E402
-from planner.zoo import get_model  # noqa: E402
 from search import (  # noqa: E402
     chain_order,
     discrete_problem,

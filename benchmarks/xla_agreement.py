@@ -71,7 +71,7 @@ SHORT = {"filter": "f", "channel": "c", "spatial": "s", "replicated": "r"}
 def build(name: str, batch: int):
     """``(abstract nnx module, input spec)`` for one of :data:`MODELS` (the
     ResNet at any ``resnet-2222-<N>px`` image size)."""
-    from planner.flax_zoo import CosmoFlow, ResNet, flax_model
+    from planner.models.flax_zoo import CosmoFlow, ResNet, flax_model
 
     if name in ("vgg16-cifar10", "vgg16-cifar10-splitbrain"):
         return flax_model(name, batch=batch)
@@ -190,8 +190,12 @@ def main(argv=None) -> int:
 
     import planner
     from costmodels import load_hardware
-    from planner.planning import MEMORY_MARGIN, InfeasibleMemoryError, memory_margin_bytes
-    from planner.validation import validate
+    from planner.planning import (
+        MEMORY_MARGIN,
+        InfeasibleMemoryError,
+        memory_margin_bytes,
+    )
+    from planner.runtime.validation import validate
 
     device_memory = load_hardware(HARDWARE).device.memory_bytes
     print(f"jax {jax.__version__}, {jax.device_count()} x {jax.devices()[0].platform}; plans: planner.plan on one mesh, "

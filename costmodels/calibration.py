@@ -30,7 +30,7 @@ Lookup of a layer's shard under a strategy (:func:`shape_calibrated_seconds`):
 2. else, the operation's points: the strategy's own if it has at least 2,
    else all the operation's points; with 2 or more a latency-plus-throughput
    line ``t = alpha + beta * x`` (Hockney's alpha-beta form, as for messages,
-   paradl.md §3.1), ``x`` the compute model's own time for the shard, fitted
+   ParaDL §3.1), ``x`` the compute model's own time for the shard, fitted
    by least squares in relative error (weights ``1 / t_k^2``) with
    ``alpha, beta >= 0``; with one point the ratio ``t = model * t_k / x_k``;
 3. else (no point of that operation): the model, unchanged.

@@ -227,7 +227,7 @@ def record_point(r: Mapping[str, Any], dtype: str, where: str) -> ShapePoint:
                groups=groups)
     layer = LayerDims(_positive(need("C"), f"{where}: C"), _positive(need("F"), f"{where}: F"), (H, W), out)
     h, w = sh("h"), sh("w")
-    halo = max(0.0, (k - 1) * dil + 1 - stride)  # paradl.md §4.4, as costmodels.shards.halo_rows
+    halo = max(0.0, (k - 1) * dil + 1 - stride)  # ParaDL §4.4, as costmodels.shards.halo_rows
     rows_out = (h - halo) / stride if strategy == "spatial" and h < H else out[0]
     return ShapePoint(op, layer, strategy, ShardDims(sh("b"), sh("c"), sh("f"), (h, w), (rows_out, out[1])),
                       seconds)
@@ -249,7 +249,7 @@ def graph_op_keys(graph: LayerTable, dtype: str) -> list[tuple[OpKey, LayerDims]
             continue
         r, ro = int(a.spatial_rank[i]), int(a.out_spatial_rank[i])
         pool = ""
-        if kind is LayerKind.POOL:  # as planner.profile builds the op
+        if kind is LayerKind.POOL:  # as planner.calibrate.profile builds the op
             pool = "global" if ro == 0 else ("max" if float(a.saved_elements[i]) > 0 else "avg")
         windowed = kind is LayerKind.CONV or pool in ("max", "avg")
         ints = lambda v, n: tuple(int(x) for x in np.asarray(v)[:n])  # noqa: E731

@@ -111,7 +111,7 @@ def sharded_parameters(graph: LayerTable, choice: Sequence[int], m: int) -> np.n
     """Parameters each device holds per layer ``[L]`` under ``choice``: a filter
     layer splits its kernel and bias (they follow the output channels); a
     channel layer splits its kernel's input channels and keeps the whole bias
-    (paradl.md §4.7: the bias is added once, after the partial sums are
+    (ParaDL §4.7: the bias is added once, after the partial sums are
     reduced); the other strategies replicate everything."""
     a = graph.unpadded()
     choice = np.asarray(choice, dtype=int)[: graph.num_layers]

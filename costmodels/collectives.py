@@ -1,9 +1,9 @@
 """Alpha-beta costs of collectives over the network tiers of a
 :class:`~costmodels.hardware.Hardware` (jnp, elementwise, vmappable).
 
-Ring formulas are ParaDL's (paradl.md §3.1, after NCCL's ring algorithms);
+Ring formulas are ParaDL's (ParaDL §3.1, after NCCL's ring algorithms);
 ``bytes`` is always the whole buffer unless the name says per rank.
-Tier choice is ParaDL's step function by rank count (paradl.md §3.2).
+Tier choice is ParaDL's step function by rank count (ParaDL §3.2).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def network_arrays(hw: Hardware) -> Network:
 def tier_of(net: Network, ranks, crosses_nodes):
     """(latency_s, bandwidth_bytes_per_s) of the first tier, in file order, that
     serves ``ranks`` ranks, skipping intra-node tiers when ``crosses_nodes``
-    (paradl.md §3.2). Broadcasts over ``ranks``."""
+    (ParaDL §3.2). Broadcasts over ``ranks``."""
     ranks = jnp.asarray(ranks, jnp.float32)[..., None]
     crosses = jnp.asarray(crosses_nodes, bool)[..., None]
     ok = (ranks <= net.max_ranks) & ~(crosses & (net.intra_node > 0))
@@ -65,7 +65,7 @@ def tier_of(net: Network, ranks, crosses_nodes):
 
 
 def ring_allreduce_s(n, nbytes, alpha, bw):
-    """2(n-1)(alpha + (bytes/n) beta), paradl.md §3.1 (NCCL ring)."""
+    """2(n-1)(alpha + (bytes/n) beta), ParaDL §3.1 (NCCL ring)."""
     n = jnp.maximum(n, 1.0)
     return 2.0 * (n - 1.0) * (alpha + nbytes / n / bw)
 
@@ -79,13 +79,13 @@ def tree_allreduce_s(n, nbytes, alpha, bw):
 
 
 def allgather_s(n, per_rank_bytes, alpha, bw):
-    """(n-1)(alpha + m beta) with m each rank's contribution, paradl.md §3.1."""
+    """(n-1)(alpha + m beta) with m each rank's contribution, ParaDL §3.1."""
     n = jnp.maximum(n, 1.0)
     return (n - 1.0) * (alpha + per_rank_bytes / bw)
 
 
 def reduce_scatter_s(n, nbytes, alpha, bw):
-    """(n-1)(alpha + (bytes/n) beta): the first half of a ring all-reduce (paradl.md §10)."""
+    """(n-1)(alpha + (bytes/n) beta): the first half of a ring all-reduce (ParaDL §10)."""
     n = jnp.maximum(n, 1.0)
     return (n - 1.0) * (alpha + nbytes / n / bw)
 
@@ -98,7 +98,7 @@ def all_to_all_s(n, per_rank_bytes, alpha, bw):
 
 
 def p2p_s(nbytes, alpha, bw):
-    """alpha + bytes beta, paradl.md §3.1."""
+    """alpha + bytes beta, ParaDL §3.1."""
     return jnp.where(nbytes > 0, alpha + nbytes / bw, 0.0)
 
 
@@ -107,7 +107,7 @@ def allreduce_s(net: Network, n, ranks_per_node, nbytes, *, tree: bool = True):
     a node: the cheapest of a flat ring (and, if ``tree``, a flat tree) on the
     tier that serves n ranks, and, when the ranks span nodes, the hierarchical
     scheme (reduce-scatter inside the node, all-reduce of 1/g of the buffer
-    across the k nodes, all-gather inside the node; paradl.md §4.8 and §10)."""
+    across the k nodes, all-gather inside the node; ParaDL §4.8 and §10)."""
     n = jnp.maximum(jnp.asarray(n, jnp.float32), 1.0)
     g = jnp.clip(jnp.asarray(ranks_per_node, jnp.float32), 1.0, n)
     crosses = n > g

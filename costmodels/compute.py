@@ -27,7 +27,7 @@ With the defaults of :class:`costmodels.KernelSpec` (no launch cost, tiles of
 1, no saturation, max) this is a roofline per kernel. The constants of the
 shipped presets and their sources are in ``costmodels/presets`` and
 ``docs/fidelity.md``. ParaDL instead scales one measured per-sample time by
-FLOP share (paradl.md §4.10); that path belongs to the oracle.
+FLOP share (ParaDL §4.10); that path belongs to the oracle.
 """
 
 from __future__ import annotations

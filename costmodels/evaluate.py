@@ -12,7 +12,7 @@ Both are pure, differentiable and jit-compiled, with no loop over layers:
 The overlap term models the gradient all-reduce of a layer running while
 the backward pass of the layers before it computes (bucketed data-parallel
 training); ``gradient_overlap = 0`` (the presets' default) reproduces
-ParaDL, which assumes none (paradl.md §2).
+ParaDL, which assumes none (ParaDL §2).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ and rejected too (``_PLAUSIBLE``): a ``memory_bytes`` of 16 (GB meant),
 a ``bandwidth_bytes_per_s`` of 12.5 (GB/s meant), a ``latency_s`` of 9 (us
 meant), a ``peak_flops_per_s`` of 15.7 (TFLOP/s meant).
 
-Tier choice follows ParaDL (paradl.md §3.1-3.2): a collective over ``ranks``
+Tier choice follows ParaDL (ParaDL §3.1-3.2): a collective over ``ranks``
 devices runs at the latency and bandwidth of the first tier, in file order,
 whose ``max_ranks`` covers it; a tier marked ``intra_node`` is skipped when the
 collective's ranks span more than one node.
@@ -113,7 +113,7 @@ class Device:
 
 @dataclasses.dataclass(frozen=True)
 class NetworkTier:
-    """One level of the network, in alpha-beta form (paradl.md §3.1)."""
+    """One level of the network, in alpha-beta form (ParaDL §3.1)."""
 
     name: str
     max_ranks: int | None  # largest collective this tier serves; None = unbounded
@@ -135,7 +135,7 @@ class Hardware:
     environment: Environment | None = None
 
     def tier_for(self, ranks: int, crosses_nodes: bool) -> NetworkTier:
-        """The tier a collective over ``ranks`` devices runs on (paradl.md §3.2)."""
+        """The tier a collective over ``ranks`` devices runs on (ParaDL §3.2)."""
         if ranks < 1:
             raise ValueError(f"a collective needs at least 1 rank, got {ranks}")
         for t in self.tiers:

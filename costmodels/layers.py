@@ -7,7 +7,7 @@ metadata (layer names and kinds, edges). :class:`LayerTable` is that data as
 the cost-model functions read it; ``planner.LayerGraph`` (the layer IR, with
 its builders, file formats and fingerprint) is one. Shapes are per sample,
 channels first then up to three spatial dims, padded with 1 (see
-``planner.graph``).
+``planner.ir.graph``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ __all__ = [
 MAX_SPATIAL_DIMS = 3
 MIN_BUCKET = 8
 
-# paradl.md §5: the NAME substrings of a ParaDL .net layer, in the order they are tried.
+# ParaDL §5: the NAME substrings of a ParaDL .net layer, in the order they are tried.
 LAYER_TYPES: tuple[str, ...] = ("CONV", "MPOOL", "APOOL", "RELU", "FC", "BNORM", "ADD", "DROPOUT")
 
 

@@ -1,4 +1,4 @@
-"""The ParaDL oracle (paradl.md §3-§4): whole-model costs of the seven
+"""The ParaDL oracle (ParaDL §3-§4): whole-model costs of the seven
 parallelization strategies on a machine, per iteration, with their limits,
 memory and bottleneck.
 
@@ -9,7 +9,7 @@ one-line bottleneck. Two modes:
 * default: the TR's models with the original code's bugs fixed
   (:mod:`costmodels.oracle_default`);
 * ``compat=True`` (``"paradl"``): the original code's outputs, quirks and
-  all (:mod:`costmodels.oracle_compat`), reproducing paradl.md §6 and §7.2.
+  all (:mod:`costmodels.oracle_compat`), reproducing ParaDL §6 and §7.2.
 
 Batch convention (ParaDL's ``--cBon``): ``batch_per_device`` b is the number
 of samples every device works on per iteration, on its share of the model

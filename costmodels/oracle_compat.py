@@ -1,4 +1,4 @@
-"""``compat="paradl"``: the original oracle code's formulas (paradl.md §4.3,
+"""``compat="paradl"``: the original oracle code's formulas (ParaDL §4.3,
 §4.4, §4.6-§4.9), quirks included, so that its outputs (§6, §7.2) come out
 again. Per iteration = the original's per-epoch number / ceil(D/B), exactly
 what its "ITER TIME" lines print, ceil rounding artefacts included.
@@ -27,7 +27,7 @@ from costmodels.oracle_cost import OracleContext, StrategyCost, Tier, cost_row, 
 
 __all__ = ["PARADL_COMPAT", "data", "data_filter", "data_spatial", "filter_or_channel", "host_tier", "spatial"]
 
-# paradl.md §3.2: get_network_factor(GPUDIRECT=False) and the contention
+# ParaDL §3.2: get_network_factor(GPUDIRECT=False) and the contention
 # factors of analysis_hybrid_df / analysis_hybrid_ds; §2, §4.10 NODE_SPEED.
 PARADL_COMPAT = {
     "bytes_per_item": 4.0,  # δ, fp32

@@ -1,5 +1,5 @@
 """The oracle's result record and the helpers every strategy formula shares:
-network tiers (paradl.md §3.2), the all-reduce with its hierarchical variant
+network tiers (ParaDL §3.2), the all-reduce with its hierarchical variant
 (§4.8), and the evaluation context.
 
 A :class:`StrategyCost` is one strategy at one device count, per iteration:
@@ -47,7 +47,7 @@ __all__ = [
     "tier",
 ]
 
-# Communication split by collective kind (paradl.md §10 "per-iteration outputs").
+# Communication split by collective kind (ParaDL §10 "per-iteration outputs").
 COMM_KINDS = ("grad_allreduce", "act_allgather", "act_allreduce", "halo", "pipeline_p2p")
 COMM_LABELS = {
     "grad_allreduce": "gradient all-reduce",

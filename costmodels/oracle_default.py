@@ -1,4 +1,4 @@
-"""The default mode: ParaDL's strategy models (paradl.md §4.1, §4.3-§4.9)
+"""The default mode: ParaDL's strategy models (ParaDL §4.1, §4.3-§4.9)
 with the original code's bugs (§9) fixed. Differences from the original,
 each with its reason, are listed in docs/oracle.md; in short:
 

@@ -1,7 +1,7 @@
-"""The oracle's view of a model: ParaDL's per-layer table (paradl.md §1, §5),
+"""The oracle's view of a model: ParaDL's per-layer table (ParaDL §1, §5),
 the ``.lc`` strategy masks, and per-layer compute time (§4.10).
 
-:func:`oracle_layers` turns a :class:`~planner.graph.LayerGraph` into an
+:func:`oracle_layers` turns a :class:`~planner.ir.graph.LayerGraph` into an
 :class:`OracleLayers`: one row per layer of the model, in order, without the
 ``flatten`` rows the ``.net`` importer inserts before FC layers (ParaDL's FC
 takes its input unflattened, §1), so the rows correspond one-to-one to the
@@ -415,7 +415,7 @@ def shard_compute_s(
     or rows) is the shard's time over the whole layer's in the device's
     kernel model (:func:`kernel_model_fraction`, :mod:`costmodels.compute`:
     tile quantisation and saturation make a narrow shard run below peak,
-    paradl.md §8 "barely changes"); on a device without a kernel block it is
+    ParaDL §8 "barely changes"); on a device without a kernel block it is
     ParaDL's ideal 1/p for filter / channel (§4.6) and ⌈H/p⌉/H for rows (a
     device owns whole rows). Unsplit layers: 1. passes_l = 3 (forward,
     backward-data, backward-weight) for layers with weights, else 2;
@@ -432,7 +432,7 @@ def shard_compute_s(
     elif split_dim == "rows":  # whole output rows per device
         rows = np.maximum(layers.out_spatial[:, 0], 1.0)
         frac = np.ceil(rows / split) / rows
-    else:  # ParaDL's ideal split (paradl.md §4.6)
+    else:  # ParaDL's ideal split (ParaDL §4.6)
         frac = 1.0 / np.maximum(split, 1.0)
     t = ideal * np.where(split > 1, frac * split, 1.0)  # T_l·frac_l as (T_l/p_l)·p_l·frac_l: the roofline's bytes kept
     t = t + np.where(layers.params > 0, 3.0, 2.0) * sc.kernel_fixed_s

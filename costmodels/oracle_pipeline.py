@@ -1,4 +1,4 @@
-"""Layer (pipeline) parallelism, GPipe schedule (paradl.md §4.1 "Layer
+"""Layer (pipeline) parallelism, GPipe schedule (ParaDL §4.1 "Layer
 (pipeline)" row and §4.5; TR eqs. 12-14).
 
 The p devices hold p contiguous groups of layers G_1..G_p, chosen to

@@ -47,9 +47,9 @@ def _local_params(graph: LayerTable, i: int, s: int, m: float) -> float:
     """Parameters one device holds of layer ``i`` under strategy ``s``."""
     a = graph.arrays
     params = float(a.params[i])
-    if s == Strategy.FILTER:  # kernel and bias follow the output channels (paradl.md §4.6)
+    if s == Strategy.FILTER:  # kernel and bias follow the output channels (ParaDL §4.6)
         return params / m
-    if s == Strategy.CHANNEL:  # the kernel's input channels split, the bias whole (paradl.md §4.7)
+    if s == Strategy.CHANNEL:  # the kernel's input channels split, the bias whole (ParaDL §4.7)
         window = float(a.kernel[i][0]) * float(a.kernel[i][1]) * float(a.kernel[i][2])
         kernel = min(params, window * float(a.in_channels[i]) / max(float(a.groups[i]), 1.0)
                      * float(a.out_channels[i]))
@@ -219,7 +219,7 @@ def reference_iteration_time(
             lo, hi = math.floor(rows / 2), rows - math.floor(rows / 2)
             xr = cin * a.in_spatial[i][1] * a.in_spatial[i][2] * gb * delta
             yr = cout * a.out_spatial[i][1] * a.out_spatial[i][2] * gb * delta
-            msgs = [lo * xr, hi * xr]  # forward: rows of x (paradl.md §4.4)
+            msgs = [lo * xr, hi * xr]  # forward: rows of x (ParaDL §4.4)
             if i in fed:  # input gradient: rows of dL/dy; none for a layer fed by the model input
                 msgs += [lo * yr, hi * yr]
             if a.params[i] > 0:  # weight gradient: XLA re-exchanges the rows of x (measured)

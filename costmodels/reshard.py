@@ -15,7 +15,7 @@ PARTIAL            all-reduce                        reduce-scatter
 =================  ================================  ==========================
 
 Nothing is ever converted *to* ``PARTIAL``. SplitBrain's group-local
-exchanges (splitbrain.md §1.2-1.3) are instances: a data-parallel conv
+exchanges (SplitBrain §1.2-1.3) are instances: a data-parallel conv
 feeding a filter-sharded FC gathers the group's batch (BATCH → REPLICATED,
 L_M), and one filter-sharded FC feeding another gathers the features
 (CHANNEL → REPLICATED, L_S); their backward passes reduce-scatter the

@@ -21,7 +21,7 @@ replicated B / d            C              F               H
 ========== ================ ============== =============== ============================
 
 A spatial shard's input holds its own rows plus the halo rows it receives,
-``(K - 1) * dilation + 1 - stride`` in all (paradl.md §4.4), so a 3x3,
+``(K - 1) * dilation + 1 - stride`` in all (ParaDL §4.4), so a 3x3,
 stride-1 conv over ``H / m`` output rows reads ``H / m + 2`` input rows.
 """
 
@@ -48,7 +48,7 @@ class ShardShapes(NamedTuple):
 
 def halo_rows(arrays):
     """Input rows beyond its own that a spatial shard needs along the split
-    dim, ``[L]``: ``(K - 1) * dilation + 1 - stride``, at least 0 (paradl.md §4.4)."""
+    dim, ``[L]``: ``(K - 1) * dilation + 1 - stride``, at least 0 (ParaDL §4.4)."""
     a = arrays
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     return jnp.maximum(0.0, (f32(a.kernel[:, 0]) - 1.0) * f32(a.dilation[:, 0]) + 1.0 - f32(a.stride[:, 0]))

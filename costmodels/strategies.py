@@ -3,13 +3,13 @@ consumes and produces.
 
 A plan runs on a 2-D mesh ``(data, model)`` of ``P = d * m`` devices; the
 model axis lives inside a node by default (SplitBrain's groups,
-splitbrain.md §1.2). Along the data axis every strategy splits the batch;
+SplitBrain §1.2). Along the data axis every strategy splits the batch;
 the strategies differ in what they do along the model axis:
 
 ============  =====================================  =========================
 strategy      per device                             ParaDL / SplitBrain name
 ============  =====================================  =========================
-data          batch / (d m), full weights             data (paradl.md §4.3)
+data          batch / (d m), full weights             data (ParaDL §4.3)
 filter        batch / d, output channels / m          filter (§4.6), SplitBrain's sharded FC
 channel       batch / d, input channels / m           channel (§4.7)
 spatial       batch / d, first spatial dim / m        spatial (§4.4), ds (§4.9)
@@ -91,9 +91,9 @@ B, R, C, H, P = (int(x) for x in Layout)
 _PARAM_LAYOUTS = np.array(
     [
         [B, B, B, B],  # data
-        [R, C, P, C],  # filter: y = x w[:, F/m]; dx = sum over m of partial dx (paradl.md §4.6)
-        [C, P, C, R],  # channel: y = sum over m of x[C/m] w[C/m]; dx split by C (paradl.md §4.7)
-        [H, H, H, H],  # spatial (halo handled inside the layer, paradl.md §4.4)
+        [R, C, P, C],  # filter: y = x w[:, F/m]; dx = sum over m of partial dx (ParaDL §4.6)
+        [C, P, C, R],  # channel: y = sum over m of x[C/m] w[C/m]; dx split by C (ParaDL §4.7)
+        [H, H, H, H],  # spatial (halo handled inside the layer, ParaDL §4.4)
         [R, R, R, R],  # replicated
     ]
 )

@@ -135,8 +135,8 @@ def cost_table(
     # -- compute: the group's work split over m, except replicated layers ----------
     work = jnp.stack([jnp.ones(L)] * 4 + [m * jnp.ones(L)], axis=-1) * group_batch / m  # [L, S] samples per device
     # Parameters one device holds [L, S]: filter splits kernel and bias (both follow the
-    # output channels, paradl.md §4.6); channel splits the kernel's input channels and
-    # keeps the whole bias, added once after the partial sums are reduced (paradl.md §4.7);
+    # output channels, ParaDL §4.6); channel splits the kernel's input channels and
+    # keeps the whole bias, added once after the partial sums are reduced (ParaDL §4.7);
     # the other strategies replicate them. kernel = prod(window) * in / groups * out.
     strat = jnp.arange(S)[None, :]
     kernel_el = jnp.minimum(
@@ -159,7 +159,7 @@ def cost_table(
     bwd_share = jnp.where(model.total_s > 0, model.backward_s / jnp.where(model.total_s > 0, model.total_s, 1.0), 2.0 / 3.0)
     backward = compute * bwd_share
 
-    # -- gradient all-reduce (paradl.md §4.3, §4.8), in buckets -------------------
+    # -- gradient all-reduce (ParaDL §4.3, §4.8), in buckets -------------------
     P = d * m
     per_node_data_axis = jnp.maximum(1.0, jnp.floor(dpn / m))
     ranks = jnp.stack([P, d, d, P, d])  # [S] who holds replicas of the same weights
@@ -175,7 +175,7 @@ def cost_table(
     dst = jnp.asarray(a.edge_dst).astype(jnp.int32)
     emask = f32(a.edge_mask)
 
-    # -- spatial halo exchange (paradl.md §4.4, sizes corrected per §9) ----------------
+    # -- spatial halo exchange (ParaDL §4.4, sizes corrected per §9) ----------------
     # A shard needs (K-1)*dilation + 1 - stride rows beyond its own along the split
     # dim, half from each neighbour. Forward: rows of x. Backward: rows of dL/dy for the
     # input gradient, which a layer fed by the model input never computes; and rows of

@@ -13,7 +13,7 @@ compute divided by the split (:data:`IDEAL`).
 
 The formulas here are plain alpha-beta arithmetic on floats (numpy
 broadcasts through them); the oracle (:mod:`costmodels.oracle_cost`) picks
-the tier and passes its latency and bandwidth. Sources: paradl.md §3.1 (ring
+the tier and passes its latency and bandwidth. Sources: ParaDL §3.1 (ring
 formulas), §3.2 (host staging without GPUDirect, ABCI's 1:3 spine
 over-subscription), §4.8 (ChainerMN's hierarchical all-reduce: reduce to a
 leader, all-reduce between leaders), §8 (congestion, MPI halo exchange).
@@ -62,10 +62,10 @@ COLLECTIVE_KINDS = (
     "pipeline_p2p",  # pipeline boundary send / receive
 )
 ALLREDUCE_KINDS = ("grad_allreduce", "hybrid_grad_allreduce", "act_allreduce")
-# ring: a flat ring over every rank (NCCL's ring, paradl.md §3.1); cheapest: the cheaper of the
-# flat ring and reduce-scatter / all-reduce across nodes / all-gather (paradl.md §4.8, §10);
+# ring: a flat ring over every rank (NCCL's ring, ParaDL §3.1); cheapest: the cheaper of the
+# flat ring and reduce-scatter / all-reduce across nodes / all-gather (ParaDL §4.8, §10);
 # leader: reduce to one leader per node, all-reduce between the leaders, broadcast in the node
-# (ChainerMN's hierarchical communicator, paradl.md §4.8).
+# (ChainerMN's hierarchical communicator, ParaDL §4.8).
 ALLREDUCE_SCHEMES = ("ring", "cheapest", "leader")
 
 
@@ -89,7 +89,7 @@ class Transport:
 
 def default_scheme(kind: str) -> str:
     """The all-reduce scheme of a kind the file does not route: filter /
-    channel activations ring over their group (paradl.md §4.6); gradients the
+    channel activations ring over their group (ParaDL §4.6); gradients the
     cheaper of ring and hierarchical (§4.8)."""
     return "ring" if kind == "act_allreduce" else "cheapest"
 
@@ -108,7 +108,7 @@ class Contention:
     NICs; k flows leaving one node at once get links/k of a tier's bandwidth
     each (None: no limit). ``tier_bandwidth_divisor``: per tier name, the
     over-subscription of that level of the fabric (ABCI's spine is 1:3,
-    paradl.md §3.2)."""
+    ParaDL §3.2)."""
 
     inter_node_links_per_node: int | None = None
     tier_bandwidth_divisor: tuple[tuple[str, float], ...] = ()
@@ -171,7 +171,7 @@ IDEAL = Environment(description="ParaDL's ideal network: NCCL-style collectives 
 def contended_bandwidth(bandwidth_bytes_per_s, tier_divisor, flows_per_node, links_per_node):
     """Per-flow bandwidth of a tier under contention: bw / over-subscription
     × min(1, links / flows leaving the node at once); links None = no limit
-    (paradl.md §3.2: the 1:3 spine; the node's NICs shared by its ranks)."""
+    (ParaDL §3.2: the 1:3 spine; the node's NICs shared by its ranks)."""
     share = 1.0 if links_per_node is None else np.minimum(1.0, links_per_node / np.maximum(flows_per_node, 1.0))
     return bandwidth_bytes_per_s / tier_divisor * share
 
@@ -180,7 +180,7 @@ def host_staged_p2p_s(nbytes, message_latency_s, copy_bandwidth_bytes_per_s, alp
     """One message staged through host memory: the software latency, the
     device -> host copy at the sender and host -> device at the receiver, and,
     between nodes, the network's α + m/bw (no network term inside a node):
-    msg + 2m/copy [+ α + m/bw]. Empty messages cost nothing (paradl.md §3.2
+    msg + 2m/copy [+ α + m/bw]. Empty messages cost nothing (ParaDL §3.2
     GPUDIRECT=False; §8: halo over MPI)."""
     nbytes = np.asarray(nbytes, dtype=np.float64)
     net = 0.0 if bandwidth_bytes_per_s is None else alpha_s + nbytes / bandwidth_bytes_per_s
@@ -192,7 +192,7 @@ def host_staged_allgather_s(n, per_rank_bytes, message_latency_s, copy_bandwidth
                             bandwidth_bytes_per_s=None):
     """Ring all-gather on host buffers: copy the rank's m to the host, n-1
     ring steps of msg [+ α + m/bw between nodes], copy the n·m result back:
-    m/copy + (n-1)(msg [+ α + m/bw]) + n·m/copy (paradl.md §3.1 ring, §4.9
+    m/copy + (n-1)(msg [+ α + m/bw]) + n·m/copy (ParaDL §3.1 ring, §4.9
     host-staged spatial all-gather)."""
     n = np.maximum(np.asarray(n, dtype=np.float64), 1.0)
     m = np.asarray(per_rank_bytes, dtype=np.float64)
@@ -205,7 +205,7 @@ def host_staged_allreduce_s(n, nbytes, message_latency_s, copy_bandwidth_bytes_p
                             bandwidth_bytes_per_s=None):
     """Ring all-reduce on host buffers: copy the m-byte buffer to the host,
     2(n-1) ring steps of msg [+ α + (m/n)/bw between nodes], copy it back:
-    2m/copy + 2(n-1)(msg [+ α + m/(n·bw)]) (paradl.md §3.1; §4.8 the
+    2m/copy + 2(n-1)(msg [+ α + m/(n·bw)]) (ParaDL §3.1; §4.8 the
     leaders' all-reduce over MPI)."""
     n = np.maximum(np.asarray(n, dtype=np.float64), 1.0)
     m = np.asarray(nbytes, dtype=np.float64)
@@ -224,7 +224,7 @@ def pipelined_chain_s(n, nbytes, alpha_s, bandwidth_bytes_per_s):
 
 
 def leader_allreduce_s(g, nbytes, intra_alpha_s, intra_bandwidth_bytes_per_s, leaders_s):
-    """ChainerMN's hierarchical all-reduce (paradl.md §4.8: "a reduce inside
+    """ChainerMN's hierarchical all-reduce (ParaDL §4.8: "a reduce inside
     each node to a leader GPU first, then a global Allreduce between the
     leaders"), then a broadcast in the node: 2·chain(g, m) + the leaders'
     all-reduce ``leaders_s`` (computed by the caller on its transport)."""

@@ -19,7 +19,7 @@ import sys
 import jax.numpy as jnp
 
 from planner.automl import cost_fn
-from planner.parametric import ArchParams, resnet_parametric, total_forward_flops
+from planner.automl.parametric import ArchParams, resnet_parametric, total_forward_flops
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 import optax
 
 from planner.automl import PlanConfig, cost_fn, plan_many
-from planner.parametric import (
+from planner.automl.parametric import (
     ArchParams,
     resnet_parametric,
     resnet_template,

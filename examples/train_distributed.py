@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     import optax
 
     import planner
-    from planner.flax_zoo import flax_model
-    from planner.hlo import parse_collectives
+    from planner.models.flax_zoo import flax_model
+    from planner.runtime.hlo import parse_collectives
 
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         hlo, hlo_error = (), str(e)
     validation = None
     if args.validate:
-        from planner.validation import validate
+        from planner.runtime.validation import validate
 
         report = validate(model, plan, mesh=mesh, optimizer=optax.adam(args.lr))
         validation = [{"kind": r.kind, "axes": list(r.axes), "ok": r.ok, "crosses_processes": r.crosses_processes,

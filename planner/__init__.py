@@ -7,27 +7,14 @@ Every name is imported here, except the five that need Flax at import time
 those load on first use, so ``import planner`` (and the command line) does
 not pay for Flax unless it is used; type checkers and IDEs see them through
 the ``TYPE_CHECKING`` imports below. Multi-process helpers live in
-:mod:`planner.distributed` and the local launcher in :mod:`planner.launch`."""
+:mod:`planner.runtime.distributed` and the local launcher in :mod:`planner.launch`."""
 
 from typing import TYPE_CHECKING, Any
 
 from planner._version import __version__
 from planner.automl import CostEstimate, CostFunction, cost_fn
-from planner.batch_planning import PlanBatch, PlanConfig, plan_many
-from planner.builder import GraphBuilder
-from planner.evaluation import Evaluation, evaluate
-from planner.fit import HardwareFit, StepTime, fit_hardware
-from planner.graph import (
-    GRAPH_SCHEMA,
-    GRAPH_VERSION,
-    LayerArrays,
-    LayerGraph,
-    LayerKind,
-    bucket_size,
-)
-from planner.netfile import load_net, parse_net
-from planner.oracle_report import OracleReport, oracle
-from planner.parametric import (
+from planner.automl.batch import PlanBatch, PlanConfig, plan_many
+from planner.automl.parametric import (
     ArchParams,
     ParametricGraph,
     parametric_graph,
@@ -35,17 +22,30 @@ from planner.parametric import (
     resnet_template,
     total_forward_flops,
 )
+from planner.calibrate.fit import HardwareFit, StepTime, fit_hardware
+from planner.calibrate.profile import Profile, profile_layers
+from planner.evaluation import Evaluation, evaluate
+from planner.ir.builder import GraphBuilder
+from planner.ir.graph import (
+    GRAPH_SCHEMA,
+    GRAPH_VERSION,
+    LayerArrays,
+    LayerGraph,
+    LayerKind,
+    bucket_size,
+)
+from planner.models.netfile import load_net, parse_net
+from planner.models.zoo import MODEL_NAMES, get_model
+from planner.paradl.report import OracleReport, oracle
 from planner.planning import InfeasibleMemoryError, Plan, plan
 from planner.plot import plot_plan
-from planner.profile import Profile, profile_layers
-from planner.zoo import MODEL_NAMES, get_model
 from search import GradientConfig
 
 if TYPE_CHECKING:  # imported on first use (module docstring)
-    from planner.extraction import extract
-    from planner.flax_zoo import flax_model
-    from planner.sharding import shard
-    from planner.validation import ValidationReport, validate
+    from planner.models.extraction import extract
+    from planner.models.flax_zoo import flax_model
+    from planner.runtime.sharding import shard
+    from planner.runtime.validation import ValidationReport, validate
 
 __all__ = [
     "GRAPH_SCHEMA",
@@ -94,11 +94,11 @@ __all__ = [
 ]
 
 _NEED_FLAX = {  # name -> module: imported on first use
-    "extract": "planner.extraction",
-    "flax_model": "planner.flax_zoo",
-    "shard": "planner.sharding",
-    "validate": "planner.validation",
-    "ValidationReport": "planner.validation",
+    "extract": "planner.models.extraction",
+    "flax_model": "planner.models.flax_zoo",
+    "shard": "planner.runtime.sharding",
+    "validate": "planner.runtime.validation",
+    "ValidationReport": "planner.runtime.validation",
 }
 
 

@@ -5,7 +5,7 @@ issues. Backs ``shardplan evaluate``.
 A plan is one strategy per layer, given as a single strategy name for every
 layer (:func:`uniform_choice`: the strategy where the layer can run it,
 ``replicated`` where it cannot, as ParaDL replicates the layers a strategy
-does not apply to, paradl.md §2) or as a mapping from layer names to
+does not apply to, ParaDL §2) or as a mapping from layer names to
 strategy names (every layer named).
 
 Nothing is substituted silently: a layer costed under another strategy
@@ -41,7 +41,7 @@ from costmodels import (
 )
 from costmodels.calibration import Calibration, calibration_arrays, check_hardware
 from costmodels.evaluate import reshard_per_edge
-from planner.graph import LayerGraph, LayerKind
+from planner.ir.graph import LayerGraph, LayerKind
 
 __all__ = [
     "LayerCost", "Evaluation", "resolve_batch", "resolve_mesh", "uniform_choice", "unavailable_reason",

@@ -6,7 +6,7 @@ on this machine, joined by ``jax.distributed``.
     python -m planner.launch --processes 2 --devices-per-process 4 -- train.py --steps 3
     python -m planner.launch --processes 2 --devices-per-process 4 -- -m mypackage.train
 
-Every process gets the environment :func:`planner.distributed.initialize`
+Every process gets the environment :func:`planner.runtime.distributed.initialize`
 reads (coordinator ``127.0.0.1:<free port>``, process count and id, devices
 per process, heartbeat timeout). On CPU (``--platform cpu``, or ``auto``
 when this machine has fewer NVIDIA GPUs than requested), each process gets
@@ -23,7 +23,7 @@ backstop on clusters, where no launcher watches: a process that stops
 sending heartbeats for that long makes every other one exit.
 
 This is a convenience for one machine; on a cluster, use the scheduler's
-launcher (``srun``) and let :func:`planner.distributed.initialize` read its
+launcher (``srun``) and let :func:`planner.runtime.distributed.initialize` read its
 environment (docs/multi-host.md).
 """
 
@@ -41,7 +41,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from planner.distributed import (
+from planner.runtime.distributed import (
     ENV_COORDINATOR,
     ENV_DEVICES_PER_PROCESS,
     ENV_HEARTBEAT_SECONDS,
@@ -103,7 +103,7 @@ def process_env(
     heartbeat_s: int,
 ) -> dict[str, str]:
     """The environment of process ``process_id``: ``base`` plus the settings
-    :func:`planner.distributed.config_from_env` reads and the platform's
+    :func:`planner.runtime.distributed.config_from_env` reads and the platform's
     device selection."""
     env = dict(base)
     env[ENV_COORDINATOR] = coordinator

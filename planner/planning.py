@@ -13,7 +13,7 @@ speed-up over pure data parallelism, and how the search went.
 
 What it is asked for is checked in :mod:`planner.plan_inputs` (the memory
 limit, the margin kept free, the mesh shapes); the record it returns is
-:mod:`planner.plan_record`'s (its file format: :mod:`planner.plan_file`).
+:mod:`planner.plans.record`'s (its file format: :mod:`planner.plans.file`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ from costmodels.strategies import AXIS_NAMES
 from planner._format import format_bytes_up
 from planner._version import __version__
 from planner.evaluation import evaluate, positive_int, resolve_batch
-from planner.graph import LayerGraph
-from planner.plan_file import PLAN_SCHEMA, PLAN_VERSION  # the file format
+from planner.ir.graph import LayerGraph
 from planner.plan_inputs import (
     MEMORY_MARGIN,
     memory_margin_bytes,
@@ -47,8 +46,9 @@ from planner.plan_inputs import (
     parse_memory_limit,
     platform_of,
 )
-from planner.plan_record import MeshResult, Plan
-from planner.plan_specs import layer_specs
+from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION  # the file format
+from planner.plans.record import MeshResult, Plan
+from planner.plans.specs import layer_specs
 from search import (
     GradientConfig,
     SearchEvent,
@@ -200,7 +200,7 @@ def plan(
         raise ValueError(f"simplicity_tolerance must be a fraction in [0, 1), e.g. 0.01, got {simplicity_tolerance!r}")
     start = _time.perf_counter()
     if isinstance(model, str):
-        from planner.zoo import get_model
+        from planner.models.zoo import get_model
 
         graph = get_model(model)
     elif isinstance(model, LayerGraph):
@@ -218,7 +218,7 @@ def plan(
             "memory_bytes")
     platform = platform_of(platform, hw)
     # Kept free: the platform's share of the limit, and the input batch (float32
-    # images, int32 labels, split over all P devices, as planner.export feeds
+    # images, int32 labels, split over all P devices, as planner.runtime.export feeds
     # them), which the cost table does not count: exact, the same on every mesh
     # (validate's "inputs" row; 393,344 B for VGG16-CIFAR-10 at batch 256 on 8).
     inputs = (math.prod(graph.input_shape) * 4.0 + 4.0) * B / P

@@ -1,5 +1,5 @@
 """``UsageError``: a mistake in what the user asked for (a name, a path, an
-option), raised by the library's resolvers (:func:`planner.model_loading.load_model`)
+option), raised by the library's resolvers (:func:`planner.models.loading.load_model`)
 and by the command line, which prints it as one line and exits with 2."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from planner.builder import GraphBuilder
+from planner.ir.builder import GraphBuilder
 
 TINY_CNN_BATCH = 16  # the tiny CNN's global batch; input 16x16x3
 

@@ -11,7 +11,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["SHARDPLAN_CACHE_DIR"] = "off"
 
 import jax  # noqa: E402
-
 import pytest  # noqa: E402
 
 

@@ -23,7 +23,8 @@ from costmodels import (
     hardware_arrays,
     load_hardware,
 )
-from planner._plan_dp import (
+from planner.automl import PlanConfig, cost_fn, plan_many
+from planner.automl._dp import (
     INFEASIBLE_S,
     best_plan,
     best_plans,
@@ -32,19 +33,18 @@ from planner._plan_dp import (
     pad_schedule,
     soft_min_time,
 )
-from planner.automl import PlanConfig, cost_fn, plan_many
-from planner.batch_planning import _batch_tables, _plan_batch
-from planner.builder import GraphBuilder
-from planner.graph import LayerArrays
-from planner.parametric import (
+from planner.automl.batch import _batch_tables, _plan_batch
+from planner.automl.parametric import (
     ArchParams,
     parametric_graph,
     resnet_parametric,
     resnet_template,
     total_forward_flops,
 )
+from planner.ir.builder import GraphBuilder
+from planner.ir.graph import LayerArrays
+from planner.models.zoo import get_model
 from planner.planning import plan
-from planner.zoo import get_model
 from search import discrete_problem, plan_time, solve_brute, solve_dp
 from search.problem import plan_times
 

@@ -17,13 +17,12 @@ import math
 import re
 
 import pytest
+from reference_files import TINY_NET
 
 from costmodels import load_calibration, load_hardware
 from planner.cli import main
-from planner.netfile import parse_net
-from planner.zoo import get_model
-from reference_files import TINY_NET
-
+from planner.models.netfile import parse_net
+from planner.models.zoo import get_model
 
 
 def _graph(**change):
@@ -306,7 +305,7 @@ def _evaluate(model=M, devices=8, **kw):
 
 
 def _oracle(**kw):
-    from planner.oracle_report import oracle
+    from planner.paradl.report import oracle
 
     return oracle(**{"model": M, "hardware": "abci-v100", "devices": [8], **kw})
 
@@ -324,7 +323,7 @@ def _plan_from(paths, key):
 
 
 def _graph_from(paths, key):
-    from planner.graph import LayerGraph
+    from planner.ir.graph import LayerGraph
 
     with open(paths[key]) as f:
         return LayerGraph.from_json(f.read())
@@ -448,7 +447,7 @@ def test_shard_rejects_a_plan_for_another_model(change, phrase):
     import optax
 
     from planner.planning import Plan
-    from planner.sharding import shard
+    from planner.runtime.sharding import shard
 
     plan = Plan.from_dict({**_valid_plan_file(), **change})
     with pytest.raises(ValueError, match="this plan was made for another model") as info:
@@ -462,7 +461,7 @@ def test_shard_rejects_a_plan_for_another_model(change, phrase):
 def _graph_json(tmp_path, mutate):
     import copy
 
-    from planner.zoo import get_model
+    from planner.models.zoo import get_model
 
     d = copy.deepcopy(get_model("vgg16-cifar10").to_dict())
     mutate(d)

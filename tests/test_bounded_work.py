@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 
-from planner.netfile import parse_net
-from planner.plan_inputs import _divisors, mesh_shapes
 from reference_files import TINY_NET
+
+from planner.models.netfile import parse_net
+from planner.plan_inputs import _divisors, mesh_shapes
 
 
 def test_divisors_by_hand():
@@ -45,7 +46,7 @@ def test_valid_taps_equals_brute_force():
 
     import numpy as np
 
-    from planner.flops import valid_taps
+    from planner.ir.flops import valid_taps
 
     for n_in, k, s, d, p in itertools.product([1, 2, 5, 8, 13], [1, 2, 3, 7], [1, 2, 3], [1, 2], [0, 1, 3]):
         for n_out in {1, 2, n_in, (n_in + 2 * p - d * (k - 1) - 1) // s + 1}:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
-from planner.netfile import parse_net
+from planner.models.netfile import parse_net
 
 REPO = Path(__file__).resolve().parents[1]
 from reference_files import PARADL_MODELS as MODELS  # noqa: E402
@@ -147,9 +147,9 @@ def test_factory_wiring_with_a_stub_extractor(tmp_path, capsys, monkeypatch):
         seen.append((module, example_input))
         return parse_net(TINY_NET)
 
-    stub = types.ModuleType("planner.extraction")
+    stub = types.ModuleType("planner.models.extraction")
     stub.extract = fake_extract
-    monkeypatch.setitem(sys.modules, "planner.extraction", stub)
+    monkeypatch.setitem(sys.modules, "planner.models.extraction", stub)
     (tmp_path / "cli_stub_factory.py").write_text("def make():\n    return 'module', 'example'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     report = _run_json(capsys, "cli_stub_factory:make")

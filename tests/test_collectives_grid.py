@@ -19,9 +19,9 @@ Oracles are hand-computed byte counts; a mis-pinned program must be flagged.
 
 import optax
 import pytest
-
 from builders import TINY_CNN_BATCH, TinyCNN, tiny_cnn  # noqa: E402
-from planner.validation import collective_rows, fixed_plan, validate
+
+from planner.runtime.validation import collective_rows, fixed_plan, validate
 
 B = TINY_CNN_BATCH  # global batch; input 16x16x3
 
@@ -57,7 +57,7 @@ def test_misplaced_pin_is_caught(devices):
     # batch -> channel -> batch with all-to-alls over model, which the plan does not
     # have, and the rows say which kind and axes.
     from planner import extract
-    from planner.export import (
+    from planner.runtime.export import (
         consumer_layouts,
         lower_training,
         make_mesh,
@@ -87,7 +87,7 @@ def test_vgg16_cifar10_batch_256_validates(devices):
     # 2x2 blocks run filter, filter, channel, each channel conv followed by data
     # layers. Before the pins XLA gathered two channel convs' operands over data
     # (+ all-gathers over data and over data+model, -36% all-reduce over data).
-    from planner.flax_zoo import flax_model
+    from planner.models.flax_zoo import flax_model
 
     model, x = flax_model("vgg16-cifar10", batch=256)
     split = {f"features/{i}": "filter" for i in (7, 8, 10, 11)} | {f"relu_{i}": "filter" for i in (7, 8, 10, 11)}

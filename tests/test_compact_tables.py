@@ -17,7 +17,7 @@ import pytest
 from planner._compact import COMPACT_ABOVE, MIN_GROUP, NOTABLE_SHARE, group_rows
 from planner._format import format_bytes, format_count
 from planner.cli import main
-from planner.zoo import get_model
+from planner.models.zoo import get_model
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 NUM = r"(\d+\.\d{4})"

@@ -13,7 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from costmodels import CostSettings, cost_table, hardware_arrays, hardware_from_dict, load_hardware
+from costmodels import (
+    CostSettings,
+    cost_table,
+    hardware_arrays,
+    hardware_from_dict,
+    load_hardware,
+)
 from costmodels.compute import kernel_s
 from costmodels.strategies import Strategy
 from planner import GraphBuilder

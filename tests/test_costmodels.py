@@ -37,7 +37,7 @@ from costmodels.reference import reference_iteration_time, reference_memory
 from costmodels.reshard import conversion_s
 from costmodels.strategies import Layout
 from planner import GraphBuilder
-from planner.zoo import get_model
+from planner.models.zoo import get_model
 
 S = len(Strategy)
 ABCI = load_hardware("abci-v100")

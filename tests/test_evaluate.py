@@ -7,7 +7,7 @@ import pytest
 from costmodels import load_hardware
 from planner.cli import main
 from planner.evaluation import evaluate
-from planner.zoo import get_model
+from planner.models.zoo import get_model
 
 LAYER_KEYS = {"name", "kind", "strategy", "compute_s", "comm_s", "reshard_s", "memory_bytes", "requested_strategy",
               "substitution_reason"}
@@ -114,7 +114,7 @@ def test_plan_with_infeasible_or_unknown_layers(capsys, tmp_path):
 
 def _rows_graph():
     """conv0 on 16 rows, a 2x2 pool to 8 rows, conv1 on 8 rows, then a 10-way dense."""
-    from planner.builder import GraphBuilder
+    from planner.ir.builder import GraphBuilder
 
     b = GraphBuilder("rows", (4, 16, 16))
     c0 = b.conv("conv0", b.input, 8, 3, padding="SAME")
@@ -211,8 +211,8 @@ def test_plan_file_keeps_the_requested_strategy(tmp_path):
 
 def _plan_of(ev, g):
     from costmodels import load_hardware as _lh
-    from planner.plan_specs import layer_specs
     from planner.planning import AXIS_NAMES, Plan
+    from planner.plans.specs import layer_specs
 
     return Plan(
         model=ev.model, hardware=ev.hardware, devices=ev.devices, mesh=ev.mesh, axis_names=AXIS_NAMES,

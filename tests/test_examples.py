@@ -49,8 +49,8 @@ def test_gpu_steps_script_smoke_runs(capsys):
     """benchmarks/gpu_steps.py (for a session with an accelerator) runs end to end
     on CPU: both parts print, part 2 has a row per profiled layer of the plan."""
     import planner
-    from planner.profile import PROFILED_KINDS
-    from planner.zoo import get_model
+    from planner.calibrate.profile import PROFILED_KINDS
+    from planner.models.zoo import get_model
 
     spec = importlib.util.spec_from_file_location("gpu_steps", EXAMPLES.parent / "benchmarks" / "gpu_steps.py")
     module = importlib.util.module_from_spec(spec)

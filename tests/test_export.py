@@ -11,7 +11,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from planner import extract
-from planner.export import (
+from planner.runtime.export import (
     activation_spec,
     consumer_layouts,
     make_mesh,
@@ -121,7 +121,7 @@ def test_mesh_size_must_match_devices(devices):
 
 @pytest.mark.slow
 def test_compiled_collectives_follow_the_plan(devices):
-    from planner.hlo import parse_collectives
+    from planner.runtime.hlo import parse_collectives
 
     model = Tiny(nnx.Rngs(0))
     x = jnp.zeros((16, 16, 16, 3))

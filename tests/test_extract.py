@@ -1,8 +1,8 @@
-"""The Flax extractor (:mod:`planner.extraction`) against independent oracles:
+"""The Flax extractor (:mod:`planner.models.extraction`) against independent oracles:
 hand-computed shapes and parameter counts, graphs built by hand with
 ``GraphBuilder``, XLA's ``cost_analysis()`` FLOPs of the forward pass, the
-linen twin of each nnx model, and the zoo (``planner.zoo`` vs
-``planner.flax_zoo``)."""
+linen twin of each nnx model, and the zoo (``planner.models.zoo`` vs
+``planner.models.flax_zoo``)."""
 
 
 import flax.linen as nn
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from planner.builder import GraphBuilder
-from planner.extraction import extract
-from planner.graph import LayerArrays
+from planner.ir.builder import GraphBuilder
+from planner.ir.graph import LayerArrays
+from planner.models.extraction import extract
 
 B = 2
 
@@ -686,8 +686,8 @@ ZOO = [
 
 @pytest.mark.parametrize("name", ZOO)
 def test_extract_matches_zoo(name):
-    flax_zoo = pytest.importorskip("planner.flax_zoo")
-    zoo = pytest.importorskip("planner.zoo")
+    flax_zoo = pytest.importorskip("planner.models.flax_zoo")
+    zoo = pytest.importorskip("planner.models.zoo")
     model, x = flax_zoo.flax_model(name)
     g = extract(model, x, name=name)
     z = zoo.get_model(name)
@@ -701,7 +701,7 @@ def test_extract_traces_once_and_compiles_nothing():
     events, not a clock)."""
     from jax import monitoring
 
-    flax_zoo = pytest.importorskip("planner.flax_zoo")
+    flax_zoo = pytest.importorskip("planner.models.flax_zoo")
     model, x = flax_zoo.flax_model("vgg16")
     events: list[str] = []
 

@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from costmodels import load_calibration, load_hardware
-from costmodels.files import MAX_DEPTH, check_writable, parse_json, read_json, write_atomic
+from costmodels.files import (
+    MAX_DEPTH,
+    check_writable,
+    parse_json,
+    read_json,
+    write_atomic,
+)
 from planner import get_model
 from planner.cli import main
 from planner.planning import Plan

@@ -8,7 +8,11 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from planner.hlo import expand_replica_groups, label_mesh_axes, parse_collectives
+from planner.runtime.hlo import (
+    expand_replica_groups,
+    label_mesh_axes,
+    parse_collectives,
+)
 
 MESH_SHAPE, AXES = (4, 2), ("data", "model")
 

@@ -8,14 +8,19 @@ import json
 
 import optax
 import pytest
+from test_validate import B, tiny
 
 from costmodels import CostSettings, cost_table, hardware_arrays, load_hardware
 from planner import extract
-from planner.planning import MEMORY_MARGIN, InfeasibleMemoryError, Plan, mesh_shapes, plan
-from planner.zoo import get_model
+from planner.models.zoo import get_model
+from planner.planning import (
+    MEMORY_MARGIN,
+    InfeasibleMemoryError,
+    Plan,
+    mesh_shapes,
+    plan,
+)
 from search import discrete_problem, minimum_memory
-
-from test_validate import B, tiny
 
 
 def test_margin_values_and_bytes():
@@ -88,7 +93,7 @@ def tight_tiny(devices):
 
 @pytest.mark.slow
 def test_a_tight_plan_fits_once_compiled(tight_tiny):
-    from planner.export import lower_training, make_mesh, producer_layouts
+    from planner.runtime.export import lower_training, make_mesh, producer_layouts
 
     model, x, graph, p = tight_tiny
     d, m = p.mesh
@@ -101,7 +106,7 @@ def test_a_tight_plan_fits_once_compiled(tight_tiny):
 
 @pytest.mark.slow
 def test_validate_fails_naming_the_part_when_over_the_limit(tight_tiny, tmp_path, monkeypatch, capsys):
-    from planner.validation import validate
+    from planner.runtime.validation import validate
 
     model, x, graph, p = tight_tiny
     fits = validate(model, p, memory_rtol=1.0, activation_rtol=1.0, comm_rtol=1.0)
@@ -115,8 +120,9 @@ def test_validate_fails_naming_the_part_when_over_the_limit(tight_tiny, tmp_path
     # the arguments are exact, so the part that grew is what the cost model estimates
     assert "the part that grew: activations and temporaries" in r.over_limit.note
     # the CLI: exit status 1 and a line naming it
-    from planner.cli import main
     from test_validate import FACTORY
+
+    from planner.cli import main
 
     path = tmp_path / "plan.json"
     over.write(path)

@@ -7,12 +7,11 @@ import math
 
 import numpy as np
 import pytest
-
-from planner.graph import LayerGraph, LayerKind
-from planner.netfile import layer_type, load_net, paradl_totals, parse_net
-
 from reference_files import MISSING_REASON, TINY_NET
 from reference_files import PARADL_MODELS as MODELS
+
+from planner.ir.graph import LayerGraph, LayerKind
+from planner.models.netfile import layer_type, load_net, paradl_totals, parse_net
 
 # paradl.md §5 "Shipped networks" (per sample, elements; Σx and Σy exclude
 # ReLU/BN) and §4.10 (measured FW+BW time per sample, seconds): the

@@ -16,6 +16,8 @@ import sys
 
 import numpy as np
 import pytest
+from builders import tiny_oracle_graph  # noqa: E402
+from reference_files import PARADL_MODELS as MODELS  # noqa: E402
 
 from costmodels import hardware_from_dict, load_hardware
 from costmodels.oracle import (
@@ -27,13 +29,9 @@ from costmodels.oracle import (
 from costmodels.oracle_cost import StrategyCost
 from costmodels.oracle_layers import oracle_layers, parse_lc
 from costmodels.oracle_pipeline import balanced_stages, boundary_elements
-from planner.builder import GraphBuilder
 from planner.cli import main
-from planner.oracle_report import net_dataset_size, oracle
-
-
-from builders import tiny_oracle_graph  # noqa: E402
-from reference_files import PARADL_MODELS as MODELS  # noqa: E402
+from planner.ir.builder import GraphBuilder
+from planner.paradl.report import net_dataset_size, oracle
 
 RESNET = MODELS / "RESNET50_ImageNet_profall.net_sc"
 VGG = MODELS / "VGG_ImageNet_profall.net_sc"

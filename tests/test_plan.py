@@ -10,8 +10,13 @@ import pytest
 from costmodels import CostSettings, cost_table, hardware_arrays, load_hardware
 from planner.cli import main
 from planner.evaluation import evaluate
-from planner.planning import InfeasibleMemoryError, mesh_shapes, parse_memory_limit, plan
-from planner.zoo import get_model
+from planner.models.zoo import get_model
+from planner.planning import (
+    InfeasibleMemoryError,
+    mesh_shapes,
+    parse_memory_limit,
+    plan,
+)
 from search import discrete_problem, minimum_memory
 
 GB = 1e9

@@ -77,12 +77,12 @@ def test_gradient_plans_record_their_search_history():
 
 
 def _flax_param_specs(name, strategies):
-    """(layer, param) -> PartitionSpec that planner.export applies to the real nnx state."""
+    """(layer, param) -> PartitionSpec that planner.runtime.export applies to the real nnx state."""
     import jax
     from flax import nnx
 
-    from planner.export import partition_specs
-    from planner.flax_zoo import flax_model
+    from planner.models.flax_zoo import flax_model
+    from planner.runtime.export import partition_specs
 
     model, _ = flax_model(name)
     specs = partition_specs(nnx.state(model), strategies)
@@ -107,8 +107,8 @@ def test_recorded_param_specs_are_what_export_applies():
 
 
 def test_hand_checked_specs():
-    from planner.plan_specs import layer_specs
-    from planner.zoo import get_model
+    from planner.models.zoo import get_model
+    from planner.plans.specs import layer_specs
 
     g = get_model("vgg16-cifar10")
     names = list(g.names)
@@ -130,8 +130,8 @@ def test_version_1_files_upgrade_to_the_same_specs(model):
     """A version-1 file (no specs, hardware, version or history) reads back with
     the specs the graph itself gives (the kinds-only rule agrees with the graph)."""
     from costmodels import load_hardware
-    from planner.plan_specs import layer_specs
-    from planner.zoo import get_model
+    from planner.models.zoo import get_model
+    from planner.plans.specs import layer_specs
 
     g = get_model(model)
     p = plan(model, devices=8, hardware="dgx-a100", batch=64, method="auto")

@@ -266,7 +266,7 @@ def test_short_plan_names_every_layer_without_overlap(plan):
 
 @pytest.fixture(scope="module")
 def oracle_report():
-    from planner.oracle_report import oracle
+    from planner.paradl.report import oracle
 
     return oracle("resnet50", "abci-v100", [16, 32, 64, 128, 256])
 

@@ -1,7 +1,7 @@
-"""Calibration from measurements (issue 7): ``planner.profile`` (shard
+"""Calibration from measurements (issue 7): ``planner.calibrate.profile`` (shard
 bookkeeping with a fake clock, ops checked against the layer graph's shapes
 and XLA's FLOP count, one tiny real profile), ``shardplan profile`` into
-``plan``, ``--calibration`` in the oracle, and ``planner.fit`` recovering
+``plan``, ``--calibration`` in the oracle, and ``planner.calibrate.fit`` recovering
 known hardware parameters from synthetic step times."""
 
 import dataclasses
@@ -16,11 +16,11 @@ from costmodels import Calibration, load_calibration, load_hardware
 from costmodels.calibration import LayerDims, OpKey
 from costmodels.strategies import STRATEGY_NAMES, Strategy
 from planner import GraphBuilder
+from planner.calibrate.fit import StepTime, fit_hardware
+from planner.calibrate.profile import _forward, _shard_op, menu_meshes, profile_layers
 from planner.cli import main
 from planner.evaluation import evaluate
-from planner.fit import StepTime, fit_hardware
-from planner.oracle_report import oracle
-from planner.profile import _forward, _shard_op, menu_meshes, profile_layers
+from planner.paradl.report import oracle
 
 
 def _conv_relu():
@@ -164,7 +164,7 @@ def test_shard_ops_have_the_layer_graphs_shapes():
 
 
 def _params(op):
-    from planner.profile import _param_shapes
+    from planner.calibrate.profile import _param_shapes
 
     return _param_shapes(op)
 
@@ -368,7 +368,7 @@ def test_fit_recovers_kernel_parameters():
     device, fitted from a neutral start of the same device: the fit picks the
     tile among CHANNEL_TILES and finds the continuous parameters."""
     from costmodels.hardware import KernelSpec
-    from planner.fit import CHANNEL_TILES
+    from planner.calibrate.fit import CHANNEL_TILES
 
     graph = _fit_graph()
     start = load_hardware("dgx-a100")

@@ -13,10 +13,16 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from costmodels import Strategy, cost_table, hardware_arrays, load_hardware, plan_collectives
+from costmodels import (
+    Strategy,
+    cost_table,
+    hardware_arrays,
+    load_hardware,
+    plan_collectives,
+)
 from costmodels.reference import reference_iteration_time
-from planner.builder import GraphBuilder
-from planner.hlo import parse_collectives
+from planner.ir.builder import GraphBuilder
+from planner.runtime.hlo import parse_collectives
 
 ABCI = load_hardware("abci-v100")  # m = 2 inside a node: NVLink, 9 us, 50 GB/s
 
@@ -54,7 +60,7 @@ def _collectives(pin_input: bool, B: int = 16, F: int = 64, O: int = 4):
     """The collectives of grad(loss) of relu(x @ w1) @ w2 on a 1x8 mesh: w1 split by
     columns (filter), w2 replicated, the hidden activation constrained split by
     features and, with ``pin_input``, constrained replicated before w2 (what
-    planner.export does at a replicated module's input)."""
+    planner.runtime.export does at a replicated module's input)."""
     mesh = Mesh(np.array(jax.devices()).reshape(1, 8), ("data", "model"))
 
     def sh(*spec):
@@ -78,7 +84,7 @@ def _collectives(pin_input: bool, B: int = 16, F: int = 64, O: int = 4):
 def test_what_xla_compiles_for_a_replicated_consumer_of_split_features(devices):
     # Both: the batch-split input gathered for the filter layer (16 x 32 x 4 B).
     x_gather = ("all-gather", 16 * 32 * 4)
-    # Input pinned replicated (planner.export): XLA gathers the activation, 16 x 64 x 4 B,
+    # Input pinned replicated (planner.runtime.export): XLA gathers the activation, 16 x 64 x 4 B,
     # and computes the weight gradient from it; nothing else. The cost model's choice.
     assert _collectives(pin_input=True) == sorted([x_gather, ("all-gather", 16 * 64 * 4)])
     # Not pinned: XLA contracts the split features locally, all-reduces the partial
@@ -99,7 +105,7 @@ class Head(nnx.Module):
 
 @pytest.mark.slow
 def test_validate_agrees_on_filter_then_replicated(devices):
-    from planner.validation import fixed_plan, validate
+    from planner.runtime.validation import fixed_plan, validate
 
     model = nnx.eval_shape(lambda: Head(nnx.Rngs(0)))
     x = jax.ShapeDtypeStruct((16, 32), jnp.float32)
@@ -117,8 +123,8 @@ def test_splitbrain_plan_at_1x8_validates(devices):
     """SplitBrain's scheme on its VGG16 (splitbrain.md §1.2-1.4) at mesh 1x8: convs
     data-parallel, the FC layers and their ReLUs filter-split, the 10-way head (10 % 8
     != 0) replicated after a filter-split ReLU. Every collective within 5%."""
-    from planner.flax_zoo import flax_model
-    from planner.validation import fixed_plan, validate
+    from planner.models.flax_zoo import flax_model
+    from planner.runtime.validation import fixed_plan, validate
 
     batch = 8
     model, x = flax_model("vgg16-cifar10-splitbrain", batch=batch)

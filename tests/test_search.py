@@ -29,7 +29,7 @@ from costmodels import (
 )
 from costmodels.reference import reference_iteration_time, reference_memory
 from planner import GraphBuilder
-from planner.zoo import get_model
+from planner.models.zoo import get_model
 from search import (
     GradientConfig,
     chain_order,

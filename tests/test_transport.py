@@ -12,6 +12,8 @@ import json
 
 import numpy as np
 import pytest
+from builders import tiny_oracle_graph  # noqa: E402
+from reference_files import PARADL_MODELS
 
 from costmodels import hardware_from_dict, load_hardware
 from costmodels.hardware import preset_names
@@ -25,12 +27,10 @@ from costmodels.transport import (
     leader_allreduce_s,
     pipelined_chain_s,
 )
-from planner.builder import GraphBuilder
 from planner.cli import main
-from planner.oracle_fidelity import accuracy, paradl_fidelity
-from planner.oracle_report import oracle
-from builders import tiny_oracle_graph  # noqa: E402
-from reference_files import PARADL_MODELS
+from planner.ir.builder import GraphBuilder
+from planner.paradl.fidelity import accuracy, paradl_fidelity
+from planner.paradl.report import oracle
 
 A_INTRA, BW_INTRA, A_INTER, BW_INTER = 1e-5, 1e10, 1e-4, 1e9
 MSG, COPY, MSG_AR = 2e-3, 1e10, 1e-3

@@ -7,11 +7,11 @@ import textwrap
 
 import numpy as np
 import pytest
+from builders import TINY_CNN_BATCH, TinyCNN, tiny_cnn  # noqa: E402
 from flax import nnx
 
 from costmodels.collective_list import auxiliary_collectives, sharded_parameters
-from builders import TINY_CNN_BATCH, TinyCNN, tiny_cnn  # noqa: E402
-from planner.validation import fixed_plan, validate
+from planner.runtime.validation import fixed_plan, validate
 
 B = TINY_CNN_BATCH  # global batch; input 16x16x3
 
@@ -199,7 +199,7 @@ def test_cli(tmp_path, monkeypatch, capsys, devices):
 
 def test_producer_layouts_by_hand():
     from planner import extract
-    from planner.export import producer_layouts
+    from planner.runtime.export import producer_layouts
 
     model, x = tiny()
     g = extract(model, x)

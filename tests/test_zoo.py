@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from planner.flax_zoo import flax_model
-from planner.zoo import MODEL_NAMES, get_model
+from planner.models.flax_zoo import flax_model
+from planner.models.zoo import MODEL_NAMES, get_model
 
 EXPECTED_NAMES = (
     "alexnet",

@@ -11,10 +11,10 @@ Subcommands:
 * ``shardplan hardware`` and ``shardplan evaluate``: see
   :mod:`planner.cli.cost`.
 
-MODEL is one of (:func:`planner.model_loading.load_model`): a built-in model name
-(:data:`planner.zoo.MODEL_NAMES`); a ParaDL network file (``.net``,
+MODEL is one of (:func:`planner.models.loading.load_model`): a built-in model name
+(:data:`planner.models.zoo.MODEL_NAMES`); a ParaDL network file (``.net``,
 ``.net_sc``, ``.net_256``, or any file whose first line starts with
-``Dataset|``; paradl.md §5); a layer-graph ``.json`` file
+``Dataset|``; ParaDL §5); a layer-graph ``.json`` file
 (:meth:`LayerGraph.to_json`); or ``package.module:factory``, a function that
 returns ``(flax_module, example_input)``, extracted with
 :func:`planner.extract`.
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from planner.cli.common import PROG, Parser, dump_json
-from planner.graph import LayerGraph
-from planner.model_loading import (  # (load_model, call_factory: re-exported)
+from planner.ir.graph import LayerGraph
+from planner.models.loading import (  # (load_model, call_factory: re-exported)
     accepted_models,
     call_factory,
     load_model,

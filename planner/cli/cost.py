@@ -161,7 +161,7 @@ def _run_hardware(args: argparse.Namespace) -> int:
 def _run_evaluate(args: argparse.Namespace) -> int:
     from costmodels import load_calibration, load_hardware
     from planner.evaluation import evaluate
-    from planner.model_loading import load_model
+    from planner.models.loading import load_model
 
     if (args.strategy is None) == (args.plan is None):
         raise ValueError("give exactly one of --strategy NAME or --plan FILE")

@@ -196,7 +196,7 @@ def _check_matplotlib() -> None:
 
 
 def _run_oracle(args: argparse.Namespace) -> int:
-    from planner.oracle_report import oracle
+    from planner.paradl.report import oracle
     from planner.usage import UsageError
 
     if args.plot:
@@ -237,7 +237,7 @@ def add_oracle_commands(sub: Any) -> None:
         "oracle", help="ParaDL oracle: every strategy's time, memory, limits and bottleneck",
         description="Per-iteration compute, communication, weight update, memory, epoch time, feasibility and "
                     "bottleneck of data, spatial, filter, channel, pipeline, data+filter and data+spatial "
-                    "parallelism at each device count (ParaDL, paradl.md §4).",
+                    "parallelism at each device count (ParaDL, ParaDL §4).",
     )
     p.add_argument("model", metavar="MODEL",
                    help="built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory")

@@ -8,7 +8,7 @@ a calibration file.
 Times every layer's forward + backward as a standalone jitted op on the
 default JAX device (accelerator or CPU) at the shard shapes the strategy menu
 produces for global batch B on up to ``--max-devices`` devices
-(:func:`planner.profile.profile_layers`), showing a progress bar on a
+(:func:`planner.calibrate.profile.profile_layers`), showing a progress bar on a
 terminal. ``-o FILE`` writes the calibration (then a per-layer summary is
 printed: a rich table on a terminal, JSON otherwise); without ``-o`` the
 calibration JSON goes to stdout (version 3: shard shapes and the device,
@@ -97,9 +97,9 @@ def _render(summary: dict[str, Any], output: str) -> None:
 
 def _run_profile(args: argparse.Namespace) -> int:
     from costmodels import load_hardware
+    from planner.calibrate.profile import profile_layers
     from planner.cli.common import dump_json
-    from planner.model_loading import load_model
-    from planner.profile import profile_layers
+    from planner.models.loading import load_model
     from planner.usage import UsageError
 
     for name, v, low in (("--batch", args.batch, 1), ("--max-devices", args.max_devices, 1),

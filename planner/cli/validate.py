@@ -26,11 +26,11 @@ _ACCEPTED = "expected a built-in model name or package.module:factory returning 
 
 
 def _flax_model(spec: str) -> Any:
-    from planner.model_loading import FACTORY_PATTERN, call_factory, zoo_names
+    from planner.models.loading import FACTORY_PATTERN, call_factory, zoo_names
     from planner.usage import UsageError
 
     if spec in zoo_names():
-        from planner.flax_zoo import flax_model
+        from planner.models.flax_zoo import flax_model
 
         return flax_model(spec)[0]
     if not FACTORY_PATTERN.fullmatch(spec):
@@ -81,8 +81,8 @@ def _run_validate(args: argparse.Namespace) -> int:
     import json
 
     from planner.planning import Plan
+    from planner.runtime.validation import validate
     from planner.usage import UsageError
-    from planner.validation import validate
 
     for name in ("memory_rtol", "activation_rtol", "comm_rtol"):
         if getattr(args, name) < 0:

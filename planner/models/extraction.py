@@ -1,7 +1,7 @@
-"""Extract a :class:`~planner.graph.LayerGraph` from a Flax model (nnx or linen).
+"""Extract a :class:`~planner.ir.graph.LayerGraph` from a Flax model (nnx or linen).
 
 ``extract(model, example_input)`` traces one forward pass abstractly and turns
-it into layers added through :class:`~planner.builder.GraphBuilder`, so shapes,
+it into layers added through :class:`~planner.ir.builder.GraphBuilder`, so shapes,
 parameter counts and FLOPs are computed exactly as for the zoo. No weight is
 ever materialised: an abstract model (``nnx.eval_shape``) or a concrete one
 both work, and linen models are initialised with ``jax.eval_shape``.
@@ -108,9 +108,9 @@ import jax.extend.core as jex
 import numpy as np
 from flax import nnx
 
-from planner._jaxpr_walk import _MARK, _ModuleInfo, _Walker
-from planner.builder import GraphBuilder
-from planner.graph import LayerGraph
+from planner.ir.builder import GraphBuilder
+from planner.ir.graph import LayerGraph
+from planner.models._jaxpr_walk import _MARK, _ModuleInfo, _Walker
 
 __all__ = ["extract"]
 

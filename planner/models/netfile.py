@@ -1,4 +1,4 @@
-"""Import ParaDL ``.net`` network files (paradl.md §5) as :class:`LayerGraph` s.
+"""Import ParaDL ``.net`` network files (ParaDL §5) as :class:`LayerGraph` s.
 
 A ``.net`` file (also ``.net_sc``, ``.net_256``) describes a CNN as a chain of
 layers, per sample, with its data set and input size::
@@ -10,33 +10,33 @@ layers, per sample, with its data set and input size::
 
 ``#`` starts a comment (whole lines, e.g. ``# Second block group|0``, and the
 rest of a line). The layer type is the first of CONV, MPOOL, APOOL, RELU, FC,
-BNORM, ADD, DROPOUT that is a substring of NAME (paradl.md §5). Every layer
-goes through :class:`~planner.builder.GraphBuilder`:
+BNORM, ADD, DROPOUT that is a substring of NAME (ParaDL §5). Every layer
+goes through :class:`~planner.ir.builder.GraphBuilder`:
 
-* CONV -> ``conv`` without bias (the files carry no biases, paradl.md §9.2),
+* CONV -> ``conv`` without bias (the files carry no biases, ParaDL §9.2),
   kernel from the w dims, stride and explicit padding inferred from the x and
   y shapes (:func:`_infer_window`);
 * FC -> ``flatten`` (only when x has a spatial dim > 1) then ``dense``
   without bias on C·∏spatial inputs: ParaDL's "conv whose filter equals the
-  input size" (paradl.md §1);
+  input size" (ParaDL §1);
 * MPOOL / APOOL -> ``pool`` (max / avg), window from the w dims
   (``0x0xKxK``), stride and padding inferred like a conv's;
 * RELU / DROPOUT -> ``elementwise``;
 * BNORM -> ``batch_norm(affine=False)``: the files carry no BN parameters
-  (w = ``CxCx0x0``, paradl.md §5, §9.2);
+  (w = ``CxCx0x0``, ParaDL §5, §9.2);
 * ADD -> a single-input ``elementwise`` layer (1 FLOP per element, saving no
   activation): the files are chains and do not say where a residual comes
   from, and ``GraphBuilder.add`` needs two or more inputs.
 
 Spatial dims are written W×H[×D] in the files and stored D×H×W (depth or
-height first, :mod:`planner.graph`), i.e. reversed; every shipped file is
+height first, :mod:`planner.ir.graph`), i.e. reversed; every shipped file is
 square or cubic. Element-wise and channel-wise layers (RELU, DROPOUT, BNORM,
 ADD) take their input shape from the previous layer's output, not from their
 x field: ``COSMOFLOW.net_256`` has the typo ``RELU|32x2128x128x128`` that
-ParaDL never notices (paradl.md §5). Their y must still equal that shape.
+ParaDL never notices (ParaDL §5). Their y must still equal that shape.
 
 The measured whole-network FW+BW time per sample is the 5th field of the
-first layer that has a non-zero one (paradl.md §4.10); it becomes
+first layer that has a non-zero one (ParaDL §4.10); it becomes
 ``LayerGraph.measured_time_per_sample_s``.
 """
 
@@ -50,8 +50,8 @@ from costmodels.layers import (  # ParaDL's layer types (the oracle reads them t
     LAYER_TYPES,
     layer_type,
 )
-from planner.builder import GraphBuilder
-from planner.graph import LayerGraph, LayerKind
+from planner.ir.builder import GraphBuilder
+from planner.ir.graph import LayerGraph, LayerKind
 
 __all__ = ["load_net", "parse_net", "paradl_totals", "layer_type", "LAYER_TYPES", "NET_SUFFIXES"]
 
@@ -59,7 +59,7 @@ NET_SUFFIXES: tuple[str, ...] = (".net", ".net_sc", ".net_256")
 
 _HEADERS = ("Dataset", "Input", "Model")
 _ELEMENTWISE_TYPES = ("RELU", "DROPOUT", "BNORM", "ADD")  # shape from the previous layer
-# paradl.md §5: "Σx and Σy exclude ReLU/BN" (DROPOUT, ADD and FC count; checked
+# ParaDL §5: "Σx and Σy exclude ReLU/BN" (DROPOUT, ADD and FC count; checked
 # against the table for all six shipped files).
 _TOTALS_EXCLUDED_TYPES = ("RELU", "BNORM")
 _LAYER_FORMAT = "NAME|x dims|w dims|y dims[|time_s], e.g. CONV1|3x226x226|3x96x11x11|96x54x54|0"
@@ -68,7 +68,7 @@ Shape = tuple[int, tuple[int, ...]]  # (channels, spatial in graph order)
 
 
 def load_net(path: str | os.PathLike[str]) -> LayerGraph:
-    """Read a ParaDL ``.net`` file (paradl.md §5) into a :class:`LayerGraph`.
+    """Read a ParaDL ``.net`` file (ParaDL §5) into a :class:`LayerGraph`.
 
     Raises ``OSError`` if the file cannot be read and ``ValueError`` (naming
     the file and line) if it is not a valid network description."""
@@ -83,7 +83,7 @@ def load_net(path: str | os.PathLike[str]) -> LayerGraph:
 
 
 def parse_net(text: str, *, source: str = "<string>") -> LayerGraph:
-    """Parse the text of a ParaDL ``.net`` file (paradl.md §5) into a
+    """Parse the text of a ParaDL ``.net`` file (ParaDL §5) into a
     :class:`LayerGraph`; ``source`` names the text in error messages."""
     headers: dict[str, tuple[int, str]] = {}
     builder: GraphBuilder | None = None
@@ -118,7 +118,7 @@ def parse_net(text: str, *, source: str = "<string>") -> LayerGraph:
 
 def paradl_totals(graph: LayerGraph) -> dict[str, int]:
     """ParaDL's per-sample totals of a network (the Σ|x|, Σ|y|, Σ|w| columns
-    of paradl.md §5's table): ``x`` and ``y`` sum the input and output
+    of ParaDL §5's table): ``x`` and ``y`` sum the input and output
     elements of every layer except ReLU and batch norm (by ParaDL's NAME rule,
     :func:`layer_type`, or the ``BATCH_NORM`` kind) and the ``FLATTEN`` layers
     the importer inserts before FC layers; ``w`` is the parameter total.
@@ -184,7 +184,7 @@ def _start(headers: dict[str, tuple[int, str]], source: str, where: str) -> Grap
             f"{source}:{lineno}: Input {value!r} has {len(dims)} dims; "
             "expected samples x channels x 1-3 spatial dims (DxCxWxH[xD])"
         )
-    # dims[0] is the data-set size D (paradl.md §1); the graph is per sample.
+    # dims[0] is the data-set size D (ParaDL §1); the graph is per sample.
     c, sp = _shape(dims[1:])
     return GraphBuilder(headers["Model"][1], (c, *sp))
 
@@ -218,7 +218,7 @@ def _add_layer(
     x, y = _shape(x_dims), _shape(y_dims)
     if t in _ELEMENTWISE_TYPES:
         # Shape from the previous layer, not from x: COSMOFLOW.net_256 has
-        # "RELU|32x2128x128x128" (paradl.md §5), harmless in ParaDL.
+        # "RELU|32x2128x128x128" (ParaDL §5), harmless in ParaDL.
         x = got
     elif not _same(x, got):
         raise ValueError(
@@ -294,7 +294,7 @@ def _conv(
 
 def _fc(b: GraphBuilder, name: str, prev: int, x: Shape, w: tuple[int, ...], here: str, w_text: str) -> int:
     c, sp = x
-    # paradl.md §1: an FC layer is a conv whose filter covers the input: w = C x F x spatial.
+    # ParaDL §1: an FC layer is a conv whose filter covers the input: w = C x F x spatial.
     if w[0] != c or tuple(reversed(w[2:])) != tuple(sp):
         expect = "x".join(str(d) for d in (c, "F", *reversed(sp)))
         raise ValueError(f"{here}: FC w dims {w_text!r} do not cover the input; expected {expect}")

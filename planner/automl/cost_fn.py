@@ -1,24 +1,5 @@
-"""AutoML embedding: the cost of the best plan as a differentiable function
-of architecture parameters (:func:`cost_fn`), and many configurations
-planned by a few compiled calls (:func:`plan_many`).
-
-Both rest on an exact dynamic programme over plans (:mod:`planner._plan_dp`,
-variable elimination along the layer order; exact on any DAG whose
-frontier has at most four layers: chains, ResNets) instead of the host-side
-search of :func:`planner.plan`:
-
-* ``cost_fn``: per mesh shape, the soft minimum over *all plans* of the
-  iteration time, ``F = -tau log sum_plans exp(-time / tau)`` (tends to the
-  optimum as ``tau -> 0``), and the memory of the Gibbs distribution over
-  plans (:func:`costmodels.memory_per_device` at its per-layer marginals,
-  ``dF / d layer_time``); then a soft minimum over mesh shapes of
-  ``F (1 + penalty relu(memory / limit - 1))``. Beside it, the exact
-  discrete optimum of the rounded architecture (hard minimum, plan by
-  backtracking), not differentiated.
-* ``plan_many`` (:mod:`planner.batch_planning`, re-exported here): the
-  hard DP for every (configuration, mesh shape) pair, several
-  configurations per compiled call.
-"""
+"""``cost_fn``: the cost of the best plan as a differentiable function of
+architecture parameters (the package docstring, :mod:`planner.automl`, says how)."""
 
 from __future__ import annotations
 
@@ -43,22 +24,17 @@ from costmodels import (
     one_hot,
 )
 from costmodels.strategies import NUM_STRATEGIES, strategy_mask
-from planner._plan_dp import (
+from planner.automl._dp import (
     INFEASIBLE_S,
     DPSchedule,
     best_plans,
     dp_schedule,
     soft_min_lanes,
 )
-from planner.batch_planning import (  # re-exported: the AutoML entry points
-    PlanBatch,
-    PlanConfig,
-    plan_many,
-)
-from planner.parametric import ArchParams, ParametricGraph
+from planner.automl.parametric import ArchParams, ParametricGraph
 from planner.planning import mesh_shapes, parse_memory_limit
 
-__all__ = ["CostEstimate", "CostFunction", "PlanBatch", "PlanConfig", "cost_fn", "plan_many"]
+__all__ = ["CostEstimate", "CostFunction", "cost_fn"]
 
 
 # ---------------------------------------------------------------------------------------------

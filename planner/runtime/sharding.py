@@ -12,7 +12,10 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from planner.export import (
+from planner.ir.graph import LayerGraph
+from planner.models.extraction import extract
+from planner.planning import Plan
+from planner.runtime.export import (
     AXIS_NAMES,
     TrainState,
     consumer_layouts,
@@ -20,9 +23,6 @@ from planner.export import (
     producer_layouts,
     shard_training,
 )
-from planner.extraction import extract
-from planner.graph import LayerGraph
-from planner.planning import Plan
 
 __all__ = ["plan_mesh", "planned_graph", "shard"]
 
@@ -43,7 +43,7 @@ def shard(
     The model must be the one the plan was made for: its extracted layer
     graph must have the plan's fingerprint. ``mesh`` defaults to the plan's
     ``d x m`` mesh over all devices, with axes ``("data", "model")``; across
-    several processes, :func:`planner.distributed.process_mesh` (the model
+    several processes, :func:`planner.runtime.distributed.process_mesh` (the model
     axis inside a process)."""
     graph = planned_graph(model, plan)
     mesh = plan_mesh(plan, mesh)
@@ -85,11 +85,11 @@ def planned_graph(model: nnx.Module, plan: Plan) -> LayerGraph:
 def plan_mesh(plan: Plan, mesh: Mesh | None = None) -> Mesh:
     """``mesh`` checked against the plan's ``d x m`` mesh over ``("data",
     "model")``, or by default that mesh over all devices; across several
-    processes, :func:`planner.distributed.process_mesh` (the model axis
+    processes, :func:`planner.runtime.distributed.process_mesh` (the model axis
     inside a process)."""
     if mesh is None:
         if jax.process_count() > 1:  # several processes: keep each model group inside one (docs/multi-host.md)
-            from planner.distributed import process_mesh
+            from planner.runtime.distributed import process_mesh
 
             mesh = process_mesh(*plan.mesh)
         else:

@@ -1,6 +1,6 @@
 """The PartitionSpecs a plan gives each layer: its parameters' and its
 activations', on the ``("data", "model")`` mesh. These are what
-:mod:`planner.export` applies to a Flax model and what the plan file records
+:mod:`planner.runtime.export` applies to a Flax model and what the plan file records
 per layer (``input_spec``, ``output_spec``, ``param_specs``).
 
 Arrays are batch-first and channels-last (Flax's convention): an activation
@@ -153,7 +153,7 @@ def _one(name: str, kind: str, strategy: str, in_ndim: int, out_ndim: int) -> La
 
 
 def layer_specs(graph: Any, strategies: Sequence[str]) -> tuple[LayerSpecs, ...]:
-    """Specs of every layer of a :class:`~planner.graph.LayerGraph` under one
+    """Specs of every layer of a :class:`~planner.ir.graph.LayerGraph` under one
     strategy per layer (ranks from the graph's spatial ranks)."""
     a = graph.unpadded()
     if len(strategies) != graph.num_layers:

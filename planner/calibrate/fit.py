@@ -48,7 +48,7 @@ from costmodels.hardware import OP_CLASSES, Hardware
 from costmodels.strategies import Strategy, strategy_mask
 from costmodels.table import CostSettings, cost_table
 from planner.evaluation import _choice_from_mapping, uniform_choice
-from planner.graph import LayerGraph
+from planner.ir.graph import LayerGraph
 
 __all__ = ["FIT_GROUPS", "FitEvent", "HardwareFit", "StepTime", "fit_hardware"]
 

@@ -1,6 +1,6 @@
 """``plan_many``: many configurations (models padded to one row count,
 hardware, device counts) planned by a few compiled calls: the exact DP of
-:mod:`planner._plan_dp` for every (configuration, mesh shape) pair, the pairs
+:mod:`planner.automl._dp` for every (configuration, mesh shape) pair, the pairs
 of one graph structure as the lanes of one DP, ``chunk`` configurations per
 call. When the fastest plan of the chosen mesh fits the memory limit and no
 mesh whose fastest plan does not fit is faster, that plan is the constrained
@@ -33,7 +33,7 @@ from costmodels import (
     one_hot,
 )
 from costmodels.strategies import NUM_STRATEGIES
-from planner._plan_dp import (
+from planner.automl._dp import (
     INFEASIBLE_S,
     DPSchedule,
     best_plans,
@@ -41,7 +41,7 @@ from planner._plan_dp import (
     pad_schedule,
 )
 from planner.evaluation import resolve_batch
-from planner.graph import VECTOR_FIELDS, LayerArrays, LayerGraph, bucket_size
+from planner.ir.graph import VECTOR_FIELDS, LayerArrays, LayerGraph, bucket_size
 from planner.planning import InfeasibleMemoryError, mesh_shapes, parse_memory_limit
 
 __all__ = ["PlanBatch", "PlanConfig", "ROW_MULTIPLE", "plan_many"]
@@ -197,8 +197,8 @@ def plan_many(
     returns the simplest plan within 1% of the fastest instead)."""
     import time as _time
 
+    from planner.models.zoo import get_model
     from planner.planning import plan
-    from planner.zoo import get_model
 
     start = _time.perf_counter()
     configs = list(configs)

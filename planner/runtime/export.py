@@ -3,7 +3,7 @@ model's parameters, optimizer state and activations, and a jitted, sharded
 training step. JAX's own SPMD partitioner (GSPMD/Shardy) and runtime do the
 distributed work; this module only states layouts.
 
-Layouts are :mod:`planner.plan_specs`'s (the cost model's own tables, and
+Layouts are :mod:`planner.plans.specs`'s (the cost model's own tables, and
 what the plan file records) on a ``("data", "model")`` mesh with
 ``AxisType.Auto`` axes (jax-notes.md §2: explicit axes would turn sharding
 constraints into assertions).
@@ -22,7 +22,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from costmodels.strategies import AXIS_NAMES
-from planner.plan_specs import (
+from planner.plans.specs import (
     BATCH_AXES,
     CHANNELWISE_GRADIENT_LAYOUTS,
     CHANNELWISE_LAYOUTS,
@@ -63,14 +63,14 @@ def make_mesh(d: int, m: int, devices: Any = None) -> Mesh:
 
 def param_spec(strategy: str, ndim: int) -> P:
     """PartitionSpec of a parameter of rank ``ndim`` in a layer run under ``strategy``
-    (:func:`planner.plan_specs.param_spec_entries`, what the plan file records)."""
+    (:func:`planner.plans.specs.param_spec_entries`, what the plan file records)."""
     return P(*param_spec_entries(strategy, ndim))
 
 
 def activation_spec(layout: str, ndim: int) -> P | None:
     """PartitionSpec of a batch-first, channels-last activation in a layout
     (``batch``, ``replicated``, ``channel``, ``spatial``); None where XLA
-    should decide (``partial``). See :func:`planner.plan_specs.activation_spec_entries`."""
+    should decide (``partial``). See :func:`planner.plans.specs.activation_spec_entries`."""
     return to_partition_spec(activation_spec_entries(layout, ndim))
 
 

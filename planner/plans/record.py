@@ -1,6 +1,6 @@
 """``Plan``: a per-layer sharding plan and its predicted costs, as plain
 data (the record :func:`planner.plan` returns and plan files hold;
-:mod:`planner.plan_file` reads the file), and ``MeshResult``, the best plan
+:mod:`planner.plans.file` reads the file), and ``MeshResult``, the best plan
 found on one mesh shape."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 from costmodels import CollectiveRecord, Hardware
 from costmodels.files import parse_json, read_json, write_atomic
 from planner.evaluation import LayerCost
-from planner.plan_file import PLAN_SCHEMA, PLAN_VERSION, plan_fields  # the file format
-from planner.plan_specs import LayerSpecs, to_partition_spec
+from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION, plan_fields  # the file format
+from planner.plans.specs import LayerSpecs, to_partition_spec
 from search import HistoryEntry
 
 __all__ = ["MeshResult", "Plan"]
@@ -81,14 +81,14 @@ class Plan:
 
     def partition_specs(self, params: Any) -> Any:
         """PartitionSpecs for a Flax nnx ``State`` or linen params tree, from each
-        parameter's layer strategy (:mod:`planner.export`)."""
-        from planner.export import partition_specs
+        parameter's layer strategy (:mod:`planner.runtime.export`)."""
+        from planner.runtime.export import partition_specs
 
         return partition_specs(params, self.strategies)
 
     def shardings(self, params: Any, mesh: Any) -> Any:
         """NamedShardings for ``params`` on ``mesh`` (a ``("data", "model")`` mesh)."""
-        from planner.export import shardings
+        from planner.runtime.export import shardings
 
         return shardings(params, self.strategies, mesh)
 
@@ -105,7 +105,7 @@ class Plan:
         bytes per device, and the layer's activation specs; over 40 layers
         runs of alike data-parallel layers are one row each unless ``full``
         (as ``shardplan plan`` prints them)."""
-        from planner.plan_summary import plan_summary
+        from planner.plans.summary import plan_summary
 
         return plan_summary(self, full)
 

@@ -64,7 +64,7 @@ from costmodels.calibration import (
 from costmodels.calibration_file import MAX_POINTS
 from costmodels.shards import shard_shapes
 from costmodels.strategies import STRATEGY_NAMES, Strategy, strategy_mask
-from planner.graph import LayerGraph, LayerKind
+from planner.ir.graph import LayerGraph, LayerKind
 
 __all__ = ["PROFILED_KINDS", "Profile", "ProfileEvent", "ShardOp", "ShardTiming", "menu_meshes", "profile_layers"]
 
@@ -229,7 +229,7 @@ def _shard_op(graph: LayerGraph, i: int, strategy: Strategy, batch: int, m: int,
     elif strategy is Strategy.SPATIAL and r >= 1:
         if windowed:
             rows_out = math.ceil(int(a.out_spatial[i][0]) / m)
-            in_sp[0] = (rows_out - 1) * s[0] + (k[0] - 1) * dil[0] + 1  # own rows + halo (paradl.md §4.4)
+            in_sp[0] = (rows_out - 1) * s[0] + (k[0] - 1) * dil[0] + 1  # own rows + halo (ParaDL §4.4)
             pads = ((0, 0), *pads[1:])
         else:
             in_sp[0] = math.ceil(in_sp[0] / m)

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from costmodels.strategies import NUM_STRATEGIES as S
-from planner.graph import LayerGraph
+from planner.ir.graph import LayerGraph
 
 __all__ = [
     "INFEASIBLE_S",

@@ -1,8 +1,8 @@
 """Built-in model zoo: the planner's reference CNNs as :class:`LayerGraph` s.
 
-Every model is built with :class:`~planner.builder.GraphBuilder` (pure
+Every model is built with :class:`~planner.ir.builder.GraphBuilder` (pure
 Python, no jax), per sample and channels first. Each has a twin
-``flax.nnx`` module in :mod:`planner.flax_zoo` that executes exactly the
+``flax.nnx`` module in :mod:`planner.models.flax_zoo` that executes exactly the
 same layers in the same order, so that
 
 * layer names follow the extractor's convention: a Flax module call is
@@ -22,7 +22,7 @@ The models:
   Parameter counts equal torchvision's: 61,100,840 / 138,357,544 /
   25,557,032 / 60,192,808.
 * ``vgg16-cifar10``: VGG16's conv stack on 32x32, classifier 512 -> 10
-  (14,719,818 parameters; splitbrain.md §1.4 row 1).
+  (14,719,818 parameters; SplitBrain §1.4 row 1).
 * ``vgg16-cifar10-splitbrain``: VGG16's conv stack on 32x32 with the last
   two max pools removed, so the flatten is 4x4x512 = 8192, classifier
   8192 -> 4096 -> 4096 -> 10: the "3 pools, 4x4x512" row of splitbrain.md
@@ -30,7 +30,7 @@ The models:
   whose FC share reproduces SplitBrain's 67% memory saving with g = 8.
 * ``cosmoflow-256`` / ``cosmoflow-512``: the 3-D CosmoFlow CNN whose
   per-layer shapes equal ParaDL's ``COSMOFLOW.net_256`` / ``COSMOFLOW.net``
-  (paradl.md §5): 7 conv3d + ReLU (+ 2x2x2 average pool after the first 6),
+  (ParaDL §5): 7 conv3d + ReLU (+ 2x2x2 average pool after the first 6),
   then FC 128 -> 2048 -> 256 -> 4. The 256^3 variant uses SAME convs except
   a stride-2 conv4 and a VALID conv7; the 512^3 variant uses VALID convs
   with a stride-2 conv3.
@@ -48,8 +48,8 @@ import difflib
 import functools
 from collections.abc import Callable, Sequence
 
-from planner.builder import GraphBuilder
-from planner.graph import LayerGraph
+from planner.ir.builder import GraphBuilder
+from planner.ir.graph import LayerGraph
 
 __all__ = ["COSMOFLOW_CONVS", "MODEL_NAMES", "get_model"]
 
@@ -68,7 +68,7 @@ MODEL_NAMES: tuple[str, ...] = (
 _VGG16_CFG: tuple[int | str, ...] = (
     64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M",
 )
-# splitbrain.md §1.4, "3 pools, 4x4x512": the last two pools dropped.
+# SplitBrain §1.4, "3 pools, 4x4x512": the last two pools dropped.
 _VGG16_3POOL_CFG: tuple[int | str, ...] = (
     64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, 512, 512, 512,
 )
@@ -156,8 +156,8 @@ def _resnet(name: str, depths: Sequence[int]) -> LayerGraph:
     return b.build()
 
 
-# (features, kernel, stride, padding) per conv3d; paradl.md §5, COSMOFLOW.net* (the zoo's graphs
-# and planner.flax_zoo's CosmoFlow modules both read this one table).
+# (features, kernel, stride, padding) per conv3d; ParaDL §5, COSMOFLOW.net* (the zoo's graphs
+# and planner.models.flax_zoo's CosmoFlow modules both read this one table).
 COSMOFLOW_CONVS: dict[int, tuple[tuple[int, int, int, str], ...]] = {
     256: (
         (16, 3, 1, "SAME"), (32, 3, 1, "SAME"), (64, 3, 1, "SAME"), (128, 3, 2, "SAME"),
@@ -171,7 +171,7 @@ COSMOFLOW_CONVS: dict[int, tuple[tuple[int, int, int, str], ...]] = {
 
 
 def _cosmoflow(size: int) -> LayerGraph:
-    """CosmoFlow 3-D CNN with ParaDL's layer shapes (paradl.md §5): conv3d +
+    """CosmoFlow 3-D CNN with ParaDL's layer shapes (ParaDL §5): conv3d +
     ReLU (+ 2x2x2 average pool after convs 1-6), flatten, FC 2048/256/4."""
     b = GraphBuilder(f"cosmoflow-{size}", (4, size, size, size))
     x = b.input

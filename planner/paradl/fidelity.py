@@ -5,7 +5,7 @@
 default mode (on an environment preset, ``abci-v100-chainermn`` by default)
 and in compat mode (``abci-v100``, the original's masks), next to the
 original oracle's own plotted predictions, and scores each with the mean of
-min(P/E, E/P) over the series' points (paradl.md §10 "Validation metrics";
+min(P/E, E/P) over the series' points (ParaDL §10 "Validation metrics";
 the symmetric form, since the TR's P/E rewards under-prediction).
 
     >>> report = paradl_fidelity("../shared/reference/measurements/paradl-abci-fig2.json")
@@ -16,7 +16,7 @@ Batches follow the file's ``batch_rule`` in ParaDL's ``--cBon`` convention
 (:mod:`costmodels.oracle`): ``per_unit`` samples per device for data, the
 fixed batch for filter / channel, per node for the hybrids — in every case
 ``batch_per_device=per_unit``. Masks: compat mode uses the original's
-``.lc`` files (paradl.md §5, §7.2); default mode splits filter / channel at
+``.lc`` files (ParaDL §5, §7.2); default mode splits filter / channel at
 its default masks (every conv) and splits spatially every layer from the
 first to the last one the ``.lc`` marks (the span the run split).
 """
@@ -34,13 +34,13 @@ import numpy as np
 from costmodels.files import read_json
 from costmodels.hardware import Hardware
 from costmodels.oracle_layers import oracle_layers, parse_lc
-from planner.netfile import load_net
-from planner.oracle_report import oracle
+from planner.models.netfile import load_net
+from planner.paradl.report import oracle
 
 __all__ = ["MODES", "SeriesFidelity", "FidelityReport", "accuracy", "paradl_fidelity"]
 
 MODES = ("default", "compat", "original")
-# The original's .lc masks per .net family (paradl.md §5 ".lc masks used").
+# The original's .lc masks per .net family (ParaDL §5 ".lc masks used").
 _LC = {
     "RESNET50": {"filter": "filter_resnet.lc", "channel": "channel_resnet.lc", "spatial": "spatial_resnet.lc"},
     "VGG": {"filter": "filter_vgg.lc", "channel": "filter_vgg.lc", "spatial": "spatial_vgg.lc"},
@@ -50,7 +50,7 @@ _LC = {
 
 
 def accuracy(predicted_s: Sequence[float] | np.ndarray, measured_s: Sequence[float] | np.ndarray) -> np.ndarray:
-    """min(P/E, E/P) per point (1 = exact; paradl.md §10)."""
+    """min(P/E, E/P) per point (1 = exact; ParaDL §10)."""
     p = np.asarray(predicted_s, dtype=np.float64)
     e = np.asarray(measured_s, dtype=np.float64)
     if p.shape != e.shape:

@@ -1,12 +1,12 @@
-"""The built-in zoo (:mod:`planner.zoo`) as ``flax.nnx`` modules.
+"""The built-in zoo (:mod:`planner.models.zoo`) as ``flax.nnx`` modules.
 
 Each model here executes exactly the layers of its :class:`LayerGraph` twin
-(``planner.zoo.get_model(name)``), in the same order and with identical
+(``planner.models.zoo.get_model(name)``), in the same order and with identical
 padding, so that
 
 * XLA can count its FLOPs (``jax.jit(...).lower(...).compile().cost_analysis()``)
-  to validate the graph's analytic counts (:mod:`planner.flops`);
-* the Flax extractor (:mod:`planner.extraction`) can be checked to reproduce the
+  to validate the graph's analytic counts (:mod:`planner.ir.flops`);
+* the Flax extractor (:mod:`planner.models.extraction`) can be checked to reproduce the
   zoo graph exactly: module paths are the graph's layer names
   (``features/0``, ``layer1/0/conv1``), functional ops run in the ``__call__``
   whose scope the graph's auto-names use (ReLU / pooling / flatten at the root
@@ -16,11 +16,11 @@ padding, so that
 
 Layout is NHWC / NDHWC (batch first, channels last), float32. Architectures
 follow torchvision (AlexNet single tower, VGG16 ``cfgs["D"]``, ResNet v1.5
-``Bottleneck``) and ParaDL's CosmoFlow ``.net`` files (paradl.md §5); see
-:mod:`planner.zoo` for the model table. torchvision paddings that differ from
+``Bottleneck``) and ParaDL's CosmoFlow ``.net`` files (ParaDL §5); see
+:mod:`planner.models.zoo` for the model table. torchvision paddings that differ from
 Flax's "SAME" are given as explicit ``(lo, hi)`` pairs.
 
-**No dropout** anywhere (as in :mod:`planner.zoo`). BatchNorm is
+**No dropout** anywhere (as in :mod:`planner.models.zoo`). BatchNorm is
 ``nnx.BatchNorm`` with ``use_running_average=False`` (training mode, batch
 statistics), affine.
 """
@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from planner.zoo import COSMOFLOW_CONVS  # the one CosmoFlow table (re-exported)
+from planner.models.zoo import COSMOFLOW_CONVS  # the one CosmoFlow table (re-exported)
 
 __all__ = [
     "VGG",
@@ -55,7 +55,7 @@ _PAD1 = ((1, 1), (1, 1))
 VGG16_CFG: tuple[int | str, ...] = (
     64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M",
 )
-# splitbrain.md §1.4 "3 pools, 4x4x512": VGG16 without its last two pools.
+# SplitBrain §1.4 "3 pools, 4x4x512": VGG16 without its last two pools.
 VGG16_3POOL_CFG: tuple[int | str, ...] = (
     64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, 512, 512, 512,
 )
@@ -222,7 +222,7 @@ class ResNet(nnx.Module):
 
 
 class CosmoFlow(nnx.Module):
-    """The 3-D CosmoFlow CNN of ParaDL (paradl.md §5): ``convs`` = conv3d with
+    """The 3-D CosmoFlow CNN of ParaDL (ParaDL §5): ``convs`` = conv3d with
     bias, each followed by ReLU and, except the last, a 2x2x2 average pool;
     flatten; ``fcs`` = Linear layers with ReLU between them."""
 

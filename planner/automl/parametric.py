@@ -5,7 +5,7 @@ parameters (per-group width multipliers, an input-resolution multiplier) to
 
 Channels, spatial sizes and everything derived from them (parameters, FLOPs,
 saved activations, buffers) are recomputed in ``jnp`` with the conventions
-of :mod:`planner.flops` and :mod:`planner.builder`, so at integer channel
+of :mod:`planner.ir.flops` and :mod:`planner.ir.builder`, so at integer channel
 counts and resolutions the arrays equal the ones :class:`GraphBuilder` builds
 (``tests/test_automl.py`` checks it to rtol 1e-6). Rules:
 
@@ -40,9 +40,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from planner import flops as F
-from planner.builder import GraphBuilder
-from planner.graph import LayerArrays, LayerGraph, LayerKind
+from planner.ir import flops as F
+from planner.ir.builder import GraphBuilder
+from planner.ir.graph import LayerArrays, LayerGraph, LayerKind
 
 __all__ = [
     "ArchParams",
@@ -155,7 +155,7 @@ def _structure(t: LayerGraph, group: np.ndarray) -> _Structure:
 
 def _valid_taps(n_in, n_out, k, s, d, lo, kmax: int):
     """Per dim: (output position, tap) pairs landing inside the input, the
-    closed form of :func:`planner.flops.valid_taps` (a sum over taps)."""
+    closed form of :func:`planner.ir.flops.valid_taps` (a sum over taps)."""
     t = jnp.arange(kmax, dtype=jnp.float32)  # [T]
     n_in, n_out, k, s, d, lo = (x[..., None] for x in (n_in, n_out, k, s, d, lo))
     first = jnp.maximum(0.0, _ceil((lo - t * d) / s))
@@ -240,7 +240,7 @@ class ParametricGraph:
         in_c = jnp.where(src >= 0, out_c[jnp.maximum(src, 0)], c0)
         groups = jnp.where(jnp.asarray(st.depthwise) > 0, in_c, f32(t.groups))
 
-        # -- derived counts (planner.flops / planner.builder conventions) -----------------
+        # -- derived counts (planner.ir.flops / planner.ir.builder conventions) -----------------
         kind = np.asarray(t.kind)[:n].astype(int)
         is_ = lambda k: jnp.asarray(kind == k)
         in_el, out_el = in_c * in_pos, out_c * out_pos
@@ -249,7 +249,7 @@ class ParametricGraph:
         conv_macs = taps * (in_c / groups) * out_c
         dense_macs = in_c * out_c * in_pos
         macs = jnp.where(is_(LayerKind.CONV), conv_macs, jnp.where(is_(LayerKind.DENSE), dense_macs, 0.0))
-        b = bias * out_el  # conv: |y|; dense: out_features * positions = |y| (planner.flops)
+        b = bias * out_el  # conv: |y|; dense: out_features * positions = |y| (planner.ir.flops)
         param_layer = is_(LayerKind.CONV) | is_(LayerKind.DENSE)
         bn = is_(LayerKind.BATCH_NORM)
         affine = jnp.asarray((kind == LayerKind.BATCH_NORM) & (np.asarray(t.params)[:n] > 0), jnp.float32)
@@ -261,7 +261,7 @@ class ParametricGraph:
         other = is_(LayerKind.OTHER)
         fwd = jnp.select(
             [param_layer, bn, pool, gpool, ew, is_(LayerKind.ADD), other],
-            [2.0 * macs + b,  # planner.flops.conv_flops / dense_flops
+            [2.0 * macs + b,  # planner.ir.flops.conv_flops / dense_flops
              F.BATCH_NORM_FWD_FLOPS_PER_ELEMENT * in_el,  # batch_norm_flops
              (window - maxp) * out_el,  # pool_flops: window - 1 (max) or window (avg) per output
              in_el,  # global_pool_flops
@@ -368,7 +368,7 @@ def resnet_template(depths: Sequence[int] = (3, 4, 6, 3), widths: Sequence[int] 
     """A torchvision-style bottleneck ResNet (the zoo's ``resnet50`` at the
     defaults, layer for layer) with any stage depths, stage widths,
     resolution and class count, built with :class:`GraphBuilder`."""
-    from planner.zoo import _bottleneck
+    from planner.models.zoo import _bottleneck
 
     if len(depths) != len(widths) or not depths:
         raise ValueError(f"give one width per stage: {len(depths)} depths, {len(widths)} widths")

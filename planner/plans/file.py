@@ -4,7 +4,7 @@ message naming the first problem. The writer is ``Plan.to_dict``.
 Schema ``"shardplan/plan"``, integer ``version``: version 2 is the current
 one. A version-1 file is upgraded on reading: its layers' PartitionSpecs
 are derived from their kinds and strategies
-(:func:`planner.plan_specs.layer_specs_from_kinds`), the hardware is embedded
+(:func:`planner.plans.specs.layer_specs_from_kinds`), the hardware is embedded
 from the preset of that name (left out when it names no preset), the
 package version reads ``"unknown (plan file version 1)"`` and the search
 history is empty. A newer version, another schema, a missing or mistyped
@@ -20,7 +20,7 @@ from costmodels import STRATEGY_NAMES, CollectiveRecord
 from costmodels.hardware import hardware_from_dict, load_hardware, preset_names
 from costmodels.strategies import AXIS_NAMES
 from planner.evaluation import LayerCost
-from planner.plan_specs import LayerSpecs, layer_specs_from_kinds
+from planner.plans.specs import LayerSpecs, layer_specs_from_kinds
 from search import HistoryEntry
 
 __all__ = ["PLAN_SCHEMA", "PLAN_VERSION", "plan_fields"]

@@ -1,8 +1,8 @@
 """The jaxpr walk behind :func:`planner.extract`: turns a traced
 forward pass, whose equations carry module-path markers in their name
-stacks, into layers added through :class:`~planner.builder.GraphBuilder`
+stacks, into layers added through :class:`~planner.ir.builder.GraphBuilder`
 (jax-notes.md §1). Private: the documented behaviour is in
-:mod:`planner.extraction`."""
+:mod:`planner.models.extraction`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import jax.extend.core as jex
 import numpy as np
 
-from planner.builder import GraphBuilder
+from planner.ir.builder import GraphBuilder
 
 _REPLICATE_HINT = (
     'pass on_unsupported="replicate" to keep it as a replicated layer whose cost is '

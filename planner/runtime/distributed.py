@@ -168,7 +168,7 @@ def process_mesh(d: int, m: int, devices: Sequence[Any] | None = None) -> Mesh:
 
 def crosses_processes(groups: Sequence[Sequence[int]], mesh: Mesh) -> bool:
     """Whether a collective over ``groups`` of logical device ids (positions in
-    ``mesh``'s flattened device order, as :func:`planner.hlo.parse_collectives`
+    ``mesh``'s flattened device order, as :func:`planner.runtime.hlo.parse_collectives`
     gives them) joins devices of different processes."""
     flat = mesh.devices.reshape(-1)
     return any(len({flat[i].process_index for i in g}) > 1 for g in groups)
@@ -188,7 +188,7 @@ def collective_tiers(plan: Any, hardware: Hardware) -> tuple[CollectiveTier, ...
     """Each collective of ``plan`` (a :class:`~planner.Plan`) with its group size,
     whether it crosses processes when the plan's mesh is a :func:`process_mesh`
     with ``hardware.devices_per_node`` devices per process, and the tier the
-    network model puts it on (``Hardware.tier_for``, paradl.md §3.2)."""
+    network model puts it on (``Hardware.tier_for``, ParaDL §3.2)."""
     d, m = (int(x) for x in plan.mesh)
     dpn = hardware.devices_per_node
     rows_per_process = max(1, dpn // m)  # whole model groups per process (costmodels/table.py)
@@ -218,7 +218,7 @@ def process_rows(global_rows: int, mesh: Mesh, spec: P = _BATCH_SPEC) -> slice:
     covered = sum(b - a for a, b in starts)
     if covered != hi - lo:
         raise ValueError(f"this process's rows of a batch of {global_rows} are not contiguous on this mesh; "
-                         "build the mesh with planner.distributed.process_mesh")
+                         "build the mesh with planner.runtime.distributed.process_mesh")
     return slice(lo, hi)
 
 
@@ -247,7 +247,7 @@ def _abstract(tree: Any) -> Any:
 
 def save_state(directory: str | Path, state: Any, *, overwrite: bool = False) -> Path:
     """Write a sharded training state (any pytree of ``jax.Array`` s, e.g.
-    :class:`planner.export.TrainState`) to ``directory`` with Orbax; every
+    :class:`planner.runtime.export.TrainState`) to ``directory`` with Orbax; every
     process writes its own shards. All processes must call it with the same
     path on a file system they share. Returns the absolute path."""
     import orbax.checkpoint as ocp

@@ -1,8 +1,8 @@
 """One resolver for every way a model is named (the CLI's MODEL argument,
 ``planner.oracle``'s model): a built-in model name
-(:data:`planner.zoo.MODEL_NAMES`); a ParaDL network file (``.net``,
+(:data:`planner.models.zoo.MODEL_NAMES`); a ParaDL network file (``.net``,
 ``.net_sc``, ``.net_256``, or any file whose first line starts with
-``Dataset|``; paradl.md §5); a layer-graph ``.json`` file
+``Dataset|``; ParaDL §5); a layer-graph ``.json`` file
 (:meth:`LayerGraph.to_json`); or ``package.module:factory``, a function that
 returns ``(flax_module, example_input)``, extracted with
 :func:`planner.extract`. Mistakes are :class:`planner.usage.UsageError`s."""
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from costmodels.files import read_json
-from planner.graph import LayerGraph
-from planner.netfile import NET_SUFFIXES, load_net
+from planner.ir.graph import LayerGraph
+from planner.models.netfile import NET_SUFFIXES, load_net
 from planner.usage import UsageError, one_line
 
 __all__ = ["FACTORY_PATTERN", "accepted_models", "call_factory", "load_model", "zoo_names"]
@@ -30,7 +30,7 @@ _NET_MAGIC = b"Dataset|"
 
 def zoo_names() -> tuple[str, ...]:
     try:
-        from planner.zoo import MODEL_NAMES
+        from planner.models.zoo import MODEL_NAMES
     except ImportError:
         return ()
     return tuple(MODEL_NAMES)
@@ -51,7 +51,7 @@ def load_model(spec: str) -> LayerGraph:
     resolve to nothing, ``ValueError`` for malformed files and ``OSError``
     for unreadable ones."""
     if spec in zoo_names():
-        from planner.zoo import get_model
+        from planner.models.zoo import get_model
 
         return get_model(spec)
     path = Path(spec)
@@ -128,7 +128,7 @@ def call_factory(spec: str) -> tuple[Any, Any]:
 def _load_factory(spec: str) -> LayerGraph:
     result = call_factory(spec)
     try:
-        from planner.extraction import extract
+        from planner.models.extraction import extract
     except ImportError as e:
         raise UsageError(f"Flax model extraction is unavailable ({e})", accepted_models()) from None
     return extract(*result)

@@ -1,8 +1,8 @@
-"""``GraphBuilder``: the one way a :class:`~planner.graph.LayerGraph` is made.
+"""``GraphBuilder``: the one way a :class:`~planner.ir.graph.LayerGraph` is made.
 
 The zoo, the ParaDL importer and the Flax extractor all add layers through
 these methods, so shape inference, parameter counts and FLOP counting live
-in one place (:mod:`planner.flops`).
+in one place (:mod:`planner.ir.flops`).
 
 Conventions (per sample, channels first, spatial dims padded with 1):
 
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from planner import flops as F
-from planner.graph import MAX_SPATIAL_DIMS, LayerArrays, LayerGraph, LayerKind
+from planner.ir import flops as F
+from planner.ir.graph import MAX_SPATIAL_DIMS, LayerArrays, LayerGraph, LayerKind
 
 __all__ = ["GraphBuilder", "resolve_padding"]
 

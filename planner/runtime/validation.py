@@ -1,7 +1,7 @@
-"""``planner.validate`` (module ``planner.validation``): compile a plan's sharded training step on the local
+"""``planner.validate`` (module ``planner.runtime.validation``): compile a plan's sharded training step on the local
 devices and compare, per device, what the cost model predicts with what XLA
 compiled: memory (``memory_analysis()``) and communication (the collectives
-of the compiled HLO, :mod:`planner.hlo`), by kind and mesh axes, in bytes.
+of the compiled HLO, :mod:`planner.runtime.hlo`), by kind and mesh axes, in bytes.
 Defaults: ``memory_rtol`` 0.30 (total), ``activation_rtol`` 0.50,
 ``comm_rtol`` 0.05; docs/validation.md has the measured errors.
 
@@ -9,7 +9,7 @@ Memory rows (jax-notes.md §3):
 
 * ``parameters``, ``optimizer state``, ``batch statistics`` and ``inputs``:
   predicted from the layer graph and the strategies (the layouts of
-  :mod:`planner.export`), compiled from the shardings XLA gave the step's
+  :mod:`planner.runtime.export`), compiled from the shardings XLA gave the step's
   arguments; both exact (no tolerance).
 * ``arguments``: their sum against XLA's ``argument_size_in_bytes``, exact.
 * ``activations and temporaries``: the plan's predicted memory per device
@@ -37,9 +37,9 @@ all-reduce of ``n * b`` bytes; the row says so. A two-axis all-reduce that
 XLA splits into one over ``model`` and one over ``data`` is matched too.
 
 The step is compiled with every module input pinned first to its producer's
-planned layout (:func:`planner.export.producer_layouts`) and every module
+planned layout (:func:`planner.runtime.export.producer_layouts`) and every module
 output read by functional layers pinned to their planned layout
-(:func:`planner.export.consumer_layouts`), so that the functional layers
+(:func:`planner.runtime.export.consumer_layouts`), so that the functional layers
 between modules keep the plan's layouts.
 """
 
@@ -71,11 +71,11 @@ from costmodels.collective_list import (
 )
 from costmodels.strategies import AXIS_NAMES, DATA_AXIS, MODEL_AXIS
 from costmodels.table import OPTIMIZER_SLOTS
-from planner.export import consumer_layouts, lower_training, producer_layouts
-from planner.extraction import extract
-from planner.hlo import parse_collectives
+from planner.models.extraction import extract
 from planner.planning import Plan
-from planner.sharding import plan_mesh, planned_graph
+from planner.runtime.export import consumer_layouts, lower_training, producer_layouts
+from planner.runtime.hlo import parse_collectives
+from planner.runtime.sharding import plan_mesh, planned_graph
 
 __all__ = ["CollectiveRow", "MemoryRow", "ValidationReport", "collective_rows", "default_optimizer", "fixed_plan",
            "validate"]
@@ -227,7 +227,7 @@ def _memory_rows(graph: Any, plan: Plan, compiled: Any, abstract: Any, x: Any, r
     d, m = plan.mesh
     choice = _choice(graph, plan)
     a = graph.unpadded()
-    # -- predicted (float32 parameters and state; the layouts of planner.export)
+    # -- predicted (float32 parameters and state; the layouts of planner.runtime.export)
     params = float(np.sum(sharded_parameters(graph, choice, m))) * 4.0
     optim = OPTIMIZER_SLOTS[plan.optimizer] * params + _COUNTER_BYTES[plan.optimizer]
     buffers = float(np.sum(np.asarray(a.buffers) / np.where(choice == Strategy.FILTER, m, 1))) * 4.0
@@ -353,7 +353,7 @@ def fixed_plan(
     the cost model on a ``d x m`` mesh; for validating single strategies."""
     from planner._version import __version__
     from planner.evaluation import evaluate
-    from planner.plan_specs import layer_specs
+    from planner.plans.specs import layer_specs
 
     graph = extract(model, example_input)
     hw = load_hardware(hardware)

@@ -44,7 +44,7 @@ from costmodels.layers import (  # noqa: F401 (re-exported: the IR's names)
     bucket_size,
     kind_name,
 )
-from planner._graph_io import (  # the file format
+from planner.ir.graph_file import (  # the file format
     GRAPH_SCHEMA,
     GRAPH_VERSION,
     graph_fields,

@@ -1,4 +1,4 @@
-"""``planner.oracle`` (this module: ``planner.oracle_report``): the ParaDL oracle for a model and a machine.
+"""``planner.oracle`` (this module: ``planner.paradl.report``): the ParaDL oracle for a model and a machine.
 
 For each strategy (data, spatial, filter, channel, pipeline, data+filter,
 data+spatial) and each device count: per-iteration compute, communication
@@ -39,8 +39,8 @@ from costmodels.oracle_layers import (
     oracle_calibration,
     oracle_layers,
 )
-from planner.graph import LayerGraph
-from planner.netfile import NET_SUFFIXES
+from planner.ir.graph import LayerGraph
+from planner.models.netfile import NET_SUFFIXES
 
 __all__ = ["COMPAT_MODES", "OracleReport", "net_dataset_size", "oracle"]
 
@@ -115,7 +115,7 @@ def _is_net(path: Path) -> bool:
 def _resolve_model(model: LayerGraph | str | os.PathLike[str]) -> tuple[LayerGraph, int | None]:
     if isinstance(model, LayerGraph):
         return model, None
-    from planner.model_loading import (
+    from planner.models.loading import (
         load_model,  # zoo names, .net, .json, module:factory
     )
 
@@ -185,7 +185,7 @@ def oracle(
     power of two) or the global ``batch`` B: see :mod:`costmodels.oracle`
     for what each strategy does with them. ``segments``: pipeline
     micro-batches S (default min(p, B)). ``compat="paradl"`` reproduces the
-    original oracle code (paradl.md §7.2); default: its bugs fixed
+    original oracle code (ParaDL §7.2); default: its bugs fixed
     (docs/oracle.md). ``lc``: ParaDL ``.lc`` masks saying which layers a
     strategy splits. ``dataset_size`` D gives ``epoch_s``. ``optimizer``
     (sgd, momentum, adam; default mode only) sizes the weight update and

@@ -1,0 +1,1 @@
+"""Measured times: profiling layer shards, fitting hardware descriptions to step times."""
