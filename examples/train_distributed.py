@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from planner import distributed
+from planner.runtime import distributed
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from costmodels import load_hardware
-from planner import distributed
+from planner.runtime import distributed
 from planner.launch import free_port, launch, main, process_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,7 +193,7 @@ def test_launcher_runs_every_process_with_its_id_and_stops_on_timeout(tmp_path):
 
 _WORKER = """
 import os, pathlib, sys, time
-from planner import distributed
+from planner.runtime import distributed
 distributed.initialize()
 import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
