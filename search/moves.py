@@ -1,0 +1,124 @@
+"""Moves of a plan scored exactly, for all layers and strategies at once
+(a pass costs ``O(n S + e S^2)`` array work): every single-layer change and
+every change of the two layers of an edge, by the discrete objective of
+:mod:`search.problem` (the cost model at one-hot probabilities)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from search.problem import DiscreteProblem
+
+__all__ = ["CurrentState", "MoveScores", "current_state", "pair_moves", "single_moves", "with_overlap"]
+
+
+class MoveScores(NamedTuple):
+    """Exact time and memory of the plan after each possible move."""
+
+    time_s: np.ndarray  # [n, S] (single) or [e, S, S] (pair)
+    memory_bytes: np.ndarray
+
+
+class CurrentState(NamedTuple):
+    base_s: float  # time without the overlap term
+    grad_s: float
+    bwd_s: float
+    persistent_bytes: float
+    workspace: np.ndarray  # [n] each layer's workspace under the plan
+    top_idx: np.ndarray  # [3] layers with the largest workspaces (-1 if fewer layers)
+    top_val: np.ndarray  # [3]
+    layer_delta_s: np.ndarray  # [n, S] base-time change of moving one layer
+    edge_now_s: np.ndarray  # [e] each edge's resharding under the plan
+
+
+def current_state(p: DiscreteProblem, c: np.ndarray) -> CurrentState:
+    n, e = p.num_layers, p.num_edges
+    rows, ar = np.arange(n), np.arange(e)
+    cs, cd = c[p.edge_src], c[p.edge_dst]
+    edge_now = p.reshard_s[ar, cs, cd]
+    out_d = p.reshard_s[ar, :, cd] - edge_now[:, None]  # [e, S]: source moves
+    in_d = p.reshard_s[ar, cs, :] - edge_now[:, None]  # [e, S]: destination moves
+    lt_now = p.layer_time_s[rows, c]
+    delta = p.layer_time_s - lt_now[:, None]
+    if e:
+        delta = delta + p.src_incidence @ out_d + p.dst_incidence @ in_d
+    ws = p.workspace_bytes[rows, c]
+    k = min(3, n)
+    top = np.argsort(-ws, kind="stable")[:k]
+    top_idx = np.full(3, -1, dtype=np.int64)
+    top_val = np.zeros(3)
+    top_idx[:k], top_val[:k] = top, ws[top]
+    return CurrentState(
+        base_s=float(lt_now.sum() + edge_now.sum()),
+        grad_s=float(p.grad_sync_s[rows, c].sum()),
+        bwd_s=float(p.backward_s[rows, c].sum()),
+        persistent_bytes=float(p.persistent_bytes[rows, c].sum()),
+        workspace=ws,
+        top_idx=top_idx,
+        top_val=top_val,
+        layer_delta_s=delta,
+        edge_now_s=edge_now,
+    )
+
+
+def with_overlap(p: DiscreteProblem, base, grad, bwd):
+    if not p.gradient_overlap:
+        return base
+    return base - p.gradient_overlap * np.minimum(grad, bwd)
+
+
+def single_moves(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = None) -> MoveScores:
+    """Time and memory ``[n, S]`` after moving layer ``l`` to strategy ``s``
+    (the rest of plan ``c`` fixed)."""
+    cur = current_state(p, c) if cur is None else cur
+    rows = np.arange(p.num_layers)
+    time = with_overlap(
+        p,
+        cur.base_s + cur.layer_delta_s,
+        cur.grad_s + p.grad_sync_s - p.grad_sync_s[rows, c][:, None],
+        cur.bwd_s + p.backward_s - p.backward_s[rows, c][:, None],
+    )
+    others = np.where(rows == cur.top_idx[0], cur.top_val[1], cur.top_val[0])  # largest workspace elsewhere
+    memory = (
+        cur.persistent_bytes
+        + p.persistent_bytes
+        - p.persistent_bytes[rows, c][:, None]
+        + np.maximum(others[:, None], p.workspace_bytes)
+    )
+    return MoveScores(time, memory)
+
+
+def pair_moves(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = None) -> MoveScores:
+    """Time and memory ``[e, S, S]`` after moving both layers of edge ``k``,
+    its source to ``s`` and its destination to ``t``."""
+    cur = current_state(p, c) if cur is None else cur
+    u, v = p.edge_src, p.edge_dst
+    rows = np.arange(p.num_layers)
+    ar = np.arange(p.num_edges)
+    cu, cv = c[u], c[v]
+    # the edge itself is counted in both single deltas; correct it to its joint value
+    corr = (
+        p.reshard_s
+        - p.reshard_s[ar, :, cv][:, :, None]
+        - p.reshard_s[ar, cu, :][:, None, :]
+        + cur.edge_now_s[:, None, None]
+    )
+    base = cur.base_s + cur.layer_delta_s[u][:, :, None] + cur.layer_delta_s[v][:, None, :] + corr
+    dg = p.grad_sync_s - p.grad_sync_s[rows, c][:, None]
+    db = p.backward_s - p.backward_s[rows, c][:, None]
+    time = with_overlap(
+        p,
+        base,
+        cur.grad_s + dg[u][:, :, None] + dg[v][:, None, :],
+        cur.bwd_s + db[u][:, :, None] + db[v][:, None, :],
+    )
+    # largest workspace outside {u, v}: the first of the top three that is neither
+    ti, tv = cur.top_idx, cur.top_val
+    hit = (ti[None, :] == u[:, None]) | (ti[None, :] == v[:, None]) | (ti[None, :] < 0)
+    others = np.where(~hit[:, 0], tv[0], np.where(~hit[:, 1], tv[1], np.where(~hit[:, 2], tv[2], 0.0)))
+    dA = p.persistent_bytes - p.persistent_bytes[rows, c][:, None]
+    ws = np.maximum(np.maximum(others[:, None, None], p.workspace_bytes[u][:, :, None]), p.workspace_bytes[v][:, None, :])
+    memory = cur.persistent_bytes + dA[u][:, :, None] + dA[v][:, None, :] + ws
+    return MoveScores(time, memory)
