@@ -1,11 +1,15 @@
-"""Small layer graphs and Flax models that several test modules build the same way."""
+"""Small layer graphs, Flax models and random cost tables that several test
+modules build the same way."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from costmodels import CostTable
+from costmodels.strategies import NUM_STRATEGIES as S
 from planner.ir.builder import GraphBuilder
 
 TINY_CNN_BATCH = 16  # the tiny CNN's global batch; input 16x16x3
@@ -45,3 +49,50 @@ def tiny_oracle_graph(t_sample: float | None = 1e-3):
     x = b.flatten("flatten", x)
     b.dense("fc", x, 10, bias=False)
     return b.build(measured_time_per_sample_s=t_sample)
+
+
+L_PAD, E_PAD = 8, 16  # synthetic_table's default padding
+
+
+def synthetic_table(seed: int, n: int, edges, *, overlap: float = 0.0, p_feasible: float = 0.7,
+                    layers: int = L_PAD, edge_rows: int = E_PAD) -> CostTable:
+    """A random cost table of ``n`` layers with the given edges, padded to
+    ``layers`` rows and ``edge_rows`` edges. Times are positive floats; bytes
+    are integers. Solvers are checked on it against brute force and each other
+    (tests/test_search.py, tests/test_automl.py)."""
+    rng = np.random.default_rng(seed)
+    feas = rng.random((n, S)) < p_feasible
+    feas[np.arange(n), rng.integers(0, S, n)] = True
+    compute = rng.uniform(1e-3, 1e-2, (n, S))
+    grad = rng.uniform(0, 5e-3, (n, S)) if overlap else np.zeros((n, S))
+    state = rng.integers(0, 300, (n, S)).astype(float)
+    act = rng.integers(0, 300, (n, S)).astype(float)
+    work = rng.integers(1, 400, (n, S)).astype(float)
+    e = len(edges)
+    reshard = rng.uniform(0, 4e-3, (e, S, S)) * (rng.random((e, S, S)) < 0.8)
+
+    def pad(x, rows, fill=0.0):
+        x = np.asarray(x)
+        return np.concatenate([x, np.full((rows - x.shape[0],) + x.shape[1:], fill, dtype=x.dtype)])
+
+    src = np.array([u for u, _ in edges], dtype=np.int32).reshape(-1)
+    dst = np.array([v for _, v in edges], dtype=np.int32).reshape(-1)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    return CostTable(
+        feasible=jnp.asarray(pad(feas, layers, True)),
+        compute_s=f32(pad(compute, layers)),
+        backward_compute_s=f32(pad(compute * 0.6, layers)),
+        grad_sync_s=f32(pad(grad, layers)),
+        halo_s=f32(np.zeros((layers, S))),
+        output_s=f32(np.zeros((layers, S))),
+        state_bytes=f32(pad(state, layers)),
+        activation_bytes=f32(pad(act, layers)),
+        workspace_bytes=f32(pad(work, layers)),
+        reshard_s=f32(pad(reshard, edge_rows)),
+        layer_mask=f32(pad(np.ones(n), layers)),
+        edge_src=jnp.asarray(pad(src, edge_rows, 0), jnp.int32),
+        edge_dst=jnp.asarray(pad(dst, edge_rows, 0), jnp.int32),
+        edge_mask=f32(pad(np.ones(e), edge_rows)),
+        gradient_overlap=f32(overlap),
+        memory_capacity_bytes=f32(1e12),
+    )

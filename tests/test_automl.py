@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from builders import synthetic_table
 
 from costmodels import (
     CostSettings,
-    CostTable,
     cost_table,
     hardware_arrays,
     load_hardware,
@@ -130,31 +130,6 @@ def test_parametric_graph_rejects_bad_groups():
 # -- the plan DP -------------------------------------------------------------------------------
 
 
-def random_table(seed: int, n: int, edges, L: int = 16, E: int = 32) -> CostTable:
-    rng = np.random.default_rng(seed)
-    feas = rng.random((n, S)) < 0.7
-    feas[np.arange(n), rng.integers(0, S, n)] = True
-    e = len(edges)
-
-    def pad(x, rows, fill=0.0):
-        x = np.asarray(x)
-        return np.concatenate([x, np.full((rows - x.shape[0],) + x.shape[1:], fill, x.dtype)])
-
-    f32 = lambda x: jnp.asarray(x, jnp.float32)
-    zeros = f32(np.zeros((L, S)))
-    return CostTable(
-        feasible=jnp.asarray(pad(feas, L, True)), compute_s=f32(pad(rng.uniform(1e-3, 1e-2, (n, S)), L)),
-        backward_compute_s=zeros, grad_sync_s=zeros, halo_s=zeros, output_s=zeros,
-        state_bytes=f32(pad(rng.integers(0, 100, (n, S)).astype(float), L)),
-        activation_bytes=f32(pad(rng.integers(0, 100, (n, S)).astype(float), L)),
-        workspace_bytes=f32(pad(rng.integers(1, 100, (n, S)).astype(float), L)),
-        reshard_s=f32(pad(rng.uniform(0, 5e-3, (e, S, S)), E)), layer_mask=f32(pad(np.ones(n), L)),
-        edge_src=jnp.asarray(pad(np.array([u for u, _ in edges], np.int32), E, 0), jnp.int32),
-        edge_dst=jnp.asarray(pad(np.array([v for _, v in edges], np.int32), E, 0), jnp.int32),
-        edge_mask=f32(pad(np.ones(e), E)), gradient_overlap=f32(0.0), memory_capacity_bytes=f32(1e12),
-    )
-
-
 def graph_like(n: int, edges):
     e = np.asarray(edges, float).reshape(-1, 2)
     return SimpleNamespace(num_layers=n, num_edges=len(e), model_name="random",
@@ -173,7 +148,7 @@ def random_edges(n: int, seed: int):
 def test_hard_dp_is_the_brute_force_optimum(seed):
     n = 8 if seed else 1  # seed 0: one layer, no edge (no carried axis)
     edges = random_edges(n, seed)
-    t = random_table(seed, n, edges)
+    t = synthetic_table(seed, n, edges, layers=16, edge_rows=32)
     g = graph_like(n, edges)
     if frontier_size(g) > 4:
         pytest.skip("frontier too wide")
@@ -192,7 +167,7 @@ def test_lanes_with_a_padded_schedule_are_each_the_brute_force_optimum():
     g = graph_like(n, edges)
     sched = dp_schedule(g)
     k, inputs, steps = len(sched.slots), sched.in_edge.shape[1], sched.layer.shape[0]
-    tables = [random_table(seed, n, edges) for seed in (20, 21, 22)]
+    tables = [synthetic_table(seed, n, edges, layers=16, edge_rows=32) for seed in (20, 21, 22)]
     lt = jnp.stack([jnp.where(t.feasible, t.layer_time_s, INFEASIBLE_S) for t in tables], axis=-1)
     reshard = jnp.stack([t.reshard_s for t in tables], axis=-1)
     value, choice = jax.jit(best_plans)(lt, reshard, pad_schedule(sched, k + 1, inputs + 1, steps + 5))
@@ -207,7 +182,7 @@ def test_soft_min_and_its_gradient_are_the_gibbs_sum_over_all_plans():
     # enumerate all 5^6 plans: F = -tau log sum exp(-time / tau), dF/dcompute = marginals
     n = 6
     edges = random_edges(n, 3)
-    t = random_table(3, n, edges)
+    t = synthetic_table(3, n, edges, layers=16, edge_rows=32)
     p = discrete_problem(t)
     plans = np.stack(np.meshgrid(*[np.arange(S)] * n, indexing="ij"), axis=-1).reshape(-1, n)
     times = plan_times(p, plans)  # inf where a layer is infeasible

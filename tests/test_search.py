@@ -14,12 +14,12 @@ import itertools
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from builders import E_PAD, L_PAD, synthetic_table
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodels import (
     CostSettings,
-    CostTable,
     cost_table,
     hardware_arrays,
     iteration_time,
@@ -47,49 +47,7 @@ from search.problem import memory_by_workspace_cap
 from search.refine import pair_moves, repair, single_moves
 
 S = 5
-L_PAD, E_PAD = 8, 16
 FAST = GradientConfig(restarts=8, outer_steps=4, inner_steps=10)
-
-
-def synthetic_table(seed: int, n: int, edges, *, overlap: float = 0.0, p_feasible: float = 0.7) -> CostTable:
-    """A random cost table of ``n`` layers with the given edges, padded to
-    (L_PAD, E_PAD). Times are positive floats; bytes are integers."""
-    rng = np.random.default_rng(seed)
-    feas = rng.random((n, S)) < p_feasible
-    feas[np.arange(n), rng.integers(0, S, n)] = True
-    compute = rng.uniform(1e-3, 1e-2, (n, S))
-    grad = rng.uniform(0, 5e-3, (n, S)) if overlap else np.zeros((n, S))
-    state = rng.integers(0, 300, (n, S)).astype(float)
-    act = rng.integers(0, 300, (n, S)).astype(float)
-    work = rng.integers(1, 400, (n, S)).astype(float)
-    e = len(edges)
-    reshard = rng.uniform(0, 4e-3, (e, S, S)) * (rng.random((e, S, S)) < 0.8)
-
-    def pad(x, rows, fill=0.0):
-        x = np.asarray(x)
-        return np.concatenate([x, np.full((rows - x.shape[0],) + x.shape[1:], fill, dtype=x.dtype)])
-
-    src = np.array([u for u, _ in edges], dtype=np.int32).reshape(-1)
-    dst = np.array([v for _, v in edges], dtype=np.int32).reshape(-1)
-    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-    return CostTable(
-        feasible=jnp.asarray(pad(feas, L_PAD, True)),
-        compute_s=f32(pad(compute, L_PAD)),
-        backward_compute_s=f32(pad(compute * 0.6, L_PAD)),
-        grad_sync_s=f32(pad(grad, L_PAD)),
-        halo_s=f32(np.zeros((L_PAD, S))),
-        output_s=f32(np.zeros((L_PAD, S))),
-        state_bytes=f32(pad(state, L_PAD)),
-        activation_bytes=f32(pad(act, L_PAD)),
-        workspace_bytes=f32(pad(work, L_PAD)),
-        reshard_s=f32(pad(reshard, E_PAD)),
-        layer_mask=f32(pad(np.ones(n), L_PAD)),
-        edge_src=jnp.asarray(pad(src, E_PAD, 0), jnp.int32),
-        edge_dst=jnp.asarray(pad(dst, E_PAD, 0), jnp.int32),
-        edge_mask=f32(pad(np.ones(e), E_PAD)),
-        gradient_overlap=f32(overlap),
-        memory_capacity_bytes=f32(1e12),
-    )
 
 
 def chain_edges(n: int, seed: int, shuffle: bool):
