@@ -25,8 +25,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from costmodels.transport import Environment, environment_from_dict
 from costmodels.files import parse_json, read_json
+from costmodels.transport import Environment, environment_from_dict
 
 __all__ = [
     "Device",

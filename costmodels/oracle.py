@@ -32,7 +32,8 @@ from costmodels.calibration import CalibrationArrays
 from costmodels.hardware import Hardware
 from costmodels.oracle_compat import PARADL_COMPAT
 from costmodels.oracle_cost import COMM_KINDS, COMM_LABELS, OracleContext, StrategyCost
-from costmodels.oracle_layers import OracleLayers, per_sample_compute_s, resolve_masks
+from costmodels.oracle_layers import OracleLayers, per_sample_compute_s
+from costmodels.oracle_masks import resolve_masks
 from costmodels.oracle_pipeline import pipeline
 from costmodels.table import OPTIMIZER_SLOTS
 

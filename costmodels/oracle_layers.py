@@ -20,9 +20,6 @@ by FLOP share; without one, the hardware roofline
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -42,15 +39,10 @@ __all__ = [
     "MASK_FAMILIES",
     "OracleLayers",
     "compat_flops",
-    "default_masks",
     "layer_compute_s",
-    "lc_family",
-    "load_lc",
     "oracle_calibration",
     "oracle_layers",
-    "parse_lc",
     "per_sample_compute_s",
-    "resolve_masks",
     "shard_compute_s",
     "weight_update_s",
 ]
@@ -212,106 +204,6 @@ def oracle_layers(graph: LayerTable) -> OracleLayers:
 
 
 # -- .lc masks (§5) ------------------------------------------------------------------
-
-_LC_NAME = re.compile(r"^\s*(?:\d+\s+)?(\S*)\s*$")
-
-
-def parse_lc(text: str, layers: OracleLayers, *, source: str = "<lc>") -> np.ndarray:
-    """A ParaDL ``.lc`` mask (``IDX NAME |0`` or ``|1``, one line per ``.net``
-    layer, §5) as a bool array over ``layers``. The names must match the rows
-    (``RELU`` matches ``RELU_3``, the importer's numbering)."""
-    values, lines = [], []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        fields = line.split("|")
-        if len(fields) < 2:
-            raise ValueError(f"{source}:{lineno}: {line.strip()!r} has no '|'; expected 'IDX NAME |0' or '|1'")
-        v = fields[1].strip()
-        if v not in ("0", "1", ""):
-            raise ValueError(f"{source}:{lineno}: value {v!r} is not 0 or 1; expected 'IDX NAME |0' or '|1'")
-        match = _LC_NAME.match(fields[0])
-        values.append(v == "1")
-        lines.append((lineno, match.group(1) if match else ""))
-    if len(values) != layers.n:
-        raise ValueError(
-            f"{source}: {len(values)} mask lines for {layers.n} layers of {layers.model_name!r}; "
-            "expected one line per layer of the .net file, in order"
-        )
-    for k, ((lineno, name), have) in enumerate(zip(lines, layers.names, strict=True)):
-        if name and not (have == name or have.startswith(name + "_")):
-            raise ValueError(
-                f"{source}:{lineno}: mask entry {k} names {name!r} but layer {k} of the model is {have!r}; "
-                "expected the .net file's layer names, in order"
-            )
-    return np.asarray(values, dtype=bool)
-
-
-def load_lc(path: str | os.PathLike[str], layers: OracleLayers) -> np.ndarray:
-    """Read a ``.lc`` file (:func:`parse_lc`)."""
-    source = os.fspath(path)
-    with open(source, encoding="utf-8") as f:
-        return parse_lc(f.read(), layers, source=source)
-
-
-def lc_family(path: str | os.PathLike[str]) -> str:
-    """Which strategies a ``.lc`` file configures, from its name's prefix
-    (``filter_vgg.lc`` -> ``filter``), as the shipped files are named."""
-    base = os.path.basename(os.fspath(path)).lower()
-    for fam in MASK_FAMILIES:
-        if base.startswith(fam):
-            return fam
-    raise ValueError(
-        f"cannot tell which strategy {os.fspath(path)!r} configures; name it filter_*.lc, channel_*.lc or "
-        "spatial_*.lc, or pass FAMILY=FILE (e.g. filter=my.lc)"
-    )
-
-
-def default_masks(layers: OracleLayers, compat: bool) -> dict[str, np.ndarray]:
-    """Masks when no ``.lc`` is given. Compat: every layer (the original's
-    behaviour without ``--lc``). Default: filter = the convs (as the shipped
-    masks); channel = the convs not fed by the model input (§2: channel
-    parallelism starts at layer 2); spatial = every layer with spatial input
-    and output (split dim > 1) from the start to the first one without
-    (flatten, dense, global pool)."""
-    if compat:
-        ones = np.ones(layers.n, bool)
-        return {f: ones for f in MASK_FAMILIES}
-    conv = layers.kind == LayerKind.CONV
-    spatial_rows = (
-        (layers.spatial_rank > 0) & (layers.out_spatial_rank > 0) & (layers.kind != LayerKind.DENSE)
-        & (layers.in_spatial[:, 0] > 1) & (layers.out_spatial[:, 0] > 1)
-    )
-    stop = np.flatnonzero(~spatial_rows)
-    end = stop[0] if stop.size else layers.n
-    spatial = np.zeros(layers.n, bool)
-    spatial[:end] = spatial_rows[:end]
-    return {"filter": conv, "channel": conv & ~layers.source, "spatial": spatial}
-
-
-def resolve_masks(
-    layers: OracleLayers, compat: bool, given: Mapping[str, Sequence[bool] | np.ndarray] | None
-) -> dict[str, np.ndarray]:
-    """The default masks overridden by ``given``; a filter mask also serves
-    channel when no channel mask is given (ParaDL ran channel with
-    ``filter_vgg.lc``, §7.2)."""
-    masks = default_masks(layers, compat)
-    given = dict(given or {})
-    unknown = sorted(set(given) - set(MASK_FAMILIES))
-    if unknown:
-        raise ValueError(f"unknown mask family {unknown[0]!r}; expected one of {', '.join(MASK_FAMILIES)}")
-    for fam, m in given.items():
-        m = np.asarray(m, dtype=bool)
-        if m.shape != (layers.n,):
-            raise ValueError(f"{fam} mask has {m.size} entries for {layers.n} layers; expected one per layer")
-        masks[fam] = m
-    if "filter" in given and "channel" not in given:
-        masks["channel"] = masks["filter"]
-    return masks
-
-
-# -- compute time (§4.10) --------------------------------------------------------------
-
 
 def per_sample_compute_s(layers: OracleLayers, compat: bool, node_speed_flops_per_s: float) -> np.ndarray | None:
     """Per-layer FW+BW seconds per sample, or ``None`` when it has to come from

@@ -36,7 +36,13 @@ import enum
 import jax.numpy as jnp
 import numpy as np
 
-from costmodels.collectives import allgather_s, all_to_all_s, reduce_scatter_s, ring_allreduce_s, tree_allreduce_s
+from costmodels.collectives import (
+    all_to_all_s,
+    allgather_s,
+    reduce_scatter_s,
+    ring_allreduce_s,
+    tree_allreduce_s,
+)
 from costmodels.strategies import Layout
 
 __all__ = ["Collective", "conversion_kind", "conversion_s", "COLLECTIVE_NAMES"]

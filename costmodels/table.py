@@ -17,7 +17,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from costmodels.calibration import CalibrationArrays, ShapeCalibrationArrays, calibrate_compute
+from costmodels.calibration import (
+    CalibrationArrays,
+    ShapeCalibrationArrays,
+    calibrate_compute,
+)
 from costmodels.collectives import allreduce_s, p2p_s, tier_of
 from costmodels.compute import DTYPE_BYTES, HardwareArrays, shard_compute_s
 from costmodels.reshard import conversion_s

@@ -27,7 +27,8 @@ from costmodels.oracle import (
     oracle_table,
 )
 from costmodels.oracle_cost import StrategyCost
-from costmodels.oracle_layers import oracle_layers, parse_lc
+from costmodels.oracle_layers import oracle_layers
+from costmodels.oracle_masks import parse_lc
 from costmodels.oracle_pipeline import balanced_stages, boundary_elements
 from planner.cli import main
 from planner.ir.builder import GraphBuilder

@@ -34,11 +34,10 @@ from costmodels.oracle_cost import StrategyCost
 from costmodels.oracle_layers import (
     MASK_FAMILIES,
     OracleLayers,
-    lc_family,
-    load_lc,
     oracle_calibration,
     oracle_layers,
 )
+from costmodels.oracle_masks import lc_family, load_lc
 from planner.ir.graph import LayerGraph
 from planner.models.netfile import NET_SUFFIXES
 
