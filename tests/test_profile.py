@@ -17,7 +17,8 @@ from costmodels.calibration import LayerDims, OpKey
 from costmodels.strategies import STRATEGY_NAMES, Strategy
 from planner import GraphBuilder
 from planner.calibrate.fit import StepTime, fit_hardware
-from planner.calibrate.profile import _forward, _shard_op, menu_meshes, profile_layers
+from planner.calibrate.profile import menu_meshes, profile_layers
+from planner.calibrate.shard_ops import _forward, shard_op
 from planner.cli import main
 from planner.evaluation import evaluate
 from planner.paradl.report import oracle
@@ -156,7 +157,7 @@ def test_shard_ops_have_the_layer_graphs_shapes():
         ):
             if want is None or (strategy is Strategy.FILTER and (kind == "concat" or name == "conv_g")):
                 continue
-            op = _shard_op(graph, i, strategy, 4, m, parts, True, "float32")
+            op = shard_op(graph, i, strategy, 4, m, parts, True, "float32")
             params = {k: jax.ShapeDtypeStruct(s, np.float32) for k, s in _params(op).items()}
             xs = tuple(jax.ShapeDtypeStruct((op.batch, *op.in_spatial, c), np.float32) for c in op.inputs)
             got = jax.eval_shape(_forward(op), params, xs).shape
@@ -164,7 +165,7 @@ def test_shard_ops_have_the_layer_graphs_shapes():
 
 
 def _params(op):
-    from planner.calibrate.profile import _param_shapes
+    from planner.calibrate.shard_ops import _param_shapes
 
     return _param_shapes(op)
 
@@ -178,7 +179,7 @@ def test_conv_and_dense_ops_do_the_graphs_flops():
     for name in ("conv", "conv_b", "fc_spatial", "fc"):
         i = graph.names.index(name)
         n_in = 1
-        op = _shard_op(graph, i, Strategy.DATA, 4, 1, (int(a.in_channels[i]),) * n_in, True, "float32")
+        op = shard_op(graph, i, Strategy.DATA, 4, 1, (int(a.in_channels[i]),) * n_in, True, "float32")
         params = {k: np.zeros(s, np.float32) for k, s in _params(op).items()}
         xs = tuple(np.zeros((op.batch, *op.in_spatial, c), np.float32) for c in op.inputs)
         flops = jax.jit(_forward(op)).lower(params, xs).compile().cost_analysis()["flops"]
