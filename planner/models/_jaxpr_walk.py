@@ -1,4 +1,6 @@
-"""The jaxpr walk behind :func:`planner.extract`: turns a traced
+"""The jaxpr walk behind :func:`planner.extract` (one algorithm, kept whole: a
+single pass over the equations whose regions, chains and layer rules share
+the walker's state, about 580 lines): turns a traced
 forward pass, whose equations carry module-path markers in their name
 stacks, into layers added through :class:`~planner.ir.builder.GraphBuilder`
 (jax-notes.md §1). Private: the documented behaviour is in
