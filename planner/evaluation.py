@@ -44,6 +44,7 @@ from costmodels.evaluate import reshard_per_edge
 from planner.ir.graph import LayerGraph, LayerKind
 
 __all__ = [
+    "evaluation_of",
     "LayerCost", "Evaluation", "resolve_batch", "resolve_mesh", "uniform_choice", "unavailable_reason",
     "substitution_notes", "evaluate",
 ]
@@ -319,6 +320,18 @@ def evaluate(
         check_hardware(calibration, hardware.name, allow_other_hardware=allow_other_hardware)
     cal = calibration_arrays(calibration, graph) if calibration is not None else None
     table = cost_table(graph.arrays, hardware_arrays(hardware, dtype), float(B), float(d), float(m), settings, cal)
+    return evaluation_of(graph, hardware, devices, (d, m), B, settings, table, strategy=strategy, plan=plan)
+
+
+def evaluation_of(graph: LayerGraph, hardware: Hardware, devices: int, mesh: tuple[int, int], batch: int,
+                  settings: CostSettings, table, *, strategy: Strategy | None = None,
+                  plan: Mapping[str, str] | None = None) -> Evaluation:
+    """:func:`evaluate` on a cost table already built for ``graph`` on
+    ``mesh`` at ``batch`` with ``settings`` (:func:`planner.plan` passes the
+    tables it searched, so no mesh's table is built twice); the arguments are
+    those :func:`evaluate` has checked."""
+    (d, m), B = mesh, batch
+    dtype, optimizer = settings.dtype, settings.optimizer
     feasible = np.asarray(table.feasible)
     if strategy is not None:
         choice = uniform_choice(feasible, strategy)

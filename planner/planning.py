@@ -37,7 +37,7 @@ from costmodels.calibration import Calibration, calibration_arrays, check_hardwa
 from costmodels.strategies import AXIS_NAMES
 from planner._format import format_bytes_up
 from planner._version import __version__
-from planner.evaluation import evaluate, positive_int, resolve_batch
+from planner.evaluation import evaluate, evaluation_of, positive_int, resolve_batch
 from planner.ir.graph import LayerGraph
 from planner.plan_inputs import (
     MEMORY_MARGIN,
@@ -260,8 +260,12 @@ def plan(
     fastest = min(fitting, key=lambda i: (solutions[i].time_s, i))
     dp_time = dp_memory = speedup = base = None
     if B % P == 0:
-        base = evaluate(graph, hw, P, mesh=(P, 1), strategy="data", batch=B, dtype=dtype, optimizer=optimizer,
-                        calibration=calibration, allow_other_hardware=allow_other_hardware)
+        if (P, 1) in meshes:  # its table is built: evaluate on it
+            base = evaluation_of(graph, hw, P, (P, 1), B, settings, tables[meshes.index((P, 1))],
+                                 strategy=Strategy.DATA)
+        else:
+            base = evaluate(graph, hw, P, mesh=(P, 1), strategy="data", batch=B, dtype=dtype, optimizer=optimizer,
+                            calibration=calibration, allow_other_hardware=allow_other_hardware)
         dp_time, dp_memory = base.iteration_s, base.memory_bytes_per_device
     # the candidates: (time, simplicity, mesh index or None for pure data parallelism)
     def off_data(strategies) -> int:  # layers of the graph not on data parallelism
@@ -286,8 +290,7 @@ def plan(
         strategies = sol.strategies
         history = sol.history
         mapping = dict(zip(graph.names, sol.strategies, strict=True))
-        ev = evaluate(graph, hw, P, mesh=(d, m), plan=mapping, batch=B, dtype=dtype, optimizer=optimizer,
-                      calibration=calibration, allow_other_hardware=allow_other_hardware)
+        ev = evaluation_of(graph, hw, P, (d, m), B, settings, tables[best], plan=mapping)
     preferred = simple[0] > fastest_s
     fastest_mesh = ((P, 1) if top[2] is None else meshes[top[2]]) if preferred else None
     gap = solutions[top[2] if top[2] is not None else fastest].optimality_gap if preferred else sol.optimality_gap

@@ -267,3 +267,28 @@ def test_milp_time_limit_returns_the_best_plan_with_its_gap():
                for m in p.meshes)
     with pytest.raises(ValueError, match="milp_time_limit_s"):
         planner.plan("vgg16-cifar10", devices=8, method="milp", milp_time_limit_s=-1)
+
+
+def test_plan_builds_each_meshs_cost_table_once(monkeypatch):
+    """plan() evaluates the plan it returns (and pure data parallelism) on the
+    tables it searched: one cost table per mesh shape, none rebuilt."""
+    from planner import evaluation, planning
+
+    calls = []
+    real = planning.cost_table
+
+    def counted(*args, **kwargs):
+        calls.append(args[3:5])  # (d, m)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planning, "cost_table", counted)
+    monkeypatch.setattr(evaluation, "cost_table", counted)
+    p = plan("vgg16", devices=64, hardware="dgx-a100")
+    meshes = [tuple(r.mesh) for r in p.meshes]
+    assert sorted(calls) == sorted(meshes) and len(meshes) == 4
+    assert p.data_parallel_iteration_s is not None and p.layers  # both evaluations happened
+    # the same figures as evaluate() building its own table
+    again = evaluation.evaluate(get_model("vgg16"), load_hardware("dgx-a100"), 64, mesh=p.mesh,
+                                plan=p.strategies, batch=p.batch)
+    assert again.iteration_s == pytest.approx(p.iteration_s, rel=1e-6)
+    assert [r.compute_s for r in again.layers] == pytest.approx([r.compute_s for r in p.layers], rel=1e-6)
