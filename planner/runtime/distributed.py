@@ -31,7 +31,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from costmodels.collective_list import CollectiveRecord
@@ -150,20 +150,12 @@ def process_mesh(d: int, m: int, devices: Sequence[Any] | None = None) -> Mesh:
     (default: every process's devices) whose model axis stays inside one
     process: devices ordered by (process, id), ``m`` consecutive ones per row.
     Processes then hold whole rows, so the data axis is the one that crosses
-    processes. Raises ``ValueError`` if a model group would span processes."""
-    devs = sorted(jax.devices() if devices is None else devices, key=lambda x: (x.process_index, x.id))
-    if d < 1 or m < 1 or d * m != len(devs):
-        raise ValueError(f"a {d}x{m} mesh needs {d * m} devices, but {len(devs)} are available")
-    grid = np.array(devs, dtype=object).reshape(d, m)
-    for row in grid:
-        procs = {x.process_index for x in row}
-        if len(procs) > 1:
-            per = [sum(1 for x in devs if x.process_index == p) for p in sorted({x.process_index for x in devs})]
-            raise ValueError(
-                f"a model axis of {m} devices would span processes {sorted(procs)} (devices per process: {per}); "
-                f"plan with a model axis that divides the devices of one process (hardware devices_per_node)"
-            )
-    return Mesh(grid, AXIS_NAMES, axis_types=(AxisType.Auto, AxisType.Auto))
+    processes. Raises ``ValueError`` if a model group would span processes.
+    (The one mesh builder, :func:`planner.runtime.export.make_mesh`, with
+    ``by_process=True``.)"""
+    from planner.runtime.export import make_mesh
+
+    return make_mesh(d, m, devices, by_process=True)
 
 
 def crosses_processes(groups: Sequence[Sequence[int]], mesh: Mesh) -> bool:

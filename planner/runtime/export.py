@@ -12,10 +12,11 @@ constraints into assertions).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
@@ -41,6 +42,7 @@ __all__ = [
     "consumer_layouts",
     "lower_training",
     "make_mesh",
+    "process_device_grid",
     "param_spec",
     "partition_specs",
     "producer_layouts",
@@ -49,16 +51,43 @@ __all__ = [
 ]
 
 
-def make_mesh(d: int, m: int, devices: Any = None) -> Mesh:
-    """A ``d x m`` mesh with Auto axes over ``devices`` (default: all)."""
+def make_mesh(d: int, m: int, devices: Any = None, *, by_process: bool | None = None) -> Mesh:
+    """The one mesh builder: a ``d x m`` ``("data", "model")`` mesh with Auto
+    axes over ``devices`` (default: all). ``by_process`` (default: when the
+    devices belong to several processes) orders them by (process, id) with
+    each model group inside one process
+    (:func:`process_device_grid`); otherwise
+    ``jax.make_mesh`` lays them out."""
     devices = jax.devices() if devices is None else list(devices)
-    if d * m != len(devices):
+    if d < 1 or m < 1 or d * m != len(devices):
         hint = ""
         if devices and all(getattr(x, "platform", "") == "cpu" for x in devices):
             hint = (f"; on a CPU, run with JAX_NUM_CPU_DEVICES={d * m} in the environment for {d * m} "
                     "XLA CPU devices (set before JAX starts)")
         raise ValueError(f"a {d}x{m} mesh needs {d * m} devices, but {len(devices)} are available{hint}")
-    return jax.make_mesh((d, m), AXIS_NAMES, axis_types=(AxisType.Auto, AxisType.Auto), devices=devices)
+    if by_process is None:
+        by_process = len({getattr(x, "process_index", 0) for x in devices}) > 1
+    axis_types = (AxisType.Auto, AxisType.Auto)
+    if by_process:
+        return Mesh(process_device_grid(d, m, devices), AXIS_NAMES, axis_types=axis_types)
+    return jax.make_mesh((d, m), AXIS_NAMES, axis_types=axis_types, devices=devices)
+
+
+def process_device_grid(d: int, m: int, devices: Sequence[Any]) -> np.ndarray:
+    """``devices`` as a ``[d, m]`` grid ordered by (process, id), each row
+    inside one process (the layout of :func:`planner.runtime.distributed.process_mesh`); ``ValueError`` if a
+    row would span processes."""
+    devs = sorted(devices, key=lambda x: (x.process_index, x.id))
+    grid = np.array(devs, dtype=object).reshape(d, m)
+    for row in grid:
+        procs = {x.process_index for x in row}
+        if len(procs) > 1:
+            per = [sum(1 for x in devs if x.process_index == p) for p in sorted({x.process_index for x in devs})]
+            raise ValueError(
+                f"a model axis of {m} devices would span processes {sorted(procs)} (devices per process: {per}); "
+                f"plan with a model axis that divides the devices of one process (hardware devices_per_node)"
+            )
+    return grid
 
 
 def param_spec(strategy: str, ndim: int) -> P:

@@ -87,13 +87,8 @@ def plan_mesh(plan: Plan, mesh: Mesh | None = None) -> Mesh:
     "model")``, or by default that mesh over all devices; across several
     processes, :func:`planner.runtime.distributed.process_mesh` (the model axis
     inside a process)."""
-    if mesh is None:
-        if jax.process_count() > 1:  # several processes: keep each model group inside one (docs/multi-host.md)
-            from planner.runtime.distributed import process_mesh
-
-            mesh = process_mesh(*plan.mesh)
-        else:
-            mesh = make_mesh(*plan.mesh)
+    if mesh is None:  # several processes: each model group inside one (make_mesh; docs/multi-host.md)
+        mesh = make_mesh(*plan.mesh)
     elif tuple(mesh.axis_names) != AXIS_NAMES or tuple(mesh.devices.shape) != tuple(plan.mesh):
         raise ValueError(
             f"mesh {dict(mesh.shape)} does not match the plan's {plan.mesh[0]}x{plan.mesh[1]} mesh over {AXIS_NAMES}"
