@@ -3,7 +3,7 @@
     python benchmarks/cli_latency.py [--runs 2] [--methods auto,dp,milp] [-- MODEL ARGS...]
 
 Runs ``shardplan plan resnet50 --devices 256 --hardware dgx-a100 --json``
-(issue 14's target: under 3 s on a second run on two cores)
+(the target: under 3 s on a second run on two cores)
 (or the command after ``--``) as a fresh process, with JAX's persistent
 compilation cache in a new, empty folder (``SHARDPLAN_CACHE_DIR``): the
 first run compiles and fills the cache, the later runs read it. Each

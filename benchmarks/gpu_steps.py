@@ -1,4 +1,4 @@
-"""Predicted against measured step time on one real accelerator (issue 6).
+"""Predicted against measured step time on one real accelerator.
 
 With one device, two comparisons are possible, printed side by side:
 

@@ -1,4 +1,4 @@
-"""Does what the planner promises hold in the program XLA compiles? Issue 17's
+"""Does what the planner promises hold in the program XLA compiles? The memory-promise
 grid, per device, on the local devices (8 fake CPU devices by default).
 
 For every case of models x batches x meshes x memory limits it plans with
@@ -63,7 +63,7 @@ HARDWARE = "dgx-a100"
 OPTIMIZER = "adam"
 DEVICES = 8
 PLATFORM = "cpu"  # the programs are compiled on CPU: plans keep the cpu platform's margin (planning.MEMORY_MARGIN)
-TOTAL_RTOL = 0.10  # issue 17's "done when"
+TOTAL_RTOL = 0.10  # the memory promise: total memory within 10%
 COMM_RTOL = 0.05
 SHORT = {"filter": "f", "channel": "c", "spatial": "s", "replicated": "r"}
 

@@ -1,4 +1,4 @@
-"""Issue 7, bad input: every command and public function rejects a mistake
+"""Bad input: every command and public function rejects a mistake
 in what it is given with one actionable line, never a traceback, a
 ``KeyError``/``TypeError``/``ZeroDivisionError``, or a silently wrong plan.
 
@@ -455,7 +455,7 @@ def test_shard_rejects_a_plan_for_another_model(change, phrase):
     assert phrase in str(info.value) and "\n" not in str(info.value)
 
 
-# -- classes added with issue 14 ------------------------------------------------------------------
+# -- inconsistent layer graphs, values a plan file cannot hold --------------------------------------
 
 
 def _graph_json(tmp_path, mutate):
@@ -495,7 +495,7 @@ def test_values_a_plan_file_could_not_hold_are_refused(capsys, argv, words):
     assert words in capsys.readouterr().err
 
 
-# -- the classes of issue 14, each with its test(s) -------------------------------------------------
+# -- every class of bad input, each with its test(s) ----------------------------------------------
 # Where a class needs more than a table row (a killed writer, a traced function, a plan that must fit),
 # its tests live beside the code they exercise; this index names them and fails if one goes missing.
 CLASS_TESTS = {

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_xla_agreement_quick_prints_rows_and_summary(tmp_path):
-    """benchmarks/xla_agreement.py (issue 17's grid) on its smallest case:
+    """benchmarks/xla_agreement.py (the memory-promise grid) on its smallest case:
     one plan, compiled once, a row with the limit and ``fits``, and the
     summary counts; ``--json`` holds the same row."""
     import json

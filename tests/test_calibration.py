@@ -1,4 +1,4 @@
-"""Calibration keyed by operation shape (issue 12): exact shard matches
+"""Calibration keyed by operation shape: exact shard matches
 shared by every layer of one shape, the latency-plus-throughput trend per
 operation (own strategy first), the single-point ratio, version 1/2 files
 as before, the device check, a version 3 round trip, measurement rows, and

@@ -1,4 +1,4 @@
-"""A memory limit is a promise (issue 17): the search plans against the limit
+"""A memory limit is a promise: the search plans against the limit
 less the platform's margin, the plan file records both, and ``validate``
 fails, naming the part that grew, when the compiled program exceeds the
 plan's limit. Oracles: hand-computed margins and XLA's memory_analysis."""

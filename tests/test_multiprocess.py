@@ -1,4 +1,4 @@
-"""One plan across processes (issue 8): ``python -m planner.launch`` starts
+"""One plan across processes: ``python -m planner.launch`` starts
 JAX processes on localhost joined by ``jax.distributed`` (CPU devices, gloo
 collectives); the same plan gives the same losses on 2 processes x 4 devices
 as on 1 process x 8, the sharded state survives a restart through Orbax, and

@@ -1,4 +1,4 @@
-"""The ParaDL oracle (issue 4).
+"""The ParaDL oracle.
 
 Compat mode against the original code's published outputs: the worked
 example of paradl.md §6 and the tables of §7.2 (VGG16, ResNet-50 and

@@ -78,7 +78,7 @@ def test_infeasible_memory_says_the_smallest_limit_that_fits():
     mins = [minimum_memory(discrete_problem(cost_table(g.arrays, hardware_arrays(hw), 2048.0, float(d), float(m),
                                                          CostSettings()))).memory_bytes
             for d, m in mesh_shapes(64, 2048, 4)]
-    # plus the input batch the search keeps free (issue 17): 32 images 224x224x3 float32 + labels per device
+    # plus the input batch the search keeps free: 32 images 224x224x3 float32 + labels per device
     # + the input batch, then the float32 rounding slack the search keeps (planning.FLOAT32_ROUNDING)
     assert e.required_bytes == pytest.approx((min(mins) + 32 * (224 * 224 * 3 * 4 + 4)) / (1 - 1e-5), rel=1e-8)
     assert f"{e.required_bytes:,.0f} bytes" in msg
@@ -212,7 +212,7 @@ def test_a_limit_above_the_devices_memory_is_an_error():
 
 
 def test_resnet50_at_256_gpus_is_data_parallel_unless_sharding_clearly_wins():
-    """Issue 14's line: plain data parallelism, or a plan beating it by more than the tolerance."""
+    """Plain data parallelism, or a plan beating it by more than the tolerance."""
     import planner
 
     p = planner.plan("resnet50", devices=256, hardware="dgx-a100")

@@ -1,4 +1,4 @@
-"""Plots of a plan (issue 7): what is drawn, read back from the axes, against
+"""Plots of a plan: what is drawn, read back from the axes, against
 the plan's own numbers (per-layer seconds and bytes, the limit) and against
 hand-computed values for a hand-written search history; the PNG's magic
 bytes; the CLI's exit codes and one-line errors, with and without

@@ -1,4 +1,4 @@
-"""Calibration from measurements (issue 7): ``planner.calibrate.profile`` (shard
+"""Calibration from measurements: ``planner.calibrate.profile`` (shard
 bookkeeping with a fake clock, ops checked against the layer graph's shapes
 and XLA's FLOP count, one tiny real profile), ``shardplan profile`` into
 ``plan``, ``--calibration`` in the oracle, and ``planner.calibrate.fit`` recovering
