@@ -67,15 +67,19 @@ class DPResult(NamedTuple):
 
 
 def viterbi(unary, pair) -> tuple[np.ndarray, np.ndarray]:
-    """Min-sum paths of a batch of chains: ``unary [K, n, S]`` (``inf`` =
-    forbidden), ``pair [n, S, S]`` (``pair[i][s, t]``: layer ``i-1`` on ``s``
-    and layer ``i`` on ``t``; ``pair[0]`` unused). Returns the values ``[K]``
+    """Min-sum paths of a batch of chains (the one Viterbi: the chain DP and
+    the refinement's segment moves both use it): ``unary [K, n, S]`` (``inf``
+    = forbidden), ``pair [n, S, S]`` shared by the chains or ``[K, n, S, S]``
+    one per chain (``pair[..., i, s, t]``: position ``i-1`` on ``s`` and
+    position ``i`` on ``t``; position 0 unused). Returns the values ``[K]``
     and the paths ``[K, n]``."""
     K, n, S = unary.shape
+    pair = np.asarray(pair)
+    per_chain = pair.ndim == 4
     value = unary[:, 0]
-    back = np.zeros((n, K, S), dtype=np.int8)
+    back = np.zeros((n, K, S), dtype=np.int64)
     for i in range(1, n):
-        cand = value[:, :, None] + pair[i][None]
+        cand = value[:, :, None] + (pair[:, i] if per_chain else pair[i][None])
         back[i] = np.argmin(cand, axis=1)
         value = np.min(cand, axis=1) + unary[:, i]
     path = np.zeros((K, n), dtype=np.int64)

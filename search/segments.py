@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from search.dp import viterbi
 from search.moves import current_state, with_overlap
 from search.problem import DiscreteProblem, plan_memory, plan_time
 
@@ -54,21 +55,9 @@ def chain_segments(p: DiscreteProblem) -> Segments:
     return Segments(nodes, inner, internal)
 
 
-def _viterbi_batched(unary: np.ndarray, pair: np.ndarray) -> np.ndarray:
+def _best_paths(unary: np.ndarray, pair: np.ndarray) -> np.ndarray:
     """Min-sum paths ``[K, n]`` of chains with their own ``pair [K, n, S, S]``."""
-    K, n, S = unary.shape
-    value = unary[:, 0]
-    back = np.zeros((n, K, S), dtype=np.int64)
-    for i in range(1, n):  # over segment positions (at most the longest segment)
-        cand = value[:, :, None] + pair[:, i]
-        back[i] = np.argmin(cand, axis=1)
-        value = np.min(cand, axis=1) + unary[:, i]
-    path = np.zeros((K, n), dtype=np.int64)
-    path[:, -1] = np.argmin(value, axis=1)
-    rows = np.arange(K)
-    for i in range(n - 1, 0, -1):
-        path[:, i - 1] = back[i][rows, path[:, i]]
-    return path
+    return viterbi(unary, pair)[1]
 
 
 _PRICES = np.array([0.0, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0])
@@ -114,7 +103,7 @@ def segment_candidates(p: DiscreteProblem, c: np.ndarray, seg: Segments) -> Segm
     prices = _PRICES * (t_now / max(m_now, 1.0))
     P = len(prices)
     unary = (U[None] + prices[:, None, None, None] * A[None]).reshape(P * G, width, S)
-    paths = _viterbi_batched(unary, np.broadcast_to(pair[None], (P,) + pair.shape).reshape(P * G, width, S, S))
+    paths = _best_paths(unary, np.broadcast_to(pair[None], (P,) + pair.shape).reshape(P * G, width, S, S))
     g_of = np.tile(np.arange(G), P)
     old = np.where(valid, c[at], 0)[g_of]  # [K, W]
     new = np.where(valid[g_of], paths, old)
