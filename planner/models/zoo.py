@@ -76,6 +76,17 @@ _VGG16_3POOL_CFG: tuple[int | str, ...] = (
 _PAD1 = ((1, 1), (1, 1))
 
 
+
+def _dense_head(b: GraphBuilder, x, prefix: str, widths: tuple[int, ...]) -> LayerGraph:
+    """Flatten, then dense layers ``prefix/0, prefix/1, ...`` of ``widths``
+    with a ReLU between consecutive ones (none after the last); the graph."""
+    x = b.flatten(b.auto_name("", "flatten"), x)
+    for j, width in enumerate(widths):
+        x = b.dense(f"{prefix}/{j}", x, width)
+        if j < len(widths) - 1:
+            x = b.relu(b.auto_name("", "relu"), x)
+    return b.build()
+
 def _vgg(name: str, size: int, cfg: Sequence[int | str], classifier: Sequence[int]) -> LayerGraph:
     """torchvision VGG: 3x3 pad-1 convs with bias, each followed by ReLU;
     2x2/2 max pool at "M"; flatten; Linear layers with ReLU between them."""
@@ -89,12 +100,7 @@ def _vgg(name: str, size: int, cfg: Sequence[int | str], classifier: Sequence[in
             x = b.conv(f"features/{i}", x, int(v), 3, padding=_PAD1)
             x = b.relu(b.auto_name("", "relu"), x)
             i += 1
-    x = b.flatten(b.auto_name("", "flatten"), x)
-    for j, width in enumerate(classifier):
-        x = b.dense(f"classifier/{j}", x, width)
-        if j < len(classifier) - 1:
-            x = b.relu(b.auto_name("", "relu"), x)
-    return b.build()
+    return _dense_head(b, x, "classifier", classifier)
 
 
 def _alexnet() -> LayerGraph:
@@ -112,12 +118,7 @@ def _alexnet() -> LayerGraph:
         x = b.relu(b.auto_name("", "relu"), x)
         if i in pool_after:
             x = b.max_pool(b.auto_name("", "max_pool"), x, 3, stride=2)
-    x = b.flatten(b.auto_name("", "flatten"), x)
-    for j, width in enumerate((4096, 4096, 1000)):
-        x = b.dense(f"classifier/{j}", x, width)
-        if j < 2:
-            x = b.relu(b.auto_name("", "relu"), x)
-    return b.build()
+    return _dense_head(b, x, "classifier", (4096, 4096, 1000))
 
 
 def _bottleneck(b: GraphBuilder, scope: str, x: int, width: int, stride: int, downsample: bool) -> int:
@@ -181,12 +182,7 @@ def _cosmoflow(size: int) -> LayerGraph:
         x = b.relu(b.auto_name("", "relu"), x)
         if i < len(convs) - 1:
             x = b.avg_pool(b.auto_name("", "avg_pool"), x, 2, stride=2)
-    x = b.flatten(b.auto_name("", "flatten"), x)
-    for j, width in enumerate((2048, 256, 4)):
-        x = b.dense(f"fcs/{j}", x, width)
-        if j < 2:
-            x = b.relu(b.auto_name("", "relu"), x)
-    return b.build()
+    return _dense_head(b, x, "fcs", (2048, 256, 4))
 
 
 _BUILDERS: dict[str, Callable[[], LayerGraph]] = {
