@@ -85,17 +85,15 @@ class InfeasibleMemoryError(ValueError):
 MILP_TIME_LIMIT_S = 120.0  # per mesh shape: the MILP stops there with its best plan and its gap
 
 
-UNBOUNDED = 1 << 62  # devices_per_node of _advice where the model axis may cross nodes
-
-
-def _advice(P: int, batch: int, batch_is_global: bool, devices_per_node: int) -> str:
+def _advice(P: int, batch: int, batch_is_global: bool, devices_per_node: int | None) -> str:
     """What else would make a plan fit (see :func:`_infeasible_message`)."""
-    wider = devices_per_node > P  # a model axis of up to devices_per_node devices is allowed
+    # a model axis of up to devices_per_node devices is allowed (None: any, across nodes)
+    wider = devices_per_node is None or devices_per_node > P
     if batch_is_global:
         return (f"use more devices (the global batch of {batch} then splits into fewer samples per device) "
                 "or a smaller batch")
     per_device = batch // P if P else batch
-    node = "" if devices_per_node >= UNBOUNDED else f" (up to {devices_per_node} in a node)"
+    node = "" if devices_per_node is None else f" (up to {devices_per_node} in a node)"
     more = (f", or more devices for a wider model axis{node}" if wider else
             "; more devices would not help: with the per-device batch fixed each device keeps as many samples")
     return f"use a smaller per-device batch (now {per_device}){more}"
@@ -113,7 +111,7 @@ FLOAT32_ROUNDING = 1e-5
 
 def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshes, margin: float = 0.0,
                         inputs: float = 0.0, *, batch: int = 0, batch_is_global: bool = True,
-                        devices_per_node: int = 0) -> tuple[str, float]:
+                        devices_per_node: int | None = None) -> tuple[str, float]:
     """The message and the smallest limit under which some plan fits: the
     smallest memory any plan needs plus the ``inputs`` bytes, plus the share
     ``margin`` of that limit kept free for the platform. Its advice is what
@@ -254,7 +252,7 @@ def plan(
         message, required = _infeasible_message(graph, P, limit, [discrete_problem(t) for t in tables], meshes,
                                                 MEMORY_MARGIN[platform], inputs, batch=B,
                                                 batch_is_global=batch is not None,
-                                                devices_per_node=UNBOUNDED if allow_cross_node_model_axis
+                                                devices_per_node=None if allow_cross_node_model_axis
                                                 else hw.devices_per_node)
         raise InfeasibleMemoryError(message, required)
     fastest = min(fitting, key=lambda i: (solutions[i].time_s, i))

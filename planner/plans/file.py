@@ -46,6 +46,12 @@ class _Reader:
             raise ValueError(f'{self.where}.{key} must be a string, got {v!r}')
         return v
 
+    def boolean(self, key: str) -> bool:
+        v = self.get(key)
+        if not isinstance(v, bool):
+            raise ValueError(f"{self.where}.{key} must be true or false")
+        return v
+
     def integer(self, key: str, minimum: int = 0) -> int:
         v = self.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
@@ -152,11 +158,8 @@ def plan_fields(data: Any) -> dict[str, Any]:
     meshes = []
     for i, row in enumerate(r.items("meshes")):
         mr = _Reader(row, f"plan.meshes[{i}]")
-        feasible = mr.get("feasible")
-        if not isinstance(feasible, bool):
-            raise ValueError(f"plan.meshes[{i}].feasible must be true or false")
         meshes.append(dict(
-            mesh=mr.ints("mesh", 2), feasible=feasible, iteration_s=mr.number("iteration_s", optional=True),
+            mesh=mr.ints("mesh", 2), feasible=mr.boolean("feasible"), iteration_s=mr.number("iteration_s", optional=True),
             memory_bytes_per_device=mr.number("memory_bytes_per_device"),
             min_memory_bytes=mr.number("min_memory_bytes"), method=mr.string("method"),
             optimality_gap=mr.number("optimality_gap", optional=True),
@@ -206,11 +209,9 @@ def plan_fields(data: Any) -> dict[str, Any]:
         history = []
         for i, row in enumerate(r.items("history")):
             hr = _Reader(row, f"plan.history[{i}]")
-            fits = hr.get("fits")
-            if not isinstance(fits, bool):
-                raise ValueError(f"plan.history[{i}].fits must be true or false")
             history.append(HistoryEntry(stage=hr.string("stage"), time_s=hr.number("time_s", optional=True),
-                                        memory_bytes=hr.number("memory_bytes", optional=True), fits=fits))
+                                        memory_bytes=hr.number("memory_bytes", optional=True),
+                                        fits=hr.boolean("fits")))
         fields["history"] = tuple(history)
         fields["layer_specs"] = tuple(specs)
     else:  # upgrade a version-1 file
