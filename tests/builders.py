@@ -37,6 +37,45 @@ def tiny_cnn():
             jax.ShapeDtypeStruct((TINY_CNN_BATCH, 16, 16, 3), jnp.float32))
 
 
+class Block(nnx.Module):
+    """A basic residual block: conv/bn/relu, conv/bn, shortcut (1x1 conv/bn projection where the shape
+    changes), add, relu."""
+
+    def __init__(self, cin, cout, stride, rngs):
+        self.conv1 = nnx.Conv(cin, cout, (3, 3), strides=stride, use_bias=False, rngs=rngs)
+        self.bn1 = nnx.BatchNorm(cout, rngs=rngs)
+        self.conv2 = nnx.Conv(cout, cout, (3, 3), use_bias=False, rngs=rngs)
+        self.bn2 = nnx.BatchNorm(cout, rngs=rngs)
+        if stride != 1 or cin != cout:
+            self.proj = nnx.Conv(cin, cout, (1, 1), strides=stride, use_bias=False, rngs=rngs)
+            self.proj_bn = nnx.BatchNorm(cout, rngs=rngs)
+        else:
+            self.proj = self.proj_bn = None
+
+    def __call__(self, x):
+        h = nnx.relu(self.bn1(self.conv1(x)))
+        h = self.bn2(self.conv2(h))
+        s = x if self.proj is None else self.proj_bn(self.proj(x))
+        return nnx.relu(h + s)
+
+
+class TinyResNet(nnx.Module):
+    """(16, 16, 3) -> stem conv/bn/relu, identity block, stride-2 projection
+    block, global mean, fc10."""
+
+    def __init__(self, rngs):
+        self.stem = nnx.Conv(3, 8, (3, 3), use_bias=False, rngs=rngs)
+        self.bn = nnx.BatchNorm(8, rngs=rngs)
+        self.blocks = nnx.List([Block(8, 8, 1, rngs), Block(8, 16, 2, rngs)])
+        self.head = nnx.Linear(16, 10, rngs=rngs)
+
+    def __call__(self, x):
+        x = nnx.relu(self.bn(self.stem(x)))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(x.mean(axis=(1, 2)))
+
+
 def tiny_oracle_graph(t_sample: float | None = 1e-3):
     """conv 3x3 2->4, relu, conv 3x3 4->4, max pool 2x2/2, flatten, dense 64->10 on 2x8x8.
     Per sample: conv1 x 128 y 256 w 72; relu 256/256; conv2 256/256 w 144;
@@ -77,7 +116,7 @@ def synthetic_table(seed: int, n: int, edges, *, overlap: float = 0.0, p_feasibl
 
     src = np.array([u for u, _ in edges], dtype=np.int32).reshape(-1)
     dst = np.array([v for _, v in edges], dtype=np.int32).reshape(-1)
-    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
     return CostTable(
         feasible=jnp.asarray(pad(feas, layers, True)),
         compute_s=f32(pad(compute, layers)),

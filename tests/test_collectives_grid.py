@@ -17,9 +17,12 @@ Two causes, both closed by pinning in the export (docs/validation.md,
 Oracles are hand-computed byte counts; a mis-pinned program must be flagged.
 """
 
+import jax
+import jax.numpy as jnp
 import optax
 import pytest
-from builders import TINY_CNN_BATCH, TinyCNN, tiny_cnn  # noqa: E402
+from builders import TINY_CNN_BATCH, TinyCNN, tiny_cnn
+from flax import nnx
 
 from planner.runtime.validation import collective_rows, fixed_plan, validate
 
@@ -104,3 +107,68 @@ def test_vgg16_cifar10_batch_256_validates(devices):
     filt7, filt = (9 * 256 * 512 + 512) // 2, (9 * 512 * 512 + 512) // 2
     chan = 9 * 512 * 512 // 2 + 512
     assert by[("all-reduce", ("data",))].compiled_bytes == (filt7 + 3 * filt + 2 * chan) * 4
+
+
+def test_block_layouts_by_hand():
+    from builders import TinyResNet
+
+    from planner import extract
+    from planner.runtime.export import block_layouts
+
+    model = nnx.eval_shape(lambda: TinyResNet(nnx.Rngs(0)))
+    g = extract(model, jax.ShapeDtypeStruct((8, 16, 16, 3), jnp.float32))
+    every = {n: "data" for n in g.names}
+    # blocks/0 is fed by the stem's ReLU; blocks/1 by blocks/0's last ReLU, whose
+    # output it reads twice (conv1 and the projection); blocks/1's last ReLU feeds
+    # the global pool. "blocks" (the list) holds both.
+    assert block_layouts(g, every) == {"blocks": ("batch", "batch"), "blocks/0": ("batch", "batch"),
+                                       "blocks/1": ("batch", "batch")}
+    split = every | {"relu": "filter", "blocks/0/relu_1": "filter", "blocks/1/relu_1": "replicated"}
+    assert block_layouts(g, split) == {"blocks": ("channel", "replicated"), "blocks/0": ("channel", "channel"),
+                                       "blocks/1": ("channel", "replicated")}
+    # two layers feeding a block from outside in different layouts (a filter conv's
+    # output split by channels, a data layer's by batch): its input is left to XLA
+    from types import SimpleNamespace
+
+    names = ("stem", "side", "b/conv", "b/add", "head")
+    toy = SimpleNamespace(names=names, kind_names=("conv2d", "elementwise", "conv2d", "add", "dense"),
+                          edges=((0, 2), (1, 3), (2, 3), (3, 4)))
+    strategies = {"stem": "filter", "side": "data", "b/conv": "data", "b/add": "data", "head": "data"}
+    assert block_layouts(toy, strategies) == {"b": (None, "batch")}
+
+
+@pytest.mark.slow
+def test_residual_block_input_is_pinned(devices):
+    # TinyResNet's identity block blocks/0 with conv1 `channel`, everything else data,
+    # 2x4, batch 32: the block input (16x16x8 per sample, batch-split) is converted to
+    # channels for conv1 (all-to-all over model, 16 samples per group x 16 x 16 x 8 x
+    # 4 B / 4 = 32,768 B) and its gradient back (32,768 B); the shortcut's add reads
+    # the batch-split input as it is. Without the block pin, XLA fed the add from
+    # conv1's converted copy and converted it back: a third all-to-all.
+    from builders import TinyResNet
+
+    from planner import extract
+    from planner.runtime.export import (
+        block_layouts,
+        consumer_layouts,
+        lower_training,
+        make_mesh,
+        producer_layouts,
+    )
+
+    model = nnx.eval_shape(lambda: TinyResNet(nnx.Rngs(0)))
+    x = jax.ShapeDtypeStruct((32, 16, 16, 3), jnp.float32)
+    plan = fixed_plan(model, x, (2, 4), strategies={"blocks/0/conv1": "channel"}, batch=32)
+    report = validate(model, plan, memory_rtol=0.5)
+    assert all(r.ok for r in report.collectives), [r for r in report.collectives if not r.ok]
+    by = _by(report.collectives)
+    assert by[("all-to-all", ("model",))].predicted_bytes == by[("all-to-all", ("model",))].compiled_bytes == 65_536
+
+    graph = extract(model, x)
+    lowered, _ = lower_training(model, plan.strategies, make_mesh(2, 4), optax.adam(1e-3), x,
+                                input_layouts=producer_layouts(graph, plan.strategies),
+                                output_layouts=consumer_layouts(graph, plan.strategies),
+                                blocks={**block_layouts(graph, plan.strategies), "blocks/0": (None, None)})
+    rows = collective_rows(model, plan, lowered.compile().as_text(), mesh=make_mesh(2, 4))
+    bad = [(r.kind, r.axes, r.predicted_bytes, r.compiled_bytes) for r in rows if not r.ok]
+    assert bad == [("all-to-all", ("model",), 65_536.0, 98_304.0)]

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from builders import TinyResNet
 from flax import nnx
 
 from planner.ir.builder import GraphBuilder
@@ -120,42 +121,6 @@ def hand_vgg(name="TinyVGG"):
     x = b.relu("relu_3", x)
     b.dense("fc2", x, 10)
     return b.build()
-
-
-class Block(nnx.Module):
-    def __init__(self, cin, cout, stride, rngs):
-        self.conv1 = nnx.Conv(cin, cout, (3, 3), strides=stride, use_bias=False, rngs=rngs)
-        self.bn1 = nnx.BatchNorm(cout, rngs=rngs)
-        self.conv2 = nnx.Conv(cout, cout, (3, 3), use_bias=False, rngs=rngs)
-        self.bn2 = nnx.BatchNorm(cout, rngs=rngs)
-        if stride != 1 or cin != cout:
-            self.proj = nnx.Conv(cin, cout, (1, 1), strides=stride, use_bias=False, rngs=rngs)
-            self.proj_bn = nnx.BatchNorm(cout, rngs=rngs)
-        else:
-            self.proj = self.proj_bn = None
-
-    def __call__(self, x):
-        h = nnx.relu(self.bn1(self.conv1(x)))
-        h = self.bn2(self.conv2(h))
-        s = x if self.proj is None else self.proj_bn(self.proj(x))
-        return nnx.relu(h + s)
-
-
-class TinyResNet(nnx.Module):
-    """(16, 16, 3) -> stem conv/bn/relu, identity block, stride-2 projection
-    block, global mean, fc10."""
-
-    def __init__(self, rngs):
-        self.stem = nnx.Conv(3, 8, (3, 3), use_bias=False, rngs=rngs)
-        self.bn = nnx.BatchNorm(8, rngs=rngs)
-        self.blocks = nnx.List([Block(8, 8, 1, rngs), Block(8, 16, 2, rngs)])
-        self.head = nnx.Linear(16, 10, rngs=rngs)
-
-    def __call__(self, x):
-        x = nnx.relu(self.bn(self.stem(x)))
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(x.mean(axis=(1, 2)))
 
 
 class LinenBlock(nn.Module):

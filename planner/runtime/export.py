@@ -39,12 +39,13 @@ __all__ = [
     "AXIS_NAMES",
     "TrainState",
     "activation_spec",
+    "block_layouts",
     "consumer_layouts",
     "lower_training",
     "make_mesh",
-    "process_device_grid",
     "param_spec",
     "partition_specs",
+    "process_device_grid",
     "producer_layouts",
     "shard_training",
     "shardings",
@@ -142,7 +143,8 @@ class TrainState(NamedTuple):
 def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh,
                        last_layout: list[str] | None = None,
                        input_layouts: Mapping[str, str] | None = None,
-                       output_layouts: Mapping[str, Mapping[str, str]] | None = None) -> Iterator[None]:
+                       output_layouts: Mapping[str, Mapping[str, str]] | None = None,
+                       blocks: Mapping[str, tuple[str | None, str | None]] | None = None) -> Iterator[None]:
     """While tracing: constrain each planned module call's input and output to
     its strategy's layouts (patched ``__call__``, restored on exit).
 
@@ -160,9 +162,16 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
       compute the weight gradient from operands gathered over ``data``
       instead of all-reducing it (measured, docs/validation.md).
 
+    * Where ``blocks`` names a module that holds planned layers without
+      being one (a residual block), its input and output are pinned to the
+      layouts given (:func:`block_layouts`; ``None``: left to XLA), so that
+      the shortcut and the first layer read one value and the functional ops
+      at the block's end run in their planned layout.
+
     The output layout of the last planned call is appended to ``last_layout``."""
     input_layouts = {} if input_layouts is None else input_layouts
     output_layouts = {} if output_layouts is None else output_layouts
+    blocks = {} if blocks is None else blocks
     paths = {id(m): "/".join(map(str, p)) for p, m in nnx.iter_modules(model)}
     module_names = set(paths.values())
     classes = {type(m) for _, m in nnx.iter_modules(model)}
@@ -172,7 +181,11 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
         def wrapper(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
             name = paths.get(id(self))
             if name is None or name not in strategies:
-                return orig(self, x, *args, **kwargs)
+                if name not in blocks:
+                    return orig(self, x, *args, **kwargs)
+                bin_, bout = blocks[name]  # a block of planned layers
+                out = orig(self, x if bin_ is None else _constrain(x, bin_, mesh), *args, **kwargs)
+                return out if bout is None else _constrain(out, bout, mesh)
             param = isinstance(self, _PARAM_MODULES)
             lin, lout = (PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS)[strategies[name]]
             gout = (PARAM_GRADIENT_LAYOUTS if param else CHANNELWISE_GRADIENT_LAYOUTS)[strategies[name]][1]
@@ -232,7 +245,8 @@ def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimizer: optax.GradientTransformation,
            loss_fn: Callable[[jax.Array, jax.Array], jax.Array], donate: bool,
            input_layouts: Mapping[str, str] | None = None,
-           output_layouts: Mapping[str, Mapping[str, str]] | None = None) -> tuple[Any, Any, Any, Any, Any]:
+           output_layouts: Mapping[str, Mapping[str, str]] | None = None,
+           blocks: Mapping[str, tuple[str | None, str | None]] | None = None) -> tuple[Any, Any, Any, Any, Any]:
     """(jitted step, state shardings, params, other, batch sharding)."""
     for s in strategies.values():
         check_strategy(s)
@@ -249,7 +263,7 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
         def loss_of(params: Any) -> tuple[jax.Array, Any]:
             m = nnx.merge(graphdef, params, state.other, copy=True)
             last: list[str] = []
-            with _constrained_calls(m, strategies, mesh, last, input_layouts, output_layouts):
+            with _constrained_calls(m, strategies, mesh, last, input_layouts, output_layouts, blocks):
                 logits = m(x)
             # The loss runs on the output as the cost model assumes: batch-split
             # where the last layer leaves it so, else gathered over the model axis
@@ -284,6 +298,7 @@ def shard_training(
     loss_fn: Callable[[jax.Array, jax.Array], jax.Array] = _cross_entropy,
     input_layouts: Mapping[str, str] | None = None,
     output_layouts: Mapping[str, Mapping[str, str]] | None = None,
+    blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
 ) -> tuple[Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, jax.Array]], TrainState]:
     """A jitted training step ``step(state, x, y) -> (state, loss)`` for ``model``
     with parameters, optimizer state and each planned layer's activations laid
@@ -295,9 +310,10 @@ def shard_training(
     layout, from :func:`producer_layouts`) pins module inputs to their
     producers' planned layouts first; ``output_layouts`` (from
     :func:`consumer_layouts`) pins module outputs read by functional ops to
-    those ops' planned layouts."""
+    those ops' planned layouts; ``blocks`` (from :func:`block_layouts`) pins
+    the inputs and outputs of blocks of layers (residual blocks)."""
     step, state_sh, params, other, _ = _build(model, strategies, mesh, optimizer, loss_fn, False, input_layouts,
-                                              output_layouts)
+                                              output_layouts, blocks)
     init = jax.jit(lambda p, o: TrainState(p, o, optimizer.init(p)), out_shardings=state_sh)
     return step, init(params, other)
 
@@ -313,6 +329,7 @@ def lower_training(
     donate: bool = True,
     input_layouts: Mapping[str, str] | None = None,
     output_layouts: Mapping[str, Mapping[str, str]] | None = None,
+    blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
 ) -> tuple[jax.stages.Lowered, TrainState]:
     """The training step of :func:`shard_training`, lowered for inputs shaped
     like ``x`` (batch first, channels last; integer labels), without running
@@ -321,7 +338,7 @@ def lower_training(
     their planned shardings). ``donate`` (default) lets the new state reuse
     the old one's buffers, as an in-place training loop would."""
     step, state_sh, params, other, batch_sh = _build(model, strategies, mesh, optimizer, loss_fn, donate,
-                                                     input_layouts, output_layouts)
+                                                     input_layouts, output_layouts, blocks)
     opt_abs = jax.eval_shape(optimizer.init, params)
 
     def spec(leaf: Any, sh: Any) -> jax.ShapeDtypeStruct:
@@ -344,13 +361,49 @@ def producer_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, str
     out: dict[str, str] = {}
     for u, v in graph.edges:
         name = graph.names[v]
-        if name in out:
-            continue
-        src = graph.names[u]
-        param = graph.kind_names[u] == "dense" or graph.kind_names[u].startswith("conv")
-        table = PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS
-        out[name] = table[check_strategy(strategies.get(src, "replicated"))][1]
+        if name not in out:
+            out[name] = _output_layout(graph, strategies, u)
     return out
+
+
+def _output_layout(graph: Any, strategies: Mapping[str, str], u: int) -> str:
+    """The layout layer ``u`` leaves its output in under ``strategies``."""
+    param = graph.kind_names[u] == "dense" or graph.kind_names[u].startswith("conv")
+    table = PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS
+    return table[check_strategy(strategies.get(graph.names[u], "replicated"))][1]
+
+
+def block_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, tuple[str | None, str | None]]:
+    """For each block of ``graph`` (a module path above layers that is not a
+    layer itself, such as a residual block ``layer2/1``): the ``(input,
+    output)`` layouts :func:`shard_training` pins the block's input and output
+    to, each ``None`` where the layers concerned disagree. The input's is the
+    layout every layer feeding the block from outside leaves its output in,
+    so that every use of the input inside (the first conv and the shortcut's
+    add) reads that one value; the output's is the layout the block's layers
+    that feed outside leave theirs in, so that the functional ops at the
+    block's end (the add, its ReLU) run in their planned layout. Unpinned,
+    XLA may feed the add from the first conv's converted copy and convert it
+    back, or convert the add's other operand and then its output: all-to-alls
+    the plan does not have (measured on the ResNet, docs/validation.md)."""
+    layers = set(graph.names)
+    entering: dict[str, set[str]] = {}
+    leaving: dict[str, set[str]] = {}
+    for u, v in graph.edges:
+        src, dst = graph.names[u].split("/"), graph.names[v].split("/")
+        layout = _output_layout(graph, strategies, u)
+        for k in range(1, max(len(src), len(dst))):
+            if src[:k] == dst[:k]:
+                continue  # the edge runs inside this block
+            if k < len(dst) and "/".join(dst[:k]) not in layers:
+                entering.setdefault("/".join(dst[:k]), set()).add(layout)
+            if k < len(src) and "/".join(src[:k]) not in layers:
+                leaving.setdefault("/".join(src[:k]), set()).add(layout)
+
+    def agreed(found: set[str] | None) -> str | None:
+        return next(iter(found)) if found is not None and len(found) == 1 else None
+
+    return {b: (agreed(entering.get(b)), agreed(leaving.get(b))) for b in sorted(set(entering) | set(leaving))}
 
 
 def consumer_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, dict[str, str]]:

@@ -18,6 +18,7 @@ from planner.planning import Plan
 from planner.runtime.export import (
     AXIS_NAMES,
     TrainState,
+    block_layouts,
     consumer_layouts,
     make_mesh,
     producer_layouts,
@@ -49,11 +50,13 @@ def shard(
     mesh = plan_mesh(plan, mesh)
     kwargs: dict[str, Any] = {} if loss_fn is None else {"loss_fn": loss_fn}
     # each module's input pinned to its producer's planned layout and each module output read by functional
-    # ops to theirs, so the functional ops between modules (activations, pooling, flatten) run where the plan
-    # costs them (docs/validation.md, items 2 and 12)
+    # ops to theirs, and each residual block's input and output to its layers', so the functional ops between
+    # modules (activations, pooling, flatten, the shortcut's add) run where the plan costs them
+    # (docs/validation.md, items 2 and 12)
     return shard_training(model, plan.strategies, mesh, optimizer,
                           input_layouts=producer_layouts(graph, plan.strategies),
-                          output_layouts=consumer_layouts(graph, plan.strategies), **kwargs)
+                          output_layouts=consumer_layouts(graph, plan.strategies),
+                          blocks=block_layouts(graph, plan.strategies), **kwargs)
 
 
 def planned_graph(model: nnx.Module, plan: Plan) -> LayerGraph:

@@ -39,7 +39,9 @@ XLA splits into one over ``model`` and one over ``data`` is matched too.
 The step is compiled with every module input pinned first to its producer's
 planned layout (:func:`planner.runtime.export.producer_layouts`) and every module
 output read by functional layers pinned to their planned layout
-(:func:`planner.runtime.export.consumer_layouts`), so that the functional layers
+(:func:`planner.runtime.export.consumer_layouts`), and every block of layers (a
+residual block) with its input and output pinned
+(:func:`planner.runtime.export.block_layouts`), so that the functional layers
 between modules keep the plan's layouts.
 """
 
@@ -73,7 +75,12 @@ from costmodels.strategies import AXIS_NAMES, DATA_AXIS, MODEL_AXIS
 from costmodels.table import OPTIMIZER_SLOTS
 from planner.models.extraction import extract
 from planner.planning import Plan
-from planner.runtime.export import consumer_layouts, lower_training, producer_layouts
+from planner.runtime.export import (
+    block_layouts,
+    consumer_layouts,
+    lower_training,
+    producer_layouts,
+)
 from planner.runtime.hlo import parse_collectives
 from planner.runtime.sharding import plan_mesh, planned_graph
 
@@ -208,7 +215,8 @@ def validate(
     x = jax.ShapeDtypeStruct((plan.batch, *spatial, c), jnp.float32)
     lowered, abstract = lower_training(model, plan.strategies, mesh, tx, x,
                                        input_layouts=producer_layouts(graph, plan.strategies),
-                                       output_layouts=consumer_layouts(graph, plan.strategies))
+                                       output_layouts=consumer_layouts(graph, plan.strategies),
+                                       blocks=block_layouts(graph, plan.strategies))
     compiled = lowered.compile()
     memory = _memory_rows(graph, plan, compiled, abstract, x, memory_rtol, activation_rtol)
     platform = mesh.devices.flat[0].platform
