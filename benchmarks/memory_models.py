@@ -1,0 +1,133 @@
+"""Would another memory model agree with XLA? The cost model's per-device
+memory and simple alternatives to it, scored against the compiled programs
+of the memory-promise grid.
+
+It reads the grid that ``benchmarks/xla_agreement.py --json OUT`` wrote
+(every case's plan summary, limit and compiled total), plans each case again
+on its mesh (the planner is deterministic: the strategies are checked to be
+the grid's), builds that mesh's cost table and sums, per case, in bytes per
+device: ``args`` (parameters, optimizer state, batch statistics, inputs:
+XLA's argument size, exact), ``G`` (the gradients, one fp32 word per
+parameter held; the optimizer's update is as large), ``A`` (the saved
+activations), ``W`` (the largest workspace), and, for XLA:CPU's
+select-and-scatter expansion of each max pool (docs/validation.md, "The
+memory promise"), ``I`` (int32 iotas of the pool input's shape, one per
+dimension) and ``X`` (the index matrix, one int32 per output element and
+dimension). The models, each a formula of those sums:
+
+* ``today``: the cost table's memory, ``args + 2G + A + W`` (what the search uses);
+* ``phases``: the update not live with the activations, ``args + G + max(A + W, G)``;
+* ``liveness``: activations freed and gradients made in reverse layer order,
+  ``args + max(max_l (sum_{j>=l} G_j + sum_{j<=l} A_j + W_l), 2G)``;
+* ``phases+pools``: ``args + G + max(A + W + I + X, G)``;
+* ``forward+pools``: a forward phase with every pool's expansion,
+  ``args + max(G + A + W + X, I + X + A, 2G)``.
+
+Printed per model: the cases within 10% of the compiled total, and the
+smallest and largest ``compiled / predicted - 1`` (positive: XLA needed more
+than predicted).
+
+    PYTHONPATH=. python benchmarks/xla_agreement.py --json grid.json
+    PYTHONPATH=. python benchmarks/memory_models.py grid.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np
+import xla_agreement as grid  # the grid's models, hardware and planning
+
+TOTAL_RTOL = grid.TOTAL_RTOL
+
+
+def parts(row: dict, graphs: dict) -> dict[str, np.ndarray | float]:
+    """The per-layer sums of one grid case (see the module docstring)."""
+    import planner
+    from costmodels import load_hardware
+    from costmodels.compute import hardware_arrays
+    from costmodels.layers import LayerKind
+    from costmodels.strategies import Strategy
+    from costmodels.table import CostSettings, cost_table
+
+    name, batch, (d, m) = row["model"], row["batch"], row["mesh"]
+    if (name, batch) not in graphs:
+        graphs[(name, batch)] = planner.extract(*grid.build(name, batch))
+    g = graphs[(name, batch)]
+    plan = grid.plan_on(g, (d, m), batch, None if row["limit"] == "none" else row["limit_bytes"])
+    if grid.summarise_plan(plan)[2] != row["strategies"]:
+        raise SystemExit(f"{name} batch {batch} {d}x{m} {row['limit']}: planned {grid.summarise_plan(plan)[2]}, "
+                         f"the grid has {row['strategies']}; rerun xla_agreement.py at this revision")
+    settings = CostSettings(optimizer=grid.OPTIMIZER)
+    t = cost_table(g.arrays, hardware_arrays(load_hardware(grid.HARDWARE), "float32"), float(batch), float(d),
+                   float(m), settings)
+    rows = np.arange(g.num_layers)
+    c = np.array([Strategy[plan.strategies[n].upper()] for n in g.names])
+    a = g.unpadded()
+    report = {p["part"]: p for p in row["report"]["memory"]}
+    act = np.asarray(t.activation_bytes, np.float64)[rows, c]  # [n] saved activations
+    buffers = 4.0 * np.asarray(a.buffers, np.float64)
+    per_param = settings.state_bytes_per_param + settings.update_bytes_per_param
+    held = (np.asarray(t.state_bytes, np.float64)[rows, c] - buffers) / per_param  # parameters held (filter splits
+    # the buffers too; they are small beside the weights)
+    max_pool = (np.asarray(a.kind) == LayerKind.POOL) & (np.asarray(a.saved_elements) > 0)  # avg pools save nothing
+    dims = np.asarray(a.spatial_rank) + 2.0  # batch, spatial dims, channels
+    in_el = np.asarray(a.in_channels) * np.prod(np.asarray(a.in_spatial), axis=-1)
+    out_el = np.asarray(a.out_channels) * np.prod(np.asarray(a.out_spatial), axis=-1)
+    pool_in = np.where(max_pool, act, 0.0)  # a max pool saves its input: its bytes per device
+    return {
+        "args": float(report["arguments"]["compiled_bytes"]),
+        "G": settings.gradient_bytes_per_param * np.maximum(held, 0.0),
+        "A": act,
+        "W": np.asarray(t.workspace_bytes, np.float64)[rows, c],
+        "I": pool_in * dims,
+        "X": pool_in * dims * np.where(in_el > 0, out_el / np.maximum(in_el, 1.0), 0.0),
+        "today": float(row["predicted_total_bytes"]),
+    }
+
+
+def _liveness(A: np.ndarray, W: np.ndarray, G: np.ndarray) -> float:
+    grads_after = np.cumsum(G[::-1])[::-1]  # gradients made by layer l's backward step and after it
+    return float(np.max(grads_after + np.cumsum(A) + W)) if A.size else 0.0
+
+
+MODELS = {
+    "today": lambda p: p["today"],
+    "phases": lambda p: p["args"] + p["G"].sum() + max(p["A"].sum() + p["W"].max(), p["G"].sum()),
+    "liveness": lambda p: p["args"] + max(_liveness(p["A"], p["W"], p["G"]), 2 * p["G"].sum()),
+    "phases+pools": lambda p: p["args"] + p["G"].sum() + max(p["A"].sum() + p["W"].max() + p["I"].sum()
+                                                             + p["X"].sum(), p["G"].sum()),
+    "forward+pools": lambda p: p["args"] + max(p["G"].sum() + p["A"].sum() + p["W"].max() + p["X"].sum(),
+                                               p["I"].sum() + p["X"].sum() + p["A"].sum(), 2 * p["G"].sum()),
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("grid", help="the JSON benchmarks/xla_agreement.py --json wrote")
+    args = ap.parse_args(argv)
+    with open(args.grid) as f:
+        rows = json.load(f)["rows"]
+    graphs: dict = {}
+    errors = {k: [] for k in MODELS}
+    for row in rows:
+        p = parts(row, graphs)
+        for k, model in MODELS.items():
+            errors[k].append(row["compiled_total_bytes"] / model(p) - 1.0)
+    print(f"{len(rows)} cases from {args.grid}; error = compiled / predicted - 1")
+    print(f"{'model':15} {'within 10%':>10} {'smallest':>9} {'largest':>9}")
+    for k, e in errors.items():
+        e = np.asarray(e)
+        print(f"{k:15} {int(np.sum(np.abs(e) <= TOTAL_RTOL)):>6} / {e.size:<3} {e.min():>+8.1%} {e.max():>+8.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
