@@ -13,7 +13,12 @@ from costmodels.calibration import (
 )
 from costmodels.collective_list import CollectiveRecord, plan_collectives
 from costmodels.compute import HardwareArrays, hardware_arrays
-from costmodels.evaluate import iteration_time, memory_per_device, one_hot
+from costmodels.evaluate import (
+    expected_time,
+    iteration_time,
+    memory_per_device,
+    one_hot,
+)
 from costmodels.hardware import (
     HARDWARE_SCHEMA,
     HARDWARE_VERSION,
@@ -48,6 +53,7 @@ __all__ = [
     "Strategy",
     "calibration_arrays",
     "cost_table",
+    "expected_time",
     "hardware_arrays",
     "hardware_from_dict",
     "iteration_time",

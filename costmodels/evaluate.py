@@ -4,8 +4,15 @@ strategies); at one-hot probabilities they are the discrete plan's exact cost.
 Both are pure, differentiable and jit-compiled, with no loop over layers:
 
 ``time = sum_l sum_s p[l,s] (compute + grad sync + halo + output)[l,s]
-       + sum_e sum_{s,t} p[src,s] p[dst,t] reshard[e,s,t]
+       + sum_e sum_{s,t} q[e,s,t] reshard[e,s,t]
        - overlap * min(sum p grad_sync, sum p backward_compute)``
+
+with ``q[e]`` the probability of each (source, destination) strategy pair of
+edge ``e``: :func:`expected_time` takes it as given (the AutoML cost takes
+the Gibbs distribution's pair marginals), :func:`iteration_time` draws the
+layers independently, ``q[e,s,t] = p[src,s] p[dst,t]``. This is the one
+objective: the exact solvers' float64 host version
+(:func:`search.problem.plan_times`) is its value at one-hot probabilities.
 
 ``memory = sum_l sum_s p[l,s] (state + activations)[l,s] + max_l sum_s p[l,s] workspace[l,s]``
 
@@ -22,7 +29,7 @@ import jax.numpy as jnp
 
 from costmodels.table import CostTable
 
-__all__ = ["iteration_time", "memory_per_device", "one_hot", "reshard_per_edge"]
+__all__ = ["expected_time", "iteration_time", "memory_per_device", "one_hot", "reshard_per_edge"]
 
 
 def one_hot(choice, num_strategies: int):
@@ -37,15 +44,27 @@ def reshard_per_edge(table: CostTable, probs):
     return jnp.einsum("es,est,et->e", ps, table.reshard_s, pd) * table.edge_mask
 
 
-@jax.jit
-def iteration_time(table: CostTable, probs):
-    """Seconds per training iteration under the relaxed plan ``probs`` [L, S]."""
+def expected_time(table: CostTable, probs, pair_probs):
+    """Expected seconds per training iteration when each layer's strategy has
+    the probabilities ``probs`` [L, S] and each edge's (source, destination)
+    strategy pair ``pair_probs`` [E, S, S]. A strategy of probability zero
+    adds nothing, whatever the table holds for it (so a cost that cannot be
+    computed there gives no NaN, nor NaN gradients)."""
     mask = table.layer_mask[:, None]
-    layer = jnp.sum(probs * table.layer_time_s * mask)
+    layer = jnp.sum(probs * jnp.where(probs > 0, table.layer_time_s, 0.0) * mask)
     grad = jnp.sum(probs * table.grad_sync_s * mask)
     bwd = jnp.sum(probs * table.backward_compute_s * mask)
     hidden = table.gradient_overlap * jnp.minimum(grad, bwd)
-    return layer + jnp.sum(reshard_per_edge(table, probs)) - hidden
+    reshard = jnp.sum(pair_probs * table.reshard_s * table.edge_mask[:, None, None])
+    return layer + reshard - hidden
+
+
+@jax.jit
+def iteration_time(table: CostTable, probs):
+    """Seconds per training iteration under the relaxed plan ``probs`` [L, S]
+    (layers independent: :func:`expected_time` with ``q[e,s,t] = p[src,s] p[dst,t]``)."""
+    pair = probs[table.edge_src][:, :, None] * probs[table.edge_dst][:, None, :]  # [E, S, S]
+    return expected_time(table, probs, pair)
 
 
 @jax.jit

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from costmodels import (
     CostSettings,
     cost_table,
+    expected_time,
     hardware_arrays,
     iteration_time,
     load_hardware,
@@ -230,6 +231,34 @@ def test_parallel_edges_are_merged_and_both_counted():
     assert p.num_edges == 2
     c = np.array([1, 2, 3])
     assert plan_time(p, c) == pytest.approx(float(iteration_time(t, one_hot(np.r_[c, [0] * 5], S))), rel=1e-6)
+
+
+def test_expected_time_by_hand():
+    # Two layers, one edge (padded to L_PAD rows and E_PAD edges): the layer terms
+    # weighted by their strategy probabilities plus the edge's resharding weighted
+    # by the pair probabilities given, summed by hand; padded edges add nothing
+    # whatever their pair probabilities; independent layers = iteration_time.
+    import jax
+
+    t = synthetic_table(3, 2, [(0, 1)], p_feasible=1.0)
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(S), L_PAD)
+    pair = rng.dirichlet(np.ones(S * S), E_PAD).reshape(E_PAD, S, S)
+    lt = np.asarray(t.compute_s, np.float64)[:2]  # grad sync, halo and output are zero in this table
+    want = float(np.sum(probs[:2] * lt) + np.sum(pair[0] * np.asarray(t.reshard_s, np.float64)[0]))
+    got = float(expected_time(t, jnp.asarray(probs, jnp.float32), jnp.asarray(pair, jnp.float32)))
+    assert got == pytest.approx(want, rel=1e-5)
+    outer = np.zeros_like(pair)
+    outer[0] = np.outer(probs[0], probs[1])
+    want_indep = float(np.sum(probs[:2] * lt) + np.sum(outer[0] * np.asarray(t.reshard_s, np.float64)[0]))
+    assert float(iteration_time(t, jnp.asarray(probs, jnp.float32))) == pytest.approx(want_indep, rel=1e-5)
+    # a cost that cannot be computed where the probability is zero: no NaN, nor in the gradient
+    bad = t._replace(compute_s=t.compute_s.at[0, 2].set(jnp.nan))
+    p0 = jnp.asarray(probs, jnp.float32).at[0].set(jnp.asarray([0.5, 0.5, 0.0, 0.0, 0.0]))
+    value, grad = jax.value_and_grad(lambda c: expected_time(bad._replace(compute_s=c), p0, jnp.asarray(pair)))(
+        bad.compute_s)
+    assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
+    assert float(grad[0, 0]) == pytest.approx(0.5) and float(grad[0, 2]) == 0.0
 
 
 # -- the discrete objective is the cost model's ----------------------------------------------------

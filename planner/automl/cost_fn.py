@@ -17,6 +17,7 @@ from costmodels import (
     CostSettings,
     Hardware,
     cost_table,
+    expected_time,
     hardware_arrays,
     iteration_time,
     load_hardware,
@@ -117,17 +118,6 @@ def _softmin_weights(x, tau):
     return z / jnp.sum(z), m - tau * jnp.log(jnp.sum(z))
 
 
-def _expected_time(table, marginals, pair):
-    """Expected iteration time under the Gibbs distribution over plans (layer
-    marginals ``[L, S]``, edge pair marginals ``[E, S, S]``); overlap term as
-    :func:`costmodels.iteration_time` at the layer marginals."""
-    mask = table.layer_mask[:, None]
-    layer = jnp.sum(marginals * jnp.where(table.feasible, table.layer_time_s, 0.0) * mask)
-    grad = jnp.sum(marginals * table.grad_sync_s * mask)
-    bwd = jnp.sum(marginals * table.backward_compute_s * mask)
-    return layer + jnp.sum(pair * table.reshard_s) - table.gradient_overlap * jnp.minimum(grad, bwd)
-
-
 @functools.partial(jax.jit, static_argnames=("graph", "settings"))
 def _estimate(params: ArchParams, graph: ParametricGraph, hwa, sched: DPSchedule, meshes, limit, temperature,
               penalty, settings: CostSettings) -> CostEstimate:
@@ -158,7 +148,7 @@ def _estimate(params: ArchParams, graph: ParametricGraph, hwa, sched: DPSchedule
 
     # d F / d cost = the Gibbs probabilities: per layer [M, L, S] and per edge [M, E, S, S]
     marginals, pair = jax.grad(soft, argnums=(0, 1))(t.compute_s, t.reshard_s)
-    f = jax.vmap(_expected_time)(t, marginals, pair)
+    f = jax.vmap(expected_time)(t, marginals, pair)  # under the Gibbs distribution over plans
     mem = jax.vmap(memory_per_device)(t, marginals)
     # exact: hard minimum and its plan on every mesh
     lt_r = jnp.where(tr.feasible, tr.layer_time_s, INFEASIBLE_S)
