@@ -297,19 +297,8 @@ def plan(
     if dp_time is not None and ev.iteration_s > 0:
         speedup = dp_time / ev.iteration_s
     return Plan(
-        model=graph.model_name,
-        hardware=hw.name,
-        devices=P,
-        mesh=(d, m),
+        evaluation=ev,
         axis_names=AXIS_NAMES,
-        batch=B,
-        dtype=dtype,
-        optimizer=optimizer,
-        layers=ev.layers,
-        collectives=ev.collectives,
-        iteration_s=ev.iteration_s,
-        memory_bytes_per_device=ev.memory_bytes_per_device,
-        memory_capacity_bytes=ev.memory_capacity_bytes,
         memory_limit_bytes=limit,
         data_parallel_iteration_s=dp_time,
         data_parallel_memory_bytes=dp_memory,

@@ -215,10 +215,7 @@ def _plan_of(ev, g):
     from planner.plans.specs import layer_specs
 
     return Plan(
-        model=ev.model, hardware=ev.hardware, devices=ev.devices, mesh=ev.mesh, axis_names=AXIS_NAMES,
-        batch=ev.batch, dtype=ev.dtype, optimizer=ev.optimizer, layers=ev.layers, collectives=ev.collectives,
-        iteration_s=ev.iteration_s, memory_bytes_per_device=ev.memory_bytes_per_device,
-        memory_capacity_bytes=ev.memory_capacity_bytes, memory_limit_bytes=ev.memory_capacity_bytes,
+        evaluation=ev, axis_names=AXIS_NAMES, memory_limit_bytes=ev.memory_capacity_bytes,
         data_parallel_iteration_s=None, data_parallel_memory_bytes=None, speedup_over_data_parallel=None,
         method="fixed", seed=0, seconds=0.0, optimality_gap=None, meshes=(), graph_fingerprint=g.fingerprint,
         input_shape=tuple(g.input_shape), layer_specs=layer_specs(g, [r.strategy for r in ev.layers]),

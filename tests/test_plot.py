@@ -222,7 +222,7 @@ def test_cli_plot_without_matplotlib(monkeypatch, plan_file, tmp_path, capsys):
 def _long_plan(plan, copies):
     """The short plan's layers repeated ``copies`` times (names made unique): a 100+ layer plan, cheaply."""
     layers = [dataclasses.replace(r, name=f"copy{k}/{r.name}") for k in range(copies) for r in plan.layers]
-    return dataclasses.replace(plan, layers=tuple(layers))
+    return dataclasses.replace(plan, evaluation=dataclasses.replace(plan.evaluation, layers=tuple(layers)))
 
 
 def _overlapping_labels(ax):

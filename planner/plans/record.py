@@ -12,7 +12,7 @@ from typing import Any
 
 from costmodels import CollectiveRecord, Hardware
 from costmodels.files import parse_json, read_json, write_atomic
-from planner.evaluation import LayerCost
+from planner.evaluation import Evaluation, LayerCost
 from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION, plan_fields  # the file format
 from planner.plans.specs import LayerSpecs, to_partition_spec
 from search import HistoryEntry
@@ -38,21 +38,13 @@ class MeshResult:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A per-layer sharding plan and its predicted costs (plain data)."""
+    """A per-layer sharding plan (plain data): its predicted costs, the
+    :class:`~planner.evaluation.Evaluation` of its strategies on its mesh
+    (``model``, ``mesh``, ``layers``, ``iteration_s``, ... read through to
+    it), and what the search knew and did."""
 
-    model: str
-    hardware: str
-    devices: int
-    mesh: tuple[int, int]  # (d, m)
+    evaluation: Evaluation  # the plan's costs: model, mesh, batch, per-layer strategies and costs, collectives
     axis_names: tuple[str, str]
-    batch: int  # global
-    dtype: str
-    optimizer: str
-    layers: tuple[LayerCost, ...]  # name, kind, strategy and predicted costs per layer
-    collectives: tuple[CollectiveRecord, ...]
-    iteration_s: float  # predicted seconds per iteration
-    memory_bytes_per_device: float
-    memory_capacity_bytes: float
     memory_limit_bytes: float
     data_parallel_iteration_s: float | None  # pure data parallelism on all devices (None if the batch does not split)
     data_parallel_memory_bytes: float | None
@@ -73,6 +65,56 @@ class Plan:
     # set when a simpler plan was preferred (SIMPLER_PLAN_TOLERANCE): the fastest plan found, which it is within
     fastest_iteration_s: float | None = None
     fastest_mesh: tuple[int, int] | None = None
+
+    # -- the evaluation's fields, read through -------------------------------------------
+
+    @property
+    def model(self) -> str:
+        return self.evaluation.model
+
+    @property
+    def hardware(self) -> str:
+        return self.evaluation.hardware
+
+    @property
+    def devices(self) -> int:
+        return self.evaluation.devices
+
+    @property
+    def mesh(self) -> tuple[int, int]:  # (d, m)
+        return self.evaluation.mesh
+
+    @property
+    def batch(self) -> int:  # global
+        return self.evaluation.batch
+
+    @property
+    def dtype(self) -> str:
+        return self.evaluation.dtype
+
+    @property
+    def optimizer(self) -> str:
+        return self.evaluation.optimizer
+
+    @property
+    def layers(self) -> tuple[LayerCost, ...]:  # name, kind, strategy and predicted costs per layer
+        return self.evaluation.layers
+
+    @property
+    def collectives(self) -> tuple[CollectiveRecord, ...]:
+        return self.evaluation.collectives
+
+    @property
+    def iteration_s(self) -> float:  # predicted seconds per iteration
+        return self.evaluation.iteration_s
+
+    @property
+    def memory_bytes_per_device(self) -> float:
+        return self.evaluation.memory_bytes_per_device
+
+    @property
+    def memory_capacity_bytes(self) -> float:
+        return self.evaluation.memory_capacity_bytes
 
     @property
     def strategies(self) -> dict[str, str]:
@@ -98,7 +140,7 @@ class Plan:
 
     @property
     def fits_memory(self) -> bool:
-        return self.memory_bytes_per_device <= self.memory_capacity_bytes
+        return self.evaluation.fits_memory
 
     def summary(self, full: bool = False) -> str:
         """The per-layer table as plain text: strategy, predicted seconds and
@@ -160,6 +202,8 @@ class Plan:
         and malformed fields with a message naming the problem."""
         fields = plan_fields(data)
         fields["meshes"] = tuple(MeshResult(**m) for m in fields["meshes"])
+        costs = {f.name: fields.pop(f.name) for f in dataclasses.fields(Evaluation) if f.name in fields}
+        fields["evaluation"] = Evaluation(**costs)
         if set(fields) != {f.name for f in dataclasses.fields(cls)}:  # the writer and the reader agree
             raise RuntimeError(f"internal error: plan file fields {sorted(fields)} are not Plan's")
         return cls(**fields)

@@ -376,10 +376,7 @@ def fixed_plan(
     else:
         ev = evaluate(graph, hw, d * m, mesh=(d, m), strategy=strategy or "data", batch=batch, optimizer=optimizer)
     return Plan(
-        model=graph.model_name, hardware=hw.name, devices=d * m, mesh=(d, m), axis_names=AXIS_NAMES, batch=batch,
-        dtype="float32", optimizer=optimizer, layers=ev.layers, collectives=ev.collectives,
-        iteration_s=ev.iteration_s, memory_bytes_per_device=ev.memory_bytes_per_device,
-        memory_capacity_bytes=ev.memory_capacity_bytes, memory_limit_bytes=ev.memory_capacity_bytes,
+        evaluation=ev, axis_names=AXIS_NAMES, memory_limit_bytes=ev.memory_capacity_bytes,
         data_parallel_iteration_s=None, data_parallel_memory_bytes=None, speedup_over_data_parallel=None,
         method="fixed", seed=0, seconds=0.0, optimality_gap=None, meshes=(),
         graph_fingerprint=graph.fingerprint, input_shape=tuple(graph.input_shape),
