@@ -5,7 +5,13 @@ refinement and exact solvers. Never imports flax or planner.
 callback) -> Solution`` is the entry point; ``solve_many`` plans several
 same-shaped tables (mesh shapes) together. See ``docs/search.md``.
 
-The function ``search.solve`` and its methods live in :mod:`search.solver`."""
+The function ``search.solve`` and its methods live in :mod:`search.solver`.
+Two dynamic programmes, for two contracts: :mod:`search.dp`, the exact
+solver of chain graphs under a memory limit (float64 on the host: Viterbi,
+Lagrangian bounds, Pareto labels), and :mod:`search.elimination`, variable
+elimination over any DAG of small frontier without a memory limit, in JAX
+(jitted, vmapped over tables, with a differentiable soft minimum: what the
+AutoML cost is built on)."""
 
 from search.brute import solve_brute
 from search.dp import DPResult, solve_dp

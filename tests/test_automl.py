@@ -24,15 +24,6 @@ from costmodels import (
     load_hardware,
 )
 from planner.automl import PlanConfig, cost_fn, plan_many
-from planner.automl._dp import (
-    INFEASIBLE_S,
-    best_plan,
-    best_plans,
-    dp_schedule,
-    frontier_size,
-    pad_schedule,
-    soft_min_time,
-)
 from planner.automl.batch import _batch_tables, _plan_batch
 from planner.automl.parametric import (
     ArchParams,
@@ -46,6 +37,15 @@ from planner.ir.graph import LayerArrays
 from planner.models.zoo import get_model
 from planner.planning import plan
 from search import discrete_problem, plan_time, solve_brute, solve_dp
+from search.elimination import (
+    INFEASIBLE_S,
+    best_plan,
+    best_plans,
+    dp_schedule,
+    frontier_size,
+    pad_schedule,
+    soft_min_time,
+)
 from search.problem import plan_times
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,8 +132,7 @@ def test_parametric_graph_rejects_bad_groups():
 
 def graph_like(n: int, edges):
     e = np.asarray(edges, float).reshape(-1, 2)
-    return SimpleNamespace(num_layers=n, num_edges=len(e), model_name="random",
-                           arrays=SimpleNamespace(edge_src=e[:, 0], edge_dst=e[:, 1]))
+    return SimpleNamespace(num_layers=n, model_name="random", edges=tuple((int(u), int(v)) for u, v in e))
 
 
 def random_edges(n: int, seed: int):

@@ -2,7 +2,7 @@
 of architecture parameters (:func:`cost_fn`), and many configurations
 planned by a few compiled calls (:func:`plan_many`).
 
-Both rest on an exact dynamic programme over plans (:mod:`planner.automl._dp`,
+Both rest on an exact dynamic programme over plans (:mod:`search.elimination`,
 variable elimination along the layer order; exact on any DAG whose
 frontier has at most four layers: chains, ResNets) instead of the host-side
 search of :func:`planner.plan`:

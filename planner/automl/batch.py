@@ -1,6 +1,6 @@
 """``plan_many``: many configurations (models padded to one row count,
 hardware, device counts) planned by a few compiled calls: the exact DP of
-:mod:`planner.automl._dp` for every (configuration, mesh shape) pair, the pairs
+:mod:`search.elimination` for every (configuration, mesh shape) pair, the pairs
 of one graph structure as the lanes of one DP, ``chunk`` configurations per
 call. When the fastest plan of the chosen mesh fits the memory limit and no
 mesh whose fastest plan does not fit is faster, that plan is the constrained
@@ -33,16 +33,16 @@ from costmodels import (
     one_hot,
 )
 from costmodels.strategies import NUM_STRATEGIES
-from planner.automl._dp import (
+from planner.evaluation import resolve_batch
+from planner.ir.graph import VECTOR_FIELDS, LayerArrays, LayerGraph, bucket_size
+from planner.planning import InfeasibleMemoryError, mesh_shapes, parse_memory_limit
+from search.elimination import (
     INFEASIBLE_S,
     DPSchedule,
     best_plans,
     dp_schedule,
     pad_schedule,
 )
-from planner.evaluation import resolve_batch
-from planner.ir.graph import VECTOR_FIELDS, LayerArrays, LayerGraph, bucket_size
-from planner.planning import InfeasibleMemoryError, mesh_shapes, parse_memory_limit
 
 __all__ = ["PlanBatch", "PlanConfig", "ROW_MULTIPLE", "plan_many"]
 

@@ -25,15 +25,15 @@ from costmodels import (
     one_hot,
 )
 from costmodels.strategies import NUM_STRATEGIES, strategy_mask
-from planner.automl._dp import (
+from planner.automl.parametric import ArchParams, ParametricGraph
+from planner.planning import mesh_shapes, parse_memory_limit
+from search.elimination import (
     INFEASIBLE_S,
     DPSchedule,
     best_plans,
     dp_schedule,
     soft_min_lanes,
 )
-from planner.automl.parametric import ArchParams, ParametricGraph
-from planner.planning import mesh_shapes, parse_memory_limit
 
 __all__ = ["CostEstimate", "CostFunction", "cost_fn"]
 

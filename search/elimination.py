@@ -40,8 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from costmodels.layers import LayerTable
 from costmodels.strategies import NUM_STRATEGIES as S
-from planner.ir.graph import LayerGraph
 
 __all__ = [
     "INFEASIBLE_S",
@@ -79,10 +79,8 @@ class DPSchedule(NamedTuple):
     slots: np.ndarray  # [K] int32 0..K-1 (its length is K)
 
 
-def _edges(graph: LayerGraph) -> np.ndarray:
-    e = graph.num_edges
-    a = graph.arrays
-    return np.stack([np.asarray(a.edge_src)[:e], np.asarray(a.edge_dst)[:e]], axis=1).astype(int)  # [e, 2]
+def _edges(graph: LayerTable) -> np.ndarray:
+    return np.asarray(graph.edges, dtype=int).reshape(-1, 2)  # [e, 2] source, destination
 
 
 def _frontier(n: int, edges: np.ndarray):
@@ -103,13 +101,13 @@ def _frontier(n: int, edges: np.ndarray):
     return into, frees, carried, max([len(x) for x in into] + [0])
 
 
-def frontier_size(graph: LayerGraph) -> int:
+def frontier_size(graph: LayerTable) -> int:
     """``K``, the axes of an event's table: the most layers alive after a
     layer's first event, plus the new layer."""
     return _frontier(graph.num_layers, _edges(graph))[2] + 1
 
 
-def dp_schedule(graph: LayerGraph, slots: int | None = None, inputs: int | None = None) -> DPSchedule:
+def dp_schedule(graph: LayerTable, slots: int | None = None, inputs: int | None = None) -> DPSchedule:
     """The DP schedule of ``graph`` (host numpy), with ``slots`` axes per
     event (default: :func:`frontier_size`) and ``inputs`` incoming-edge
     columns (default: the largest in-degree), one event per layer plus one
