@@ -14,7 +14,12 @@ from costmodels import CollectiveRecord, Hardware
 from costmodels.files import parse_json, read_json, write_atomic
 from planner.evaluation import Evaluation, LayerCost
 from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION, plan_fields  # the file format
-from planner.plans.specs import LayerSpecs, to_partition_spec
+from planner.plans.specs import (
+    LayerSpecs,
+    partition_specs,
+    shardings,
+    to_partition_spec,
+)
 from search import HistoryEntry
 
 __all__ = ["MeshResult", "Plan"]
@@ -123,15 +128,11 @@ class Plan:
 
     def partition_specs(self, params: Any) -> Any:
         """PartitionSpecs for a Flax nnx ``State`` or linen params tree, from each
-        parameter's layer strategy (:mod:`planner.runtime.export`)."""
-        from planner.runtime.export import partition_specs
-
+        parameter's layer strategy (:func:`planner.plans.specs.partition_specs`)."""
         return partition_specs(params, self.strategies)
 
     def shardings(self, params: Any, mesh: Any) -> Any:
         """NamedShardings for ``params`` on ``mesh`` (a ``("data", "model")`` mesh)."""
-        from planner.runtime.export import shardings
-
         return shardings(params, self.strategies, mesh)
 
     def activation_specs(self) -> dict[str, tuple[Any, Any]]:

@@ -1,5 +1,6 @@
 """The PartitionSpecs a plan gives each layer: its parameters' and its
-activations', on the ``("data", "model")`` mesh. These are what
+activations', on the ``("data", "model")`` mesh, and those of a Flax
+model's parameter state under a plan (:func:`partition_specs`). These are what
 :mod:`planner.runtime.export` applies to a Flax model and what the plan file records
 per layer (``input_spec``, ``output_spec``, ``param_specs``).
 
@@ -30,10 +31,12 @@ is applied.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jax.sharding import PartitionSpec
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec as P
 
 from costmodels.strategies import (
     AXIS_NAMES,
@@ -56,6 +59,9 @@ __all__ = [
     "check_strategy",
     "layer_specs",
     "layer_specs_from_kinds",
+    "param_spec",
+    "partition_specs",
+    "shardings",
     "to_partition_spec",
 ]
 
@@ -186,3 +192,38 @@ def layer_specs_from_kinds(names: Sequence[str], kinds: Sequence[str], strategie
         out.append(_one(name, kind, s, r_in, r_out))
         rank = r_out
     return tuple(out)
+
+
+# -- a model's parameter state --------------------------------------------------------
+
+
+def param_spec(strategy: str, ndim: int) -> P:
+    """PartitionSpec of a parameter of rank ``ndim`` in a layer run under ``strategy``
+    (:func:`param_spec_entries`, what the plan file records)."""
+    return P(*param_spec_entries(strategy, ndim))
+
+
+def _path_key(path: tuple[Any, ...]) -> tuple[str, str]:
+    """(layer name, parameter name) of an nnx State leaf path (DictKeys only)."""
+    keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path if isinstance(k, jax.tree_util.DictKey)]
+    if not keys:
+        keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    return "/".join(keys[:-1]), keys[-1]
+
+
+def partition_specs(state: Any, strategies: Mapping[str, str]) -> Any:
+    """A pytree of PartitionSpecs matching ``state`` (an nnx ``State`` or a
+    linen params dict), from each parameter's layer strategy; parameters of
+    layers the mapping does not name are replicated."""
+
+    def spec(path: tuple[Any, ...], leaf: Any) -> P:
+        layer, _ = _path_key(path)
+        return param_spec(strategies.get(layer, "replicated"), len(getattr(leaf, "shape", ())))
+
+    return jax.tree_util.tree_map_with_path(spec, state)
+
+
+def shardings(state: Any, strategies: Mapping[str, str], mesh: Mesh) -> Any:
+    """NamedShardings for ``state`` on ``mesh`` (see :func:`partition_specs`)."""
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), partition_specs(state, strategies),
+                        is_leaf=lambda x: isinstance(x, P))

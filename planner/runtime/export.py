@@ -31,7 +31,9 @@ from planner.plans.specs import (
     PARAM_LAYOUTS,
     activation_spec_entries,
     check_strategy,
-    param_spec_entries,
+    param_spec,
+    partition_specs,
+    shardings,
     to_partition_spec,
 )
 
@@ -91,12 +93,6 @@ def process_device_grid(d: int, m: int, devices: Sequence[Any]) -> np.ndarray:
     return grid
 
 
-def param_spec(strategy: str, ndim: int) -> P:
-    """PartitionSpec of a parameter of rank ``ndim`` in a layer run under ``strategy``
-    (:func:`planner.plans.specs.param_spec_entries`, what the plan file records)."""
-    return P(*param_spec_entries(strategy, ndim))
-
-
 def activation_spec(layout: str, ndim: int) -> P | None:
     """PartitionSpec of a batch-first, channels-last activation in a layout
     (``batch``, ``replicated``, ``channel``, ``spatial``); None where XLA
@@ -105,32 +101,6 @@ def activation_spec(layout: str, ndim: int) -> P | None:
 
 
 _PARAM_MODULES = (nnx.Conv, nnx.Linear)
-
-
-def _path_key(path: tuple[Any, ...]) -> tuple[str, str]:
-    """(layer name, parameter name) of an nnx State leaf path (DictKeys only)."""
-    keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path if isinstance(k, jax.tree_util.DictKey)]
-    if not keys:
-        keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-    return "/".join(keys[:-1]), keys[-1]
-
-
-def partition_specs(state: Any, strategies: Mapping[str, str]) -> Any:
-    """A pytree of PartitionSpecs matching ``state`` (an nnx ``State`` or a
-    linen params dict), from each parameter's layer strategy; parameters of
-    layers the mapping does not name are replicated."""
-
-    def spec(path: tuple[Any, ...], leaf: Any) -> P:
-        layer, _ = _path_key(path)
-        return param_spec(strategies.get(layer, "replicated"), len(getattr(leaf, "shape", ())))
-
-    return jax.tree_util.tree_map_with_path(spec, state)
-
-
-def shardings(state: Any, strategies: Mapping[str, str], mesh: Mesh) -> Any:
-    """NamedShardings for ``state`` on ``mesh`` (see :func:`partition_specs`)."""
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), partition_specs(state, strategies),
-                        is_leaf=lambda x: isinstance(x, P))
 
 
 class TrainState(NamedTuple):
