@@ -317,5 +317,6 @@ def plan(
         memory_margin_bytes=margin,
         platform=platform,
         fastest_iteration_s=fastest_s if preferred else None,
+        on_unsupported=graph.on_unsupported,
         fastest_mesh=fastest_mesh,
     )

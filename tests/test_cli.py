@@ -143,8 +143,8 @@ def test_factory_wiring_with_a_stub_extractor(tmp_path, capsys, monkeypatch):
     factory's pair goes to ``planner.extract.extract`` unchanged."""
     seen = []
 
-    def fake_extract(module, example_input):
-        seen.append((module, example_input))
+    def fake_extract(module, example_input, on_unsupported="error"):
+        seen.append((module, example_input, on_unsupported))
         return parse_net(TINY_NET)
 
     stub = types.ModuleType("planner.models.extraction")
@@ -153,7 +153,7 @@ def test_factory_wiring_with_a_stub_extractor(tmp_path, capsys, monkeypatch):
     (tmp_path / "cli_stub_factory.py").write_text("def make():\n    return 'module', 'example'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     report = _run_json(capsys, "cli_stub_factory:make")
-    assert seen == [("module", "example")]
+    assert seen == [("module", "example", "error")]
     assert report["totals"]["params"] == 748
 
 

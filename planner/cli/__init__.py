@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from planner.cli.common import PROG, Parser, dump_json
+from planner.cli.common import PROG, Parser, add_on_unsupported, dump_json
 from planner.ir.graph import LayerGraph
 from planner.models.loading import (  # (load_model, call_factory: re-exported)
     accepted_models,
@@ -142,7 +142,7 @@ def _render_layers_table(report: dict[str, Any], full: bool = True) -> None:
 def _run_layers(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise UsageError(f"--batch must be a positive integer, got {args.batch}", "expected e.g. --batch 64")
-    graph = load_model(args.model)
+    graph = load_model(args.model, args.on_unsupported)
     report = layer_report(graph, args.batch, args.dtype)
     report["source"] = args.model
     if args.json or not sys.stdout.isatty():
@@ -172,6 +172,7 @@ def _parser() -> Parser:
         metavar="MODEL",
         help="built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory",
     )
+    add_on_unsupported(lay)
     lay.add_argument("--batch", type=int, default=1, metavar="B", help="samples per step (default: 1)")
     lay.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32", help="activation dtype (default: float32)")
     lay.add_argument("--json", action="store_true", help="print JSON even on a terminal")

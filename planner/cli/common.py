@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 from planner.usage import UsageError
 
-__all__ = ["PROG", "Parser", "dump_json"]
+__all__ = ["PROG", "Parser", "add_on_unsupported", "dump_json"]
 
 PROG = "shardplan"
 
@@ -33,3 +33,13 @@ def dump_json(report: dict[str, Any]) -> str:
         else:
             lines.append(f" {json.dumps(key)}: {json.dumps(value)}")
     return "{\n" + ",\n".join(lines) + "\n}"
+
+
+def add_on_unsupported(parser: argparse.ArgumentParser) -> None:
+    """The ``--on-unsupported`` option of the commands that read a MODEL."""
+    parser.add_argument(
+        "--on-unsupported", choices=("error", "replicate"), default="error",
+        help="for a package.module:factory MODEL: an operation the extraction cannot map to a layer kind is an "
+             "error (default), or kept as a replicated layer costed from its FLOPs; a plan records it, so "
+             "validate and planner.shard extract the model the same way",
+    )

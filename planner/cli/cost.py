@@ -24,6 +24,7 @@ import sys
 from typing import Any
 
 from costmodels.files import read_json
+from planner.cli.common import add_on_unsupported
 
 __all__ = ["add_cost_commands", "layer_cost_table", "parse_mesh"]
 
@@ -165,7 +166,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
 
     if (args.strategy is None) == (args.plan is None):
         raise ValueError("give exactly one of --strategy NAME or --plan FILE")
-    graph = load_model(args.model)
+    graph = load_model(args.model, args.on_unsupported)
     plan = None
     settings = {"devices": args.devices, "mesh": parse_mesh(args.mesh) if args.mesh else None,
                 "batch": args.batch, "dtype": args.dtype or "float32", "optimizer": args.optimizer or "adam",
@@ -288,6 +289,7 @@ def add_cost_commands(sub: Any) -> None:
                         description="Per-layer compute, communication, resharding and memory of one plan, and totals.")
     ev.add_argument("model", metavar="MODEL",
                     help="built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory")
+    add_on_unsupported(ev)
     ev.add_argument("--devices", type=int, metavar="P", help="number of devices (default with --plan: the plan's)")
     ev.add_argument("--mesh", metavar="DxM", help="data x model mesh (default: the model axis is one node)")
     ev.add_argument("--strategy", metavar="NAME",

@@ -23,6 +23,8 @@ import argparse
 import sys
 from typing import Any
 
+from planner.cli.common import add_on_unsupported
+
 __all__ = ["add_plan_commands"]
 
 
@@ -98,7 +100,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     limit = parse_memory_limit(args.memory_limit) if args.memory_limit is not None else None
     if args.output:
         check_writable(args.output, "-o")  # before the search, not after it
-    graph = load_model(args.model)
+    graph = load_model(args.model, args.on_unsupported)
     hw = load_hardware(args.hardware)
     calibration = load_calibration(args.calibration) if args.calibration else None
     as_json = args.json or not sys.stdout.isatty()
@@ -143,6 +145,7 @@ def add_plan_commands(sub: Any) -> None:
     )
     pl.add_argument("model", metavar="MODEL",
                     help="built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory")
+    add_on_unsupported(pl)
     pl.add_argument("--devices", type=int, required=True, metavar="P", help="number of devices")
     pl.add_argument("--memory-limit", metavar="SIZE",
                     help="per device, e.g. 16GiB, 16GB, 500MiB or bytes (default: the device's memory)")

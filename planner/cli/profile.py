@@ -25,6 +25,7 @@ import sys
 from typing import Any
 
 from costmodels.files import check_writable, write_atomic
+from planner.cli.common import add_on_unsupported
 
 __all__ = ["CAPS", "add_profile_commands"]
 
@@ -113,7 +114,7 @@ def _run_profile(args: argparse.Namespace) -> int:
     layers = [x.strip() for x in args.layers.split(",") if x.strip()] if args.layers else None
     if args.output:
         check_writable(args.output, "-o")  # before profiling, not after it
-    graph = load_model(args.model)
+    graph = load_model(args.model, args.on_unsupported)
     hardware = load_hardware(args.hardware).name if args.hardware else ""
     bar, callback = None, None
     if sys.stderr.isatty():
@@ -152,6 +153,7 @@ def add_profile_commands(sub: Any) -> None:
     )
     p.add_argument("model", metavar="MODEL",
                    help="built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory")
+    add_on_unsupported(p)
     p.add_argument("--batch", type=int, required=True, metavar="B",
                    help=f"global batch the plans will use (at most {CAPS['--batch'][0]})")
     p.add_argument("--max-devices", type=int, default=8, metavar="P",

@@ -77,6 +77,9 @@ class LayerGraph:
     model_name: str
     input_shape: tuple[int, ...]  # per sample, channels first: (C, H, W) or (C, D, H, W)
     measured_time_per_sample_s: float | None = None  # FW+BW time of the whole net, if measured
+    # "replicate": planner.extract kept operations it cannot map as replicated OTHER layers (its
+    # on_unsupported option), so the model extracts to this graph only with that option again
+    on_unsupported: str = "error"
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -86,6 +89,8 @@ class LayerGraph:
         if len(set(self.names)) != n:
             dup = sorted({x for x in self.names if self.names.count(x) > 1})
             raise ValueError(f"LayerGraph layer names must be unique; repeated: {dup[:5]}")
+        if self.on_unsupported not in ("error", "replicate"):
+            raise ValueError(f'on_unsupported must be "error" or "replicate", got {self.on_unsupported!r}')
 
     # -- sizes -------------------------------------------------------------
     @property
@@ -153,7 +158,7 @@ class LayerGraph:
                 v = np.asarray(getattr(a, f))[i]
                 row[f] = [_num(x) for x in v] if f in VECTOR_FIELDS else _num(v)
             layers.append(row)
-        return {
+        out = {
             "schema": GRAPH_SCHEMA,
             "version": GRAPH_VERSION,
             "model_name": self.model_name,
@@ -162,6 +167,9 @@ class LayerGraph:
             "layers": layers,
             "edges": [list(e) for e in self.edges],
         }
+        if self.on_unsupported != "error":  # only graphs with replicated stand-ins carry the key
+            out["on_unsupported"] = self.on_unsupported
+        return out
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -205,13 +213,13 @@ def _pad_arrays(a: LayerArrays, n: int, e: int, layers: int, edges: int) -> Laye
 
 
 def _flatten(g: LayerGraph):
-    return (g.arrays,), (g.names, g.model_name, g.input_shape, g.measured_time_per_sample_s)
+    return (g.arrays,), (g.names, g.model_name, g.input_shape, g.measured_time_per_sample_s, g.on_unsupported)
 
 
 def _unflatten(aux, children) -> LayerGraph:
     g = object.__new__(LayerGraph)  # skip validation: leaves may be tracers
     for k, v in zip(
-        ("arrays", "names", "model_name", "input_shape", "measured_time_per_sample_s"),
+        ("arrays", "names", "model_name", "input_shape", "measured_time_per_sample_s", "on_unsupported"),
         (children[0], *aux),
         strict=True,
     ):

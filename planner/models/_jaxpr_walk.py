@@ -22,8 +22,8 @@ import numpy as np
 from planner.ir.builder import GraphBuilder
 
 _REPLICATE_HINT = (
-    'pass on_unsupported="replicate" to keep it as a replicated layer whose cost is '
-    "estimated from its FLOPs"
+    'pass on_unsupported="replicate" (shardplan: --on-unsupported replicate) to keep it as a '
+    "replicated layer whose cost is estimated from its FLOPs"
 )
 
 # -- primitive tables ---------------------------------------------------------------
@@ -167,6 +167,7 @@ class _Walker:
         self.infos = infos
         self.batch = batch
         self.replicate = on_unsupported == "replicate"
+        self.replaced = 0  # unsupported operations and modules kept as replicated OTHER layers
         self.open: _Region | None = None
         self.names: list[str] = []  # of the layers added so far
         self._marks: dict[str, tuple[tuple[str, int], ...]] = {}
@@ -383,6 +384,7 @@ class _Walker:
         if info.kind == "opaque" or problem is not None:
             if problem is not None and not self.replicate:
                 raise self.unsupported_error(f"{info.type_name} {problem}", f"at module path {info.path!r}")
+            self.replaced += problem is not None
             c, sp = self.per_sample(reg.out_aval)
             reg.node = self.emit(self.b.other, name, reg.inputs, c, sp, params=float(info.params),
                                     flops_fwd=reg.flops / self.batch)
@@ -570,6 +572,7 @@ class _Walker:
                 f"operation {p!r} on activation(s) of shape {', '.join(map(str, shapes))}",
                 f"in module scope {scope or '<root>'!r}",
             )
+        self.replaced += 1
         xs: list[int] = []
         for v in vals:
             if v is not None:

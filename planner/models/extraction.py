@@ -336,7 +336,10 @@ def extract(
     batch first, channels last: ``(B, H, W, C)``, ``(B, D, H, W, C)``,
     ``(B, L, C)`` or ``(B, features)``; the graph is per sample, channels
     first (``input_shape=(C, H, W)``). ``on_unsupported`` is ``"error"`` or
-    ``"replicate"``.
+    ``"replicate"``; a graph in which it replaced something records
+    ``on_unsupported="replicate"`` (and so do the plans made for it, so that
+    :func:`planner.shard` and :func:`planner.validate` extract the model the
+    same way).
     """
     if on_unsupported not in ("error", "replicate"):
         raise ValueError(f'on_unsupported must be "error" or "replicate", got {on_unsupported!r}')
@@ -365,4 +368,6 @@ def extract(
     for v in outs:
         if v is not None:
             walker.resolve(v)
-    return builder.build()
+    graph = builder.build()
+    # a graph with stand-ins says so: the model extracts to it only with this option again
+    return dataclasses.replace(graph, on_unsupported="replicate") if walker.replaced else graph

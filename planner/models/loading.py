@@ -45,11 +45,12 @@ def accepted_models() -> str:
     )
 
 
-def load_model(spec: str) -> LayerGraph:
+def load_model(spec: str, on_unsupported: str = "error") -> LayerGraph:
     """The :class:`LayerGraph` a command-line MODEL argument names (see the
-    module docstring). Raises :class:`UsageError` for names and paths that
-    resolve to nothing, ``ValueError`` for malformed files and ``OSError``
-    for unreadable ones."""
+    module docstring); ``on_unsupported`` is :func:`planner.extract`'s, for a
+    ``package.module:factory`` (the other kinds are not extracted). Raises
+    :class:`UsageError` for names and paths that resolve to nothing,
+    ``ValueError`` for malformed files and ``OSError`` for unreadable ones."""
     if spec in zoo_names():
         from planner.models.zoo import get_model
 
@@ -60,7 +61,7 @@ def load_model(spec: str) -> LayerGraph:
     if path.exists():
         raise UsageError(f"{spec} is not a file", accepted_models())
     if FACTORY_PATTERN.fullmatch(spec):
-        return _load_factory(spec)
+        return _load_factory(spec, on_unsupported)
     if os.sep in spec or "/" in spec or path.suffix in (*NET_SUFFIXES, ".json"):
         raise UsageError(f"no such file: {spec}", accepted_models())
     close = difflib.get_close_matches(spec, zoo_names(), n=1)
@@ -125,10 +126,10 @@ def call_factory(spec: str) -> tuple[Any, Any]:
     return result[0], result[1]
 
 
-def _load_factory(spec: str) -> LayerGraph:
+def _load_factory(spec: str, on_unsupported: str) -> LayerGraph:
     result = call_factory(spec)
     try:
         from planner.models.extraction import extract
     except ImportError as e:
         raise UsageError(f"Flax model extraction is unavailable ({e})", accepted_models()) from None
-    return extract(*result)
+    return extract(*result, on_unsupported=on_unsupported)

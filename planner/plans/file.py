@@ -202,6 +202,11 @@ def plan_fields(data: Any) -> dict[str, Any]:
             raise ValueError(f"plan.fastest_mesh must be null or [d, m] of positive integers, got {fm!r}")
         fm = tuple(fm)
     fields["fastest_mesh"] = fm
+    # how planner.extract must treat operations it cannot map to reproduce the planned graph
+    # (LayerGraph.on_unsupported; optional: older files were all made for "error")
+    fields["on_unsupported"] = r.string("on_unsupported") if "on_unsupported" in r.data else "error"
+    if fields["on_unsupported"] not in ("error", "replicate"):
+        raise ValueError(f'plan.on_unsupported must be "error" or "replicate", got {fields["on_unsupported"]!r}')
     if version >= 2:
         hw = r.get("hardware_spec")
         fields["hardware_spec"] = None if hw is None else hardware_from_dict(hw, source="plan.hardware_spec")

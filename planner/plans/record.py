@@ -70,6 +70,9 @@ class Plan:
     # set when a simpler plan was preferred (SIMPLER_PLAN_TOLERANCE): the fastest plan found, which it is within
     fastest_iteration_s: float | None = None
     fastest_mesh: tuple[int, int] | None = None
+    # "replicate": the model's graph keeps unsupported operations as replicated layers
+    # (LayerGraph.on_unsupported), so shard and validate extract the model that way too
+    on_unsupported: str = "error"
 
     # -- the evaluation's fields, read through -------------------------------------------
 
@@ -173,6 +176,7 @@ class Plan:
             "platform": self.platform,
             "fastest_iteration_s": self.fastest_iteration_s,
             "fastest_mesh": None if self.fastest_mesh is None else list(self.fastest_mesh),
+            "on_unsupported": self.on_unsupported,
             "fits_memory": self.fits_memory,
             "data_parallel_iteration_s": self.data_parallel_iteration_s,
             "data_parallel_memory_bytes": self.data_parallel_memory_bytes,

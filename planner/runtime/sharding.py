@@ -65,7 +65,7 @@ def planned_graph(model: nnx.Module, plan: Plan) -> LayerGraph:
     c, *spatial = plan.input_shape
     example = jax.ShapeDtypeStruct((1, *spatial, c), jnp.float32)
     try:
-        graph = extract(model, example)
+        graph = extract(model, example, on_unsupported=plan.on_unsupported)
     except (TypeError, ValueError) as e:
         raise ValueError(
             f"this plan was made for another model (plan {plan.model!r} takes inputs of {plan.input_shape}, "

@@ -354,16 +354,18 @@ def fixed_plan(
     batch: int,
     optimizer: str = "adam",
     hardware: str = "dgx-a100",
+    on_unsupported: str = "error",
 ) -> Plan:
     """A :class:`Plan` for chosen strategies instead of searched ones: one
     ``strategy`` for every layer that can run it (``replicated`` elsewhere), or
     ``strategies`` for the layers named (``data`` for the rest), evaluated by
-    the cost model on a ``d x m`` mesh; for validating single strategies."""
+    the cost model on a ``d x m`` mesh; for validating single strategies.
+    ``on_unsupported`` is :func:`planner.extract`'s (and recorded in the plan)."""
     from planner._version import __version__
     from planner.evaluation import evaluate
     from planner.plans.specs import layer_specs
 
-    graph = extract(model, example_input)
+    graph = extract(model, example_input, on_unsupported=on_unsupported)
     hw = load_hardware(hardware)
     d, m = mesh
     if strategies is not None:
@@ -381,7 +383,7 @@ def fixed_plan(
         method="fixed", seed=0, seconds=0.0, optimality_gap=None, meshes=(),
         graph_fingerprint=graph.fingerprint, input_shape=tuple(graph.input_shape),
         layer_specs=layer_specs(graph, [r.strategy for r in ev.layers]), hardware_spec=hw,
-        package_version=__version__,
+        package_version=__version__, on_unsupported=graph.on_unsupported,
     )
 
 
