@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_xla_agreement_quick_prints_rows_and_summary(tmp_path):
-    """benchmarks/xla_agreement.py (the memory-promise grid) on its smallest case:
+    """benchmarks/xla_agreement.py (the memory-promise grid) on its smallest case, and
+    benchmarks/memory_models.py on its output:
     one plan, compiled once, a row with the limit and ``fits``, and the
     summary counts; ``--json`` holds the same row."""
     import json
@@ -38,3 +39,16 @@ def test_xla_agreement_quick_prints_rows_and_summary(tmp_path):
     assert len(rows) == 1 and rows[0]["mesh"] == [2, 4] and rows[0]["limit"] == "none"
     assert rows[0]["fits"] is True and rows[0]["state_exact"] is True  # 80 GB: any VGG plan fits
     assert rows[0]["compiled_total_bytes"] > 0 and rows[0]["report"]["mesh"] == [2, 4]
+
+    # benchmarks/memory_models.py on that grid: one case, every model scored; "today" is
+    # the cost model's own memory, so its error is the grid row's compiled / predicted - 1.
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "memory_models.py"), str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[2:]}
+    assert set(lines) == {"today", "phases", "liveness", "phases+pools", "forward+pools"}
+    err = rows[0]["compiled_total_bytes"] / rows[0]["predicted_total_bytes"] - 1
+    assert lines["today"][4] == lines["today"][5] == f"{err:+.1%}"
+    assert lines["today"][1] == str(int(abs(err) <= 0.10)) and lines["today"][3] == "1"
