@@ -59,6 +59,7 @@ class LayerKind(enum.IntEnum):
     CONCAT = 7
     FLATTEN = 8
     OTHER = 9  # an op with no dedicated model: replicated, cost from FLOPs
+    NORM = 10  # layer / RMS normalisation over each position's channels (transformers)
 
 
 def kind_name(kind: int, spatial_rank: int) -> str:
@@ -76,6 +77,7 @@ def kind_name(kind: int, spatial_rank: int) -> str:
         LayerKind.CONCAT: "concat",
         LayerKind.FLATTEN: "flatten",
         LayerKind.OTHER: "other",
+        LayerKind.NORM: "norm",
     }[kind]
 
 

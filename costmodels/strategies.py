@@ -141,7 +141,8 @@ def strategy_mask(arrays, batch, d, m):
     ``channel`` is for convs and dense layers whose input channels ``m``
     divides; ``spatial`` needs a spatial input whose first dim, in and out,
     gives every shard at least two rows (``>= 2 m``; ``>= 1`` when
-    ``m = 1``); flatten and unmodelled layers (``OTHER``) only run
+    ``m = 1``); a norm (``NORM``: statistics over the channels) runs
+    neither ``filter`` nor ``channel``; flatten and unmodelled layers (``OTHER``) only run
     ``data`` / ``replicated`` (flatten) or ``replicated`` (other). Padding
     rows allow every strategy (they cost nothing under any)."""
     a = arrays
@@ -153,7 +154,9 @@ def strategy_mask(arrays, batch, d, m):
     real = jnp.asarray(a.mask) > 0
     divides = lambda x: jnp.mod(x, m) == 0  # noqa: E731
     channelwise = (kind == LayerKind.POOL) | (kind == LayerKind.BATCH_NORM) | (kind == LayerKind.ELEMENTWISE) | (kind == LayerKind.ADD)
-    spatial_kinds = param | channelwise | (kind == LayerKind.CONCAT)
+    # A norm's statistics run over a position's channels: split by channels they would need an
+    # all-reduce the model does not count, so a norm runs data, spatial (positions split) or replicated.
+    spatial_kinds = param | channelwise | (kind == LayerKind.CONCAT) | (kind == LayerKind.NORM)
     data_ok = (batch >= d * m) & (jnp.mod(batch, d * m) == 0) & (kind != LayerKind.OTHER)
     filter_ok = (param & divides(a.out_channels) & (a.groups == 1)) | (channelwise & divides(a.out_channels))
     channel_ok = param & divides(a.in_channels) & (a.groups == 1)

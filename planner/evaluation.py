@@ -187,6 +187,8 @@ def unavailable_reason(graph: LayerGraph, i: int, strategy: str | Strategy, batc
         if batch < d * m or batch % (d * m):
             return f"data needs the batch {_fmt(batch)} to split over {d * m} devices"
     elif s is Strategy.FILTER:
+        if code == LayerKind.NORM:
+            return "filter does not split a norm's channels (its statistics run over all of them)"
         if not (param or channelwise):
             return f"filter does not apply to {kind} layers (no channels to split)"
         if param and groups != 1:
@@ -201,7 +203,7 @@ def unavailable_reason(graph: LayerGraph, i: int, strategy: str | Strategy, batc
         if cin % m:
             return f"channel needs the model axis ({m}) to divide the {_fmt(cin)} input channels"
     elif s is Strategy.SPATIAL:
-        if not (param or channelwise or code == LayerKind.CONCAT):
+        if not (param or channelwise or code in (LayerKind.CONCAT, LayerKind.NORM)):
             return f"spatial does not apply to {kind} layers"
         if int(a.spatial_rank[i]) < 1:
             return f"spatial needs a spatial dim to split; {kind} layers have none"

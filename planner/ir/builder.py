@@ -263,6 +263,19 @@ class GraphBuilder:
             flops=F.batch_norm_flops(n, affine), saved_elements=float(n),
         )
 
+    def norm(self, name: str, x: int, *, rms: bool = False, scale: bool = True, bias: bool = True) -> int:
+        """Layer normalisation (``rms``: RMS normalisation, no mean and no
+        bias) over each position's channels, with a learned per-channel
+        ``scale`` and ``bias``; the backward pass keeps the input."""
+        c, sp = self.shape(x)
+        n = c * math.prod(sp)
+        bias = bias and not rms
+        return self._add(
+            name, LayerKind.NORM, [x], c, sp,
+            params=c * (int(scale) + int(bias)),
+            flops=F.norm_flops(n, c, rms, scale, bias), saved_elements=float(n),
+        )
+
     # -- layers without parameters ---------------------------------------------
     def elementwise(self, name: str, x: int, *, flops_per_element: float = 1.0, saves_output: bool = True) -> int:
         """ReLU and other activations (1 FLOP per element, as XLA counts ``max``);

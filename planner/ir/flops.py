@@ -38,12 +38,14 @@ __all__ = [
     "pool_flops",
     "global_pool_flops",
     "batch_norm_flops",
+    "norm_flops",
     "elementwise_flops",
     "add_flops",
 ]
 
 BATCH_NORM_FWD_FLOPS_PER_ELEMENT = 6.0  # XLA CPU count, training mode (probed)
 BATCH_NORM_BWD_FLOPS_PER_ELEMENT = 6.0  # d/dx of normalise + scale: same order as forward
+NORM_BWD_FLOPS_PER_ELEMENT = 6.0  # LayerNorm d/dx, XLA CPU count (probed: 5.4-6.8 per element)
 
 
 class LayerFlops(NamedTuple):
@@ -118,6 +120,21 @@ def batch_norm_flops(elements: int, affine: bool) -> LayerFlops:
         BATCH_NORM_BWD_FLOPS_PER_ELEMENT * n,
         2.0 * n if affine else 0.0,  # scale and shift gradients: one reduction each
     )
+
+
+def norm_flops(elements: int, channels: int, rms: bool, scale: bool, bias: bool) -> LayerFlops:
+    """Layer / RMS normalisation over each position's ``channels``. Forward as
+    XLA counts it (``cost_analysis``, jax 0.10.2, probed on nnx.LayerNorm and
+    nnx.RMSNorm): LayerNorm ``5 n + 5 t``, RMSNorm ``3 n + t`` (``n``
+    elements, ``t = n / channels`` positions), plus ``n`` each for the scale
+    and the bias. Backward w.r.t. the input: ``NORM_BWD_FLOPS_PER_ELEMENT``
+    (LayerNorm; half for RMSNorm, which has no mean); w.r.t. the scale and
+    bias: one multiply-reduce each (``2 n``, ``n``)."""
+    n = float(elements)
+    t = n / max(float(channels), 1.0)
+    fwd = (3.0 * n + t if rms else 5.0 * n + 5.0 * t) + n * (float(scale) + float(bias))
+    bwd = NORM_BWD_FLOPS_PER_ELEMENT * n * (0.5 if rms else 1.0)
+    return LayerFlops(fwd, bwd, 2.0 * n * float(scale) + n * float(bias))
 
 
 def elementwise_flops(elements: int, per_element: float = 1.0) -> LayerFlops:

@@ -64,9 +64,9 @@ _MARK_RE = re.compile(r"shardplan:(\d+):([^/()\s]*)")
 class _ModuleInfo(NamedTuple):
     path: str
     type_name: str  # e.g. "nnx.Embed" or "MyBlock"
-    kind: str | None  # "conv" | "dense" | "batch_norm" | "opaque" | None (transparent)
-    bias: bool  # has a bias parameter (conv / dense / batch norm)
-    scale: bool  # has a scale parameter (batch norm)
+    kind: str | None  # "conv" | "dense" | "batch_norm" | "layer_norm" | "rms_norm" | "opaque" | None (transparent)
+    bias: bool  # has a bias parameter (conv / dense / batch norm / layer norm)
+    scale: bool  # has a scale parameter (batch norm / layer and RMS norm)
     params: int  # trainable parameters of the module and its submodules
     direct_params: int  # trainable parameters owned by the module itself
 
@@ -394,6 +394,11 @@ class _Walker:
             reg.node = self.emit(self.b.batch_norm, name, x, affine=info.scale)
             self.check(reg.node, reg.out_aval.shape, f"the output of {where}")
             expect = 2 * self.b.shape(x)[0] if info.scale else 0
+        elif info.kind in ("layer_norm", "rms_norm"):
+            reg.node = self.emit(self.b.norm, name, x, rms=info.kind == "rms_norm", scale=info.scale,
+                                 bias=info.bias)
+            self.check(reg.node, reg.out_aval.shape, f"the output of {where}")
+            expect = self.b.shape(x)[0] * (int(info.scale) + int(info.bias))
         else:
             e = reg.key_eqn
             rhs = e.invars[1].aval.shape
@@ -424,6 +429,8 @@ class _Walker:
             return f"called on {len(reg.inputs)} activations"
         if info.kind == "batch_norm":
             return "with only one of scale / bias" if info.scale != info.bias else None
+        if info.kind in ("layer_norm", "rms_norm"):
+            return None
         e = reg.key_eqn
         want = "conv_general_dilated" if info.kind == "conv" else "dot_general"
         if e is None or reg.repeated:

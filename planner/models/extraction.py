@@ -24,8 +24,10 @@ named_scope + jaxpr walk"):
 What becomes a layer
 --------------------
 * **Module layers.** A call of ``nnx.Conv`` / ``nnx.Linear`` /
-  ``nnx.BatchNorm`` (linen: ``nn.Conv`` / ``nn.Dense`` / ``nn.BatchNorm``)
-  is one layer named by its module path joined with ``/`` (nnx:
+  ``nnx.BatchNorm`` / ``nnx.LayerNorm`` / ``nnx.RMSNorm`` (linen: ``nn.Conv``
+  / ``nn.Dense`` / ``nn.BatchNorm`` / ``nn.LayerNorm`` / ``nn.RMSNorm``; the
+  norms over the last axis only, else opaque) is one layer named by its
+  module path joined with ``/`` (nnx:
   ``features/0``, ``layer1/0/conv1``; linen: the scope path without the
   top-level class, ``Conv_0``, ``Block_0/Conv_0``). Conv attributes (kernel,
   strides, explicit padding, kernel dilation, feature groups) come from the
@@ -135,6 +137,12 @@ def _classify(module: Any, direct: int, subtree: int) -> str | None:
         return "dense"
     if isinstance(module, (nnx.BatchNorm, nn.BatchNorm)):
         return "batch_norm"
+    if isinstance(module, (nnx.LayerNorm, nn.LayerNorm, nnx.RMSNorm, nn.RMSNorm)):
+        last = all(tuple(np.atleast_1d(getattr(module, a, -1)).tolist()) == (-1,)
+                   for a in ("reduction_axes", "feature_axes"))
+        if last:  # over each position's channels (the default): the planner's norm layer
+            return "rms_norm" if isinstance(module, (nnx.RMSNorm, nn.RMSNorm)) else "layer_norm"
+        return "opaque"
     if isinstance(module, (nnx.Sequential, nnx.List, nnx.Dict, nn.Sequential)):
         return None
     if direct > 0:

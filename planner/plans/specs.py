@@ -77,7 +77,7 @@ PARAM_GRADIENT_LAYOUTS = io_layout_names(param_layer=True, gradients=True)
 CHANNELWISE_GRADIENT_LAYOUTS = io_layout_names(param_layer=False, gradients=True)
 # The parameters Flax gives each layer kind (nnx and linen share the names).
 _PARAM_NAMES = {"conv": ("kernel", "bias"), "dense": ("kernel", "bias"),
-                "batch_norm": ("scale", "bias", "mean", "var")}
+                "batch_norm": ("scale", "bias", "mean", "var"), "norm": ("scale", "bias")}  # RMSNorm: scale only
 
 
 def check_strategy(strategy: str) -> str:
