@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 import pytest
 from builders import tiny_cnn
+from flax import nnx
 
 from planner import LayerGraph, Plan, extract
 from planner.cli import main
@@ -19,16 +20,20 @@ from flax import nnx
 
 
 class Tokens(nnx.Module):
-    """Patches -> tokens (a reshape the extraction cannot map) -> dense -> mean -> classes."""
+    """Patches -> tokens -> attention (a module the extraction cannot map) and a
+    transpose (an operation it cannot map) -> dense -> mean -> classes."""
 
     def __init__(self, rngs):
         self.patch = nnx.Conv(3, 8, (4, 4), strides=(4, 4), rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=8, decode=False, rngs=rngs)
         self.mix = nnx.Linear(8, 8, rngs=rngs)
         self.head = nnx.Linear(8, 10, rngs=rngs)
 
     def __call__(self, x):
         x = self.patch(x)
         x = x.reshape(x.shape[0], -1, x.shape[-1])
+        x = x + self.attn(x)
+        x = jnp.swapaxes(jnp.swapaxes(x, 1, 2), 1, 2)
         return self.head(nnx.relu(self.mix(x)).mean(axis=1))
 
 
@@ -52,9 +57,22 @@ def test_the_graph_records_replicated_stand_ins(tokens):
         extract(model, x)
     g = extract(model, x, on_unsupported="replicate")
     assert g.on_unsupported == "replicate"
-    assert "other" in g.kind_names  # the reshape, kept as a replicated layer
+    kinds = dict(zip(g.names, g.kind_names, strict=True))
+    assert kinds["attn"] == "other" and kinds["reshape"] == "flatten"  # the attention kept as a replicated layer
+    assert sum(k == "other" for k in g.kind_names) >= 2  # and the transposes
     again = LayerGraph.from_json(g.to_json())
     assert again.on_unsupported == "replicate" and again.fingerprint == g.fingerprint
+    # an unmapped module alone (no unmapped operation) is a stand-in too
+    class OnlyAttention(nnx.Module):
+        def __init__(self, rngs):
+            self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=8, decode=False, rngs=rngs)
+
+        def __call__(self, x):
+            return self.attn(x).mean(axis=1)
+
+    alone = extract(OnlyAttention(nnx.Rngs(0)), jax.ShapeDtypeStruct((2, 4, 8), jnp.float32),
+                    on_unsupported="replicate")
+    assert alone.kind_names[0] == "other" and alone.on_unsupported == "replicate"
     # a model with nothing to replace says so, whatever the option
     cnn = extract(*tiny_cnn(), on_unsupported="replicate")
     assert cnn.on_unsupported == "error" and "on_unsupported" not in cnn.to_dict()

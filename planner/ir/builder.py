@@ -360,6 +360,13 @@ class GraphBuilder:
         c, sp = self.shape(x)
         return self._add(name, LayerKind.FLATTEN, [x], c * math.prod(sp), ())
 
+    def tokens(self, name: str, x: int) -> int:
+        """The positions of a spatial activation as one sequence of tokens,
+        channels kept: ``(C, H, W) -> (C, H*W)`` (a reshape, kind ``FLATTEN``:
+        no kernel, no FLOPs), as a ViT's patch embedding does."""
+        c, sp = self.shape(x)
+        return self._add(name, LayerKind.FLATTEN, [x], c, (math.prod(sp),))
+
     # -- result ------------------------------------------------------------------
     def build(self, *, measured_time_per_sample_s: float | None = None) -> LayerGraph:
         if not self._rows:

@@ -384,7 +384,7 @@ class _Walker:
         if info.kind == "opaque" or problem is not None:
             if problem is not None and not self.replicate:
                 raise self.unsupported_error(f"{info.type_name} {problem}", f"at module path {info.path!r}")
-            self.replaced += problem is not None
+            self.replaced += 1  # an opaque module, or one with a problem: both need on_unsupported="replicate"
             c, sp = self.per_sample(reg.out_aval)
             reg.node = self.emit(self.b.other, name, reg.inputs, c, sp, params=float(info.params),
                                     flops_fwd=reg.flops / self.batch)
@@ -478,6 +478,9 @@ class _Walker:
                 if sp and out_shape == (self.batch, c * math.prod(sp)):
                     self.check(x, a.aval.shape, "flatten")
                     return [self.emit(self.b.flatten, self.b.auto_name(scope, "flatten"), x)]
+                if len(sp) >= 2 and out_shape == (self.batch, math.prod(sp), c):  # positions -> one token axis
+                    self.check(x, a.aval.shape, "reshape")
+                    return [self.emit(self.b.tokens, self.b.auto_name(scope, "reshape"), x)]
             return self.unsupported(eqn, vals, scope)
         if p in _ELEMENTWISE:
             if not same:

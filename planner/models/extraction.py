@@ -42,7 +42,8 @@ What becomes a layer
   that follows is folded), ``global_avg_pool`` (``reduce_sum`` over every
   spatial dim), ``add`` (two activations of different producers, equal
   shapes), ``concat`` (channel axis), ``flatten`` (``reshape`` to
-  ``(B, C*H*W)``). Any other element-wise activation function applied to one
+  ``(B, C*H*W)``), ``reshape`` (positions to one token axis, ``(B, H, W, C)``
+  to ``(B, H*W, C)``: a ``flatten``-kind layer, ``GraphBuilder.tokens``). Any other element-wise activation function applied to one
   activation is one ``elementwise`` layer, named after the element-wise
   jitted / ``custom_jvp`` function holding it (``relu``, ``silu``,
   ``leaky_relu``, ``relu6``), else the ``jax.nn`` function it was traced in

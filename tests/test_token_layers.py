@@ -1,6 +1,7 @@
-"""Layer and RMS normalisation (the transformers' norm, LayerKind.NORM): counts
-by hand and against XLA's cost analysis, the strategies a norm can run, and a
-model with norms trained sharded with the unsharded loss."""
+"""The layers of a transformer the planner maps: layer and RMS normalisation
+(LayerKind.NORM; counts by hand and against XLA's cost analysis, the
+strategies a norm can run) and patches turned into tokens (a reshape); a small
+patch-and-tokens model trained sharded with the unsharded loss."""
 
 import flax.linen as nn
 import jax
@@ -91,13 +92,26 @@ def test_a_norm_runs_data_spatial_or_replicated_never_split_by_channels():
     assert "conv or dense" in unavailable_reason(g, 1, "channel", 16, 2, 4)
 
 
+def test_patches_become_tokens():
+    b = GraphBuilder("t", (3, 8, 8))
+    t = b.tokens("reshape", b.conv("patch", b.input, 16, 4, stride=4))
+    assert b.shape(t) == (16, (4,))  # 2 x 2 patches of 16 channels: 4 tokens
+    a = b.build().unpadded()
+    assert a.kind[1] == LayerKind.FLATTEN and a.flops_fwd[1] == 0 and a.params[1] == 0
+
+
 class _Tokens(nnx.Module):
+    """16x16 images -> 4x4 patches -> 16 tokens -> dense -> LayerNorm -> mean -> classes."""
+
     def __init__(self, rngs):
+        self.patch = nnx.Conv(3, 16, (4, 4), strides=(4, 4), rngs=rngs)
         self.fc1 = nnx.Linear(16, 32, rngs=rngs)
         self.ln = nnx.LayerNorm(32, rngs=rngs)
         self.fc2 = nnx.Linear(32, 10, rngs=rngs)
 
     def __call__(self, x):
+        x = self.patch(x)
+        x = x.reshape(x.shape[0], -1, x.shape[-1])
         return self.fc2(self.ln(nnx.relu(self.fc1(x))).mean(axis=1))
 
 
@@ -108,9 +122,12 @@ def test_a_model_with_a_norm_trains_sharded_with_the_unsharded_loss(devices, str
     from planner.runtime.validation import fixed_plan, validate
 
     model = _Tokens(nnx.Rngs(0))
-    x = jax.random.normal(jax.random.key(1), (16, 16, 16))  # 16 samples of 16 tokens x 16 features
+    x = jax.random.normal(jax.random.key(1), (16, 16, 16, 3))  # 16 images: 16 tokens each
     y = jnp.arange(16) % 10
     spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    g = extract(model, spec)  # every layer mapped: no on_unsupported needed
+    assert g.kind_names[:3] == ("conv2d", "flatten", "dense") and g.on_unsupported == "error"
+    assert g.unpadded().out_spatial[1][0] == 16
     plan = fixed_plan(model, spec, (2, 4), strategies={"ln": strategy}, batch=16)
     assert plan.strategies["ln"] == strategy
     want = optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
