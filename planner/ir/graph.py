@@ -56,9 +56,22 @@ __all__ = [
     "LayerGraph",
     "GRAPH_SCHEMA",
     "GRAPH_VERSION",
+    "ON_UNSUPPORTED",
     "bucket_size",
+    "check_on_unsupported",
     "kind_name",
 ]
+
+# planner.extract's choices for an operation it cannot map to a layer kind: an error, or a
+# replicated OTHER layer costed from its FLOPs (LayerGraph.on_unsupported records the second)
+ON_UNSUPPORTED = ("error", "replicate")
+
+
+def check_on_unsupported(value: Any, where: str = "on_unsupported") -> str:
+    """``value`` if it is one of :data:`ON_UNSUPPORTED`, else a ValueError naming ``where``."""
+    if value not in ON_UNSUPPORTED:
+        raise ValueError(f'{where} must be "error" or "replicate", got {value!r}')
+    return value
 
 
 
@@ -89,8 +102,7 @@ class LayerGraph:
         if len(set(self.names)) != n:
             dup = sorted({x for x in self.names if self.names.count(x) > 1})
             raise ValueError(f"LayerGraph layer names must be unique; repeated: {dup[:5]}")
-        if self.on_unsupported not in ("error", "replicate"):
-            raise ValueError(f'on_unsupported must be "error" or "replicate", got {self.on_unsupported!r}')
+        check_on_unsupported(self.on_unsupported)
 
     # -- sizes -------------------------------------------------------------
     @property

@@ -138,11 +138,9 @@ def graph_fields(data: Any) -> dict[str, Any]:
     arrays["edge_dst"] = np.asarray(dst, dtype=np.float64)
     arrays["edge_mask"] = np.ones(len(src))
     _check_consistent(arrays, names, src, dst, shape)
-    on_unsupported = data.get("on_unsupported", "error")
-    if on_unsupported not in ("error", "replicate"):
-        raise ValueError(f'"on_unsupported" must be "error" or "replicate", got {on_unsupported!r}')
     return {"arrays": LayerArrays(**arrays), "names": tuple(names), "model_name": model_name,
-            "input_shape": tuple(shape), "measured_time_per_sample_s": t, "on_unsupported": on_unsupported}
+            "input_shape": tuple(shape), "measured_time_per_sample_s": t,
+            "on_unsupported": data.get("on_unsupported", "error")}  # checked by LayerGraph
 
 
 def _check_consistent(a: dict[str, np.ndarray], names: list[str], src: list[int], dst: list[int],

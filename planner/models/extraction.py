@@ -112,7 +112,7 @@ import numpy as np
 from flax import nnx
 
 from planner.ir.builder import GraphBuilder
-from planner.ir.graph import LayerGraph
+from planner.ir.graph import LayerGraph, check_on_unsupported
 from planner.models._jaxpr_walk import _MARK, _ModuleInfo, _Walker
 
 __all__ = ["extract"]
@@ -350,8 +350,7 @@ def extract(
     :func:`planner.shard` and :func:`planner.validate` extract the model the
     same way).
     """
-    if on_unsupported not in ("error", "replicate"):
-        raise ValueError(f'on_unsupported must be "error" or "replicate", got {on_unsupported!r}')
+    check_on_unsupported(on_unsupported)
     x = _input_spec(example_input)
     if not 2 <= len(x.shape) <= 5:
         raise ValueError(

@@ -20,6 +20,7 @@ from costmodels import STRATEGY_NAMES, CollectiveRecord
 from costmodels.hardware import hardware_from_dict, load_hardware, preset_names
 from costmodels.strategies import AXIS_NAMES
 from planner.evaluation import LayerCost
+from planner.ir.graph import check_on_unsupported
 from planner.plans.specs import LayerSpecs, layer_specs_from_kinds
 from search import HistoryEntry
 
@@ -204,9 +205,8 @@ def plan_fields(data: Any) -> dict[str, Any]:
     fields["fastest_mesh"] = fm
     # how planner.extract must treat operations it cannot map to reproduce the planned graph
     # (LayerGraph.on_unsupported; optional: older files were all made for "error")
-    fields["on_unsupported"] = r.string("on_unsupported") if "on_unsupported" in r.data else "error"
-    if fields["on_unsupported"] not in ("error", "replicate"):
-        raise ValueError(f'plan.on_unsupported must be "error" or "replicate", got {fields["on_unsupported"]!r}')
+    fields["on_unsupported"] = check_on_unsupported(r.get("on_unsupported") if "on_unsupported" in r.data
+                                                    else "error", "plan.on_unsupported")
     if version >= 2:
         hw = r.get("hardware_spec")
         fields["hardware_spec"] = None if hw is None else hardware_from_dict(hw, source="plan.hardware_spec")
