@@ -113,3 +113,12 @@ def test_older_plan_files_read_as_made_without_stand_ins(tmp_path):
     data["on_unsupported"] = "ignore"
     with pytest.raises(ValueError, match="on_unsupported"):
         Plan.from_dict(data)
+
+
+def test_the_oracle_takes_the_option_too(tokens, capsys):
+    assert main(["oracle", "tokens_factory_mod:make", "--devices", "4", "--json"]) == 2
+    assert "--on-unsupported replicate" in capsys.readouterr().err
+    assert main(["oracle", "tokens_factory_mod:make", "--devices", "4", "--on-unsupported", "replicate",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all(r["devices"] == 4 for r in rows)

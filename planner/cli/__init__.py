@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from planner.cli.common import PROG, Parser, add_on_unsupported, dump_json
+from planner.cli.common import PROG, Parser, add_model_argument, dump_json
 from planner.ir.graph import LayerGraph
 from planner.models.loading import (  # (load_model, call_factory: re-exported)
     accepted_models,
@@ -167,12 +167,7 @@ def _parser() -> Parser:
         help="print a model's per-layer table",
         description="Print a model's per-layer table: shapes, parameters, FLOPs and activation bytes.",
     )
-    lay.add_argument(
-        "model",
-        metavar="MODEL",
-        help="built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory",
-    )
-    add_on_unsupported(lay)
+    add_model_argument(lay)
     lay.add_argument("--batch", type=int, default=1, metavar="B", help="samples per step (default: 1)")
     lay.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32", help="activation dtype (default: float32)")
     lay.add_argument("--json", action="store_true", help="print JSON even on a terminal")

@@ -9,9 +9,10 @@ import argparse
 import json
 from typing import Any, NoReturn
 
+from planner.ir.graph import ON_UNSUPPORTED
 from planner.usage import UsageError
 
-__all__ = ["PROG", "Parser", "add_on_unsupported", "dump_json"]
+__all__ = ["MODEL_HELP", "PROG", "Parser", "add_model_argument", "dump_json"]
 
 PROG = "shardplan"
 
@@ -35,10 +36,15 @@ def dump_json(report: dict[str, Any]) -> str:
     return "{\n" + ",\n".join(lines) + "\n}"
 
 
-def add_on_unsupported(parser: argparse.ArgumentParser) -> None:
-    """The ``--on-unsupported`` option of the commands that read a MODEL."""
+MODEL_HELP = "built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory"
+
+
+def add_model_argument(parser: argparse.ArgumentParser) -> None:
+    """The MODEL argument of the commands that load a model
+    (:func:`planner.models.loading.load_model`) and its ``--on-unsupported``."""
+    parser.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     parser.add_argument(
-        "--on-unsupported", choices=("error", "replicate"), default="error",
+        "--on-unsupported", choices=ON_UNSUPPORTED, default="error",
         help="for a package.module:factory MODEL: an operation the extraction cannot map to a layer kind is an "
              "error (default), or kept as a replicated layer costed from its FLOPs; a plan records it, so "
              "validate and planner.shard extract the model the same way",

@@ -24,7 +24,7 @@ import sys
 from typing import Any
 
 from costmodels.files import read_json
-from planner.cli.common import add_on_unsupported
+from planner.cli.common import add_model_argument
 
 __all__ = ["add_cost_commands", "layer_cost_table", "parse_mesh"]
 
@@ -287,9 +287,7 @@ def add_cost_commands(sub: Any) -> None:
 
     ev = sub.add_parser("evaluate", help="cost of one plan: per-layer time and memory",
                         description="Per-layer compute, communication, resharding and memory of one plan, and totals.")
-    ev.add_argument("model", metavar="MODEL",
-                    help="built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory")
-    add_on_unsupported(ev)
+    add_model_argument(ev)
     ev.add_argument("--devices", type=int, metavar="P", help="number of devices (default with --plan: the plan's)")
     ev.add_argument("--mesh", metavar="DxM", help="data x model mesh (default: the model axis is one node)")
     ev.add_argument("--strategy", metavar="NAME",

@@ -23,6 +23,8 @@ import os
 import sys
 from typing import Any
 
+from planner.cli.common import add_model_argument
+
 __all__ = ["add_oracle_commands", "left_out_notes", "parse_devices", "plot_report"]
 
 _PLOT_HINT = "install the plot extra: pip install 'shardplan[plot]' (matplotlib)"
@@ -214,6 +216,7 @@ def _run_oracle(args: argparse.Namespace) -> int:
         batch_per_device=args.batch_per_device, batch=args.batch, segments=args.segments,
         compat=args.compat, dataset_size=args.dataset_size, lc=args.lc, optimizer=args.optimizer,
         calibration=args.calibration, allow_other_hardware=args.allow_other_hardware,
+        on_unsupported=args.on_unsupported,
     )
     if args.plot:
         plot_report(report, args.plot)
@@ -239,8 +242,7 @@ def add_oracle_commands(sub: Any) -> None:
                     "bottleneck of data, spatial, filter, channel, pipeline, data+filter and data+spatial "
                     "parallelism at each device count (ParaDL, ParaDL §4).",
     )
-    p.add_argument("model", metavar="MODEL",
-                   help="built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory")
+    add_model_argument(p)
     p.add_argument("--devices", required=True, metavar="P,P,...", help="device counts, e.g. 16,32,64,128")
     p.add_argument("--hardware", default="abci-v100", metavar="NAME|FILE",
                    help="preset or hardware JSON file (default abci-v100)")

@@ -23,7 +23,7 @@ import argparse
 import sys
 from typing import Any
 
-from planner.cli.common import add_on_unsupported
+from planner.cli.common import add_model_argument
 
 __all__ = ["add_plan_commands"]
 
@@ -143,9 +143,7 @@ def add_plan_commands(sub: Any) -> None:
         description="Search the fastest per-layer sharding of a model on P devices within a memory limit, "
                     "over every data x model mesh shape; print it and optionally write it.",
     )
-    pl.add_argument("model", metavar="MODEL",
-                    help="built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory")
-    add_on_unsupported(pl)
+    add_model_argument(pl)
     pl.add_argument("--devices", type=int, required=True, metavar="P", help="number of devices")
     pl.add_argument("--memory-limit", metavar="SIZE",
                     help="per device, e.g. 16GiB, 16GB, 500MiB or bytes (default: the device's memory)")

@@ -25,7 +25,7 @@ import sys
 from typing import Any
 
 from costmodels.files import check_writable, write_atomic
-from planner.cli.common import add_on_unsupported
+from planner.cli.common import add_model_argument
 
 __all__ = ["CAPS", "add_profile_commands"]
 
@@ -151,9 +151,7 @@ def add_profile_commands(sub: Any) -> None:
                     "(or CPU) at the shard shapes the strategy menu produces, with warm-up and medians, and write "
                     "a calibration file for --calibration of plan, evaluate and oracle.",
     )
-    p.add_argument("model", metavar="MODEL",
-                   help="built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory")
-    add_on_unsupported(p)
+    add_model_argument(p)
     p.add_argument("--batch", type=int, required=True, metavar="B",
                    help=f"global batch the plans will use (at most {CAPS['--batch'][0]})")
     p.add_argument("--max-devices", type=int, default=8, metavar="P",

@@ -111,14 +111,15 @@ def _is_net(path: Path) -> bool:
         return f.read(11).removeprefix(b"\xef\xbb\xbf").startswith(b"Dataset|")
 
 
-def _resolve_model(model: LayerGraph | str | os.PathLike[str]) -> tuple[LayerGraph, int | None]:
+def _resolve_model(model: LayerGraph | str | os.PathLike[str],
+                   on_unsupported: str) -> tuple[LayerGraph, int | None]:
     if isinstance(model, LayerGraph):
         return model, None
     from planner.models.loading import (
         load_model,  # zoo names, .net, .json, module:factory
     )
 
-    graph = load_model(os.fspath(model))
+    graph = load_model(os.fspath(model), on_unsupported)
     path = Path(os.fspath(model))
     size = net_dataset_size(path) if path.is_file() and _is_net(path) else None
     return graph, size
@@ -173,6 +174,7 @@ def oracle(
     optimizer: str = "sgd",
     calibration: Calibration | str | os.PathLike[str] | None = None,
     allow_other_hardware: bool = False,
+    on_unsupported: str = "error",
 ) -> OracleReport:
     """Evaluate ``strategies`` (default: all seven) of ``model`` on
     ``devices`` devices of ``hardware``.
@@ -192,12 +194,13 @@ def oracle(
     :class:`~costmodels.Calibration` or a file ``shardplan profile`` wrote)
     replacing the compute time of the layers it measured (default mode
     only); one measured on other hardware than ``hardware`` is refused
-    unless ``allow_other_hardware``.
+    unless ``allow_other_hardware``. ``on_unsupported``: :func:`planner.extract`'s,
+    for a ``module:factory`` model.
     """
     if compat not in (None, *COMPAT_MODES):
         raise ValueError(f"unknown compat mode {compat!r}; expected None (the default mode) or 'paradl'")
     hw = load_hardware(hardware)
-    graph, size = _resolve_model(model)
+    graph, size = _resolve_model(model, on_unsupported)
     layers = oracle_layers(graph)
     cal = None
     if calibration is not None:
