@@ -336,11 +336,16 @@ def producer_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, str
     return out
 
 
+def _io_layouts(graph: Any, strategies: Mapping[str, str], i: int) -> tuple[str, str]:
+    """(input, output) layouts of layer ``i`` under ``strategies`` (``replicated`` if unnamed)."""
+    param = graph.kind_names[i] == "dense" or graph.kind_names[i].startswith("conv")
+    table = PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS
+    return table[check_strategy(strategies.get(graph.names[i], "replicated"))]
+
+
 def _output_layout(graph: Any, strategies: Mapping[str, str], u: int) -> str:
     """The layout layer ``u`` leaves its output in under ``strategies``."""
-    param = graph.kind_names[u] == "dense" or graph.kind_names[u].startswith("conv")
-    table = PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS
-    return table[check_strategy(strategies.get(graph.names[u], "replicated"))][1]
+    return _io_layouts(graph, strategies, u)[1]
 
 
 def block_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, tuple[str | None, str | None]]:
@@ -385,8 +390,5 @@ def consumer_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, dic
     there and the functional ops run in their planned layout."""
     out: dict[str, dict[str, str]] = {}
     for u, v in graph.edges:
-        param = graph.kind_names[v] == "dense" or graph.kind_names[v].startswith("conv")
-        table = PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS
-        name = graph.names[v]
-        out.setdefault(graph.names[u], {})[name] = table[check_strategy(strategies.get(name, "replicated"))][0]
+        out.setdefault(graph.names[u], {})[graph.names[v]] = _io_layouts(graph, strategies, v)[0]
     return out
