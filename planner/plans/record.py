@@ -157,27 +157,20 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the keys of ``shardplan evaluate --json`` plus the search's."""
+        ev = self.evaluation.to_dict()  # model, mesh, batch, costs, layers and collectives: the evaluate --json keys
+        layers, collectives = ev.pop("layers"), ev.pop("collectives")
+        specs = self.layer_specs or (None,) * len(layers)
         return {
             "schema": PLAN_SCHEMA,
             "version": PLAN_VERSION,
-            "model": self.model,
-            "hardware": self.hardware,
-            "devices": self.devices,
-            "mesh": list(self.mesh),
+            **ev,
             "axis_names": list(self.axis_names),
-            "batch": self.batch,
-            "dtype": self.dtype,
-            "optimizer": self.optimizer,
-            "iteration_s": self.iteration_s,
-            "memory_bytes_per_device": self.memory_bytes_per_device,
-            "memory_capacity_bytes": self.memory_capacity_bytes,
             "memory_limit_bytes": self.memory_limit_bytes,
             "memory_margin_bytes": self.memory_margin_bytes,
             "platform": self.platform,
             "fastest_iteration_s": self.fastest_iteration_s,
             "fastest_mesh": None if self.fastest_mesh is None else list(self.fastest_mesh),
             "on_unsupported": self.on_unsupported,
-            "fits_memory": self.fits_memory,
             "data_parallel_iteration_s": self.data_parallel_iteration_s,
             "data_parallel_memory_bytes": self.data_parallel_memory_bytes,
             "speedup_over_data_parallel": self.speedup_over_data_parallel,
@@ -189,11 +182,8 @@ class Plan:
             "input_shape": list(self.input_shape),
             "package_version": self.package_version,
             "hardware_spec": None if self.hardware_spec is None else self.hardware_spec.to_dict(),
-            "layers": [
-                {**dataclasses.asdict(r), **(s.to_dict() if s is not None else {})}
-                for r, s in zip(self.layers, self.layer_specs or (None,) * len(self.layers), strict=True)
-            ],
-            "collectives": [{**dataclasses.asdict(c), "axes": list(c.axes)} for c in self.collectives],
+            "layers": [{**row, **(s.to_dict() if s is not None else {})} for row, s in zip(layers, specs, strict=True)],
+            "collectives": collectives,
             "meshes": [m.to_dict() for m in self.meshes],
             "history": [dataclasses.asdict(h) for h in self.history],
         }
