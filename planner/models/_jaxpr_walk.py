@@ -503,12 +503,7 @@ class _Walker:
             return self.unsupported(eqn, vals, scope)
         if p == "concatenate" and len(acts) == len(vals) >= 2:
             if eqn.params["dimension"] == len(out_shape) - 1 and len(out_shape) >= 2:
-                xs = [self.resolve(v) for _, v in acts]
-                for (a, _), n in zip(acts, xs, strict=True):
-                    self.check(n, a.aval.shape, "concat")
-                node = self.emit(self.b.concat, self.b.auto_name(scope, "concat"), xs)
-                self.check(node, out_shape, "concat")
-                return [node]
+                return self.merge(self.b.concat, "concat", acts, scope, out_shape)
         return self.unsupported(eqn, vals, scope)
 
     def elementwise(self, eqn: Any, vals: list[Any], acts: list, scope: str, calls: tuple) -> list[Any]:
@@ -544,13 +539,17 @@ class _Walker:
             c.flops_per_element += 1
             return [c]
         if p in ("add", "add_any") and len(acts) == 2:
-            xs = [self.resolve(v) for _, v in acts]
-            for (a, _), n in zip(acts, xs, strict=True):
-                self.check(n, a.aval.shape, "add")
-            node = self.emit(self.b.add, self.b.auto_name(scope, "add"), xs)
-            self.check(node, shape, "add")
-            return [node]
+            return self.merge(self.b.add, "add", acts, scope, shape)
         return self.unsupported(eqn, vals, scope)
+
+    def merge(self, method: Callable[..., int], op: str, acts: list, scope: str, out_shape: tuple) -> list[int]:
+        """One layer of several activations (``add``, ``concat``), every shape checked."""
+        xs = [self.resolve(v) for _, v in acts]
+        for (a, _), n in zip(acts, xs, strict=True):
+            self.check(n, a.aval.shape, op)
+        node = self.emit(method, self.b.auto_name(scope, op), xs)
+        self.check(node, out_shape, op)
+        return [node]
 
     def pool(self, eqn: Any, act: tuple, scope: str) -> int | None:
         a, v = act
