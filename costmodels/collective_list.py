@@ -15,8 +15,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from costmodels.layers import LayerTable
+from costmodels.layers import (
+    ATTENTION_KINDS,
+    LayerKind,
+    LayerTable,
+    is_kind,
+    tied_output,
+)
 from costmodels.reshard import COLLECTIVE_NAMES, CONVERSION, Collective
+from costmodels.shards import row_padding
 from costmodels.strategies import (
     AXIS_NAMES,
     DATA_AXIS,
@@ -54,12 +61,16 @@ def plan_collectives(
     out_el = a.out_channels * a.out_spatial.prod(axis=-1)
     recs: list[CollectiveRecord] = []
 
-    def convert(src_layout: int, dst_layout: int, nbytes: float, phase: str, where: str) -> None:
+    pad = np.asarray(row_padding(a.out_spatial[:, 0], m))  # [L] a row-split output's padded size
+
+    def convert(src_layout: int, dst_layout: int, nbytes: float, phase: str, where: str, rows_of: int) -> None:
         if m <= 1:
             return
         kind = Collective(int(CONVERSION[src_layout, dst_layout]))
         if kind is Collective.NONE:
             return
+        if Layout.SPATIAL in (src_layout, dst_layout):
+            nbytes *= float(pad[rows_of])
         result = nbytes if kind in (Collective.ALL_GATHER, Collective.ALL_REDUCE) else nbytes / m
         recs.append(CollectiveRecord(COLLECTIVE_NAMES[kind], (MODEL_AXIS,), phase, where, float(result)))
 
@@ -69,11 +80,21 @@ def plan_collectives(
         consumers.add(u)
         nbytes = float(out_el[u]) * gb * delta
         where = f"{graph.names[u]} -> {graph.names[v]}"
-        convert(lay[u, choice[u], 1], lay[v, choice[v], 0], nbytes, "forward", where)
-        convert(lay[v, choice[v], 2], lay[u, choice[u], 3], nbytes, "backward", where)
+        convert(lay[u, choice[u], 1], lay[v, choice[v], 0], nbytes, "forward", where, u)
+        convert(lay[v, choice[v], 2], lay[u, choice[u], 3], nbytes, "backward", where, u)
+    attention = is_kind(np.asarray(a.kind), ATTENTION_KINDS)
     for i in range(n):
         s = choice[i]
-        if s == Strategy.SPATIAL and m > 1:
+        if s == Strategy.SPATIAL and m > 1 and attention[i]:
+            # sequence parallelism: the keys and the values gathered, their gradients reduce-scattered
+            # the keys (or values): a third of the fused input, split by rows (padded)
+            kv = float(a.in_elements[i]) / 3.0 * gb * delta * float(row_padding(a.in_spatial[i, 0], m))
+            name = graph.names[i]
+            for what in ("keys", "values"):
+                recs.append(CollectiveRecord("all-gather", (MODEL_AXIS,), "forward", f"{name} ({what})", kv))
+            for what in ("keys", "values"):
+                recs.append(CollectiveRecord("reduce-scatter", (MODEL_AXIS,), "backward", f"{name} ({what})", kv / m))
+        elif s == Strategy.SPATIAL and m > 1:
             rows = max(0.0, (a.kernel[i, 0] - 1) * a.dilation[i, 0] + 1 - a.stride[i, 0])
             if rows > 0:
                 x_row = a.in_channels[i] * a.in_spatial[i, 1] * a.in_spatial[i, 2] * gb * delta
@@ -92,12 +113,14 @@ def plan_collectives(
             out_l, gout_l = lay[i, s, 1], lay[i, s, 3]
             nbytes = float(out_el[i]) * gb * delta
             t = Layout.BATCH if out_l == Layout.BATCH else Layout.REPLICATED
-            convert(out_l, t, nbytes, "forward", f"{graph.names[i]} -> loss")
-            convert(t, gout_l, nbytes, "backward", f"{graph.names[i]} -> loss")
+            convert(out_l, t, nbytes, "forward", f"{graph.names[i]} -> loss", i)
+            convert(t, gout_l, nbytes, "backward", f"{graph.names[i]} -> loss", i)
     local = sharded_parameters(graph, choice, m)
+    tied = tied_output(np.asarray(a.kind), np.asarray(a.params))
+    local = np.where(tied, np.asarray(a.in_channels) * np.asarray(a.out_channels), local)  # its gradient of the table
     for i in range(n):
         s = choice[i]
-        if a.params[i] <= 0:
+        if a.params[i] <= 0 and not tied[i]:
             continue
         axes = AXIS_NAMES if s in (Strategy.DATA, Strategy.SPATIAL) and m > 1 else (DATA_AXIS,)
         ranks = d * m if axes == AXIS_NAMES else d
@@ -180,6 +203,8 @@ def auxiliary_collectives(
             if kind is Collective.NONE:
                 continue
             nbytes = float(a.in_elements[i]) * gb * delta
+            if lay[i, choice[i], 0] == Layout.SPATIAL:  # split by rows: padded to a multiple of m
+                nbytes *= float(row_padding(a.in_spatial[i, 0], m))
             result = nbytes if kind in (Collective.ALL_GATHER, Collective.ALL_REDUCE) else nbytes / m
             recs.append(CollectiveRecord(COLLECTIVE_NAMES[kind], (MODEL_AXIS,), "forward",
                                          f"input -> {graph.names[i]}", result))
@@ -188,7 +213,12 @@ def auxiliary_collectives(
         s = int(choice[sinks[-1]])
         batch_split = lay[sinks[-1], s, 1] == Layout.BATCH
         if m > 1 and not batch_split:  # the loss runs on the group's gathered labels (int32)
-            recs.append(CollectiveRecord("all-gather", (MODEL_AXIS,), "forward", "labels -> loss", gb * 4.0))
+            # one per sample, or one per token where an embedding reads the model input (token ids)
+            fed = {v for _, v in graph.edges}
+            lookups = [i for i in range(n) if int(a.kind[i]) == LayerKind.EMBED and i not in fed]
+            per_sample = float(a.in_spatial[lookups[0], 0]) if lookups else 1.0
+            recs.append(CollectiveRecord("all-gather", (MODEL_AXIS,), "forward", "labels -> loss",
+                                         gb * 4.0 * per_sample))
         axes = AXIS_NAMES if batch_split and m > 1 else (DATA_AXIS,)
         if ranks(axes) > 1:
             recs.append(CollectiveRecord("all-reduce", axes, "forward", "loss", 4.0))

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 
 from costmodels.collectives import Network, network_arrays
 from costmodels.hardware import DTYPES, Hardware
-from costmodels.layers import LayerKind
+from costmodels.layers import ATTENTION_KINDS, LayerKind, is_kind
 from costmodels.shards import ShardShapes
 
 __all__ = [
@@ -213,7 +213,36 @@ def shard_compute_s(hw: HardwareArrays, arrays, shapes: ShardShapes, dtype_bytes
     other_fwd = kernel_s(hw, fwd_flops, zero, zero, zero, (x_el + y_el) * delta, hw.vector_peak_flops_per_s, veff)
     other_bwd = jnp.where(has_bwd, kernel_s(hw, bwd_data_flops, zero, zero, zero, (2.0 * x_el + y_el) * delta,
                                             hw.vector_peak_flops_per_s, veff), 0.0)
-    forward = jnp.where(param, param_fwd, other_fwd)
-    backward = jnp.where(param, param_bwd, other_bwd)
+
+    # Self-attention: per head, two batched GEMMs forward (scores Q K^T: M = queries,
+    # N = keys, K = head dim; output P V: N = head dim, K = keys) and four backward (the
+    # gradients of the scores, values, queries and keys), plus the softmax's element-wise
+    # kernel each way, which reads and writes the scores (Dao et al., "FlashAttention",
+    # 2022, §2.2, the standard implementation). Queries are the shard's own rows, keys
+    # every row (a spatial shard gathers them, costmodels/table.py); f holds its heads.
+    attention = is_kind(kind, ATTENTION_KINDS)
+    head_dim = f32(a.out_channels)[:, None] / g  # [L, 1]
+    heads = f / head_dim  # [L, S] heads one device holds
+    queries = shapes.out_spatial[..., 0]  # [L, S]
+    keys = f32(a.in_spatial[:, 0])[:, None]  # [L, 1]
+    gemm_flops = 2.0 * b * queries * keys * f  # [L, S] one of the six GEMMs
+    scores = b * heads * queries * keys  # [L, S] elements of the score matrix
+    qkv_bytes = b * f * (queries + 2.0 * keys) * delta
+
+    def attn_gemm(rows, n, k):
+        return kernel_s(hw, gemm_flops, rows, n, k, (scores * delta + qkv_bytes) * (gemm_flops > 0), peak,
+                        hw.efficiency[1])
+
+    by_query = b * heads * queries
+    attn_fwd = attn_gemm(by_query, keys, head_dim) + attn_gemm(by_query, head_dim, keys) + kernel_s(
+        hw, jnp.maximum(fwd_flops - 2.0 * gemm_flops, 0.0), zero, zero, zero, 2.0 * scores * delta,
+        hw.vector_peak_flops_per_s, veff)
+    by_key = b * heads * keys
+    attn_bwd = (attn_gemm(by_query, keys, head_dim) + attn_gemm(by_query, head_dim, keys)  # dS, dQ
+                + 2.0 * attn_gemm(by_key, head_dim, queries)) + kernel_s(  # dK, dV
+        hw, jnp.maximum(bwd_data_flops - 4.0 * gemm_flops, 0.0), zero, zero, zero, 3.0 * scores * delta,
+        hw.vector_peak_flops_per_s, veff)
+    forward = jnp.where(param, param_fwd, jnp.where(attention, attn_fwd, other_fwd))
+    backward = jnp.where(param, param_bwd, jnp.where(attention, attn_bwd, other_bwd))
     keep = runs & (f32(a.mask)[:, None] > 0)
     return ShardCompute(total_s=jnp.where(keep, forward + backward, 0.0), backward_s=jnp.where(keep, backward, 0.0))

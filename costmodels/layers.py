@@ -17,6 +17,8 @@ import math
 from typing import Any, NamedTuple, Protocol
 
 __all__ = [
+    "ATTENTION_KINDS",
+    "CHANNELWISE_KINDS",
     "LAYER_TYPES",
     "LayerArrays",
     "LayerKind",
@@ -26,6 +28,8 @@ __all__ = [
     "LAYER_FIELDS",
     "VECTOR_FIELDS",
     "bucket_size",
+    "is_kind",
+    "tied_output",
     "kind_name",
     "layer_type",
 ]
@@ -60,6 +64,34 @@ class LayerKind(enum.IntEnum):
     FLATTEN = 8
     OTHER = 9  # an op with no dedicated model: replicated, cost from FLOPs
     NORM = 10  # layer / RMS normalisation over each position's channels (transformers)
+    ATTENTION = 11  # scaled dot-product self-attention of (queries, keys, values); groups = heads
+    CAUSAL_ATTENTION = 12  # the same, each position attending to itself and the ones before it
+    EMBED = 13  # a lookup of token ids (1 input channel) in a learned table of out_channels columns
+    MULTIPLY = 14  # element-wise product of equal-shaped activations (a gated MLP's gate)
+
+
+# Kinds whose strategies split the channels without a contraction over them (filter =
+# channels split, no communication; costmodels.strategies' per-channel layout table).
+CHANNELWISE_KINDS = (
+    LayerKind.POOL, LayerKind.BATCH_NORM, LayerKind.ELEMENTWISE, LayerKind.ADD, LayerKind.MULTIPLY,
+    LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION,
+)
+ATTENTION_KINDS = (LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION)
+
+
+def is_kind(kind: Any, kinds: tuple[LayerKind, ...]) -> Any:
+    """Elementwise ``kind in kinds`` for an array of kind codes (numpy or jax)."""
+    out = kind == kinds[0]
+    for k in kinds[1:]:
+        out = out | (kind == k)
+    return out
+
+
+def tied_output(kind: Any, params: Any) -> Any:
+    """Elementwise: the rows that are an output layer tied to an embedding's
+    table (a dense layer that owns no parameters: the table is the
+    embedding's; ``GraphBuilder.dense(tied=True)``)."""
+    return (kind == LayerKind.DENSE) & (params <= 0)
 
 
 def kind_name(kind: int, spatial_rank: int) -> str:
@@ -78,6 +110,10 @@ def kind_name(kind: int, spatial_rank: int) -> str:
         LayerKind.FLATTEN: "flatten",
         LayerKind.OTHER: "other",
         LayerKind.NORM: "norm",
+        LayerKind.ATTENTION: "attention",
+        LayerKind.CAUSAL_ATTENTION: "causal_attention",
+        LayerKind.EMBED: "embed",
+        LayerKind.MULTIPLY: "multiply",
     }[kind]
 
 
@@ -98,7 +134,7 @@ class LayerArrays(NamedTuple):
     dilation: Any  # [L, 3] kernel dilation
     pad_lo: Any  # [L, 3] padding before, elements
     pad_hi: Any  # [L, 3] padding after, elements
-    groups: Any  # [L] feature groups of a conv (1 otherwise)
+    groups: Any  # [L] feature groups of a conv, heads of an attention (1 otherwise)
     params: Any  # [L] trainable parameter count (weights + biases + BN scale/shift)
     buffers: Any  # [L] non-trainable state elements (BN running statistics)
     flops_fwd: Any  # [L] forward FLOPs per sample (padding-aware, XLA's counting)

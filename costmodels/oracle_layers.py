@@ -94,6 +94,10 @@ class OracleLayers:
         return _last_dim(self.kernel, self.spatial_rank)
 
 
+_TRANSFORMER_KINDS = (LayerKind.NORM, LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION, LayerKind.EMBED,
+                      LayerKind.MULTIPLY)
+
+
 def _last_dim(a: np.ndarray, rank: np.ndarray) -> np.ndarray:
     idx = np.maximum(rank.astype(int) - 1, 0)
     v = a[np.arange(a.shape[0]), idx]
@@ -145,6 +149,15 @@ def oracle_layers(graph: LayerTable) -> OracleLayers:
     a = graph.unpadded()
     n = graph.num_layers
     kind = np.asarray(a.kind, dtype=int)
+    # ParaDL's formulas are for CNN layers (ParaDL §5's layer types): a transformer's
+    # attention, embeddings, norms and products would be costed as nothing.
+    foreign = [i for i in range(n) if kind[i] in _TRANSFORMER_KINDS]
+    if foreign:
+        kinds = sorted({graph.kind_names[i] for i in foreign})
+        raise ValueError(
+            f"the ParaDL oracle models CNN layers; model {graph.model_name!r} has {len(foreign)} layer(s) of kind "
+            f"{', '.join(kinds)} (e.g. {graph.names[foreign[0]]!r}) it has no formulas for; cost it with "
+            "shardplan plan or evaluate (planner.plan / planner.evaluate) instead")
     keep = np.flatnonzero(kind != LayerKind.FLATTEN)
     if keep.size == 0:
         raise ValueError(f"model {graph.model_name!r} has no layers besides flattens")

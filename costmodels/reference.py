@@ -26,7 +26,7 @@ _B, _R, _C, _H, _P = Layout.BATCH, Layout.REPLICATED, Layout.CHANNEL, Layout.SPA
 
 def _layouts(kind: int, s: int) -> tuple[int, int, int, int]:
     """(input, output, input-gradient produced, output-gradient needed)."""
-    if kind in (LayerKind.CONV, LayerKind.DENSE):
+    if kind in (LayerKind.CONV, LayerKind.DENSE, LayerKind.EMBED):
         return {
             Strategy.DATA: (_B, _B, _B, _B),
             Strategy.FILTER: (_R, _C, _P, _C),
@@ -96,6 +96,13 @@ def _convert(src: int, dst: int, group_bytes: float, m: float, a: float, bw: flo
     if dst == _R:
         return (m - 1) * (a + per / bw)  # all-gather
     return (m - 1) * (a + per / m / bw)  # all-to-all
+
+
+def _row_padding(rows: float, m: float) -> float:
+    """A tensor split by ``rows`` over ``m`` shards holds ``ceil(rows / m)`` rows
+    on each (XLA pads the split dim): its size over its rows."""
+    rows = max(rows, 1.0)
+    return math.ceil(rows / m) * m / rows
 
 
 def _measured_seconds(calibration: Calibration, name: str, strategy: int, work: float) -> float | None:
@@ -171,6 +178,26 @@ def _shard_seconds(graph: LayerTable, i: int, s: int, hw: Hardware, dtype: str, 
         t = [_kernel_seconds(hw, fl[j], *shapes[j], moved if fl[j] > 0 else 0.0, peak, eff) for j in range(3)]
         return t[0] + t[1] + t[2], t[1] + t[2]
     peak, eff = dev.peak_flops_per_s["float32"], dev.efficiency_of("elementwise", "float32")
+    if kind in (LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION):
+        # per head: scores = q k^T and out = p v forward; d(scores), dq, dk, dv backward;
+        # the softmax an element-wise kernel each way over the scores
+        mode = dev.math_mode(dtype)
+        hd = F / float(a.groups[i])
+        heads, queries, keys = f / hd, out_sp[0], float(a.in_spatial[i][0])
+        gemm = 2.0 * b * queries * keys * f
+        sc = b * heads * queries * keys
+        moved = (sc + b * f * (queries + 2.0 * keys)) * delta
+        mm_peak, mm_eff = dev.peak_flops_per_s[mode], dev.efficiency_of("matmul", mode)
+
+        def mm(rows: float, n: float, k: float) -> float:
+            return _kernel_seconds(hw, gemm, rows, n, k, moved, mm_peak, mm_eff)
+
+        q_rows, k_rows = b * heads * queries, b * heads * keys
+        fwd = mm(q_rows, keys, hd) + mm(q_rows, hd, keys) + _kernel_seconds(
+            hw, max(fl[0] - 2.0 * gemm, 0.0), 0.0, 0.0, 0.0, 2.0 * sc * delta, peak, eff)
+        bwd = mm(q_rows, keys, hd) + mm(q_rows, hd, keys) + 2.0 * mm(k_rows, hd, queries) + _kernel_seconds(
+            hw, max(fl[1] - 4.0 * gemm, 0.0), 0.0, 0.0, 0.0, 3.0 * sc * delta, peak, eff)
+        return fwd + bwd, bwd
     fwd = _kernel_seconds(hw, fl[0], 0.0, 0.0, 0.0, (x_el + y_el) * delta, peak, eff)
     has_bwd = float(a.flops_bwd_data[i]) > 0 or float(a.saved_elements[i]) > 0
     bwd = _kernel_seconds(hw, fl[1], 0.0, 0.0, 0.0, (2 * x_el + y_el) * delta, peak, eff) if has_bwd else 0.0
@@ -209,6 +236,8 @@ def reference_iteration_time(
         else:
             ranks, per_node = d, max(1, dpn // m)
         bucket = settings.gradient_bucket_bytes
+        if int(a.kind[i]) == LayerKind.DENSE and float(a.params[i]) <= 0:  # tied: its own gradient of the table
+            local = float(a.in_channels[i]) * float(a.out_channels[i])
         gbytes = DTYPE_BYTES[settings.dtype] * local  # the device's own shard of the gradient
         grad = _allreduce(hw, ranks, per_node, bucket) * gbytes / bucket
         grad_total += grad
@@ -226,6 +255,12 @@ def reference_iteration_time(
                 msgs += [lo * xr, hi * xr]
             for nbytes in msgs:
                 halo += ma + nbytes / mb if nbytes > 0 else 0.0
+            if int(a.kind[i]) in (LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION):
+                # sequence parallel: gather the keys and the values (a third of the input each),
+                # reduce-scatter their gradients; no halo
+                rows_in = float(a.in_spatial[i][0])
+                kv = float(a.in_channels[i]) / 3.0 * rows_in * gb * delta * _row_padding(rows_in, m)
+                halo = 2.0 * (_convert(_H, _R, kv, m, ma, mb) + _convert(_P, _H, kv, m, ma, mb))
         total += comp + grad + halo
     # edges
     consumers = set()
@@ -236,13 +271,16 @@ def reference_iteration_time(
         in_v, _, gin_v, _ = _layouts(kv, int(choice[v]))
         out_el = float(a.out_channels[u] * a.out_spatial[u][0] * a.out_spatial[u][1] * a.out_spatial[u][2])
         nbytes = out_el * gb * delta
-        total += _convert(out_u, in_v, nbytes, m, ma, mb) + _convert(gin_v, gout_u, nbytes, m, ma, mb)
+        pad = _row_padding(float(a.out_spatial[u][0]), m)  # for a conversion from or to rows split
+        fwd_bytes = nbytes * (pad if _H in (out_u, in_v) else 1.0)
+        bwd_bytes = nbytes * (pad if _H in (gin_v, gout_u) else 1.0)
+        total += _convert(out_u, in_v, fwd_bytes, m, ma, mb) + _convert(gin_v, gout_u, bwd_bytes, m, ma, mb)
     for i in range(n):
         if i in consumers:
             continue
         _, out_i, _, gout_i = _layouts(int(a.kind[i]), int(choice[i]))
         out_el = float(a.out_channels[i] * a.out_spatial[i][0] * a.out_spatial[i][1] * a.out_spatial[i][2])
-        nbytes = out_el * gb * delta
+        nbytes = out_el * gb * delta * (_row_padding(float(a.out_spatial[i][0]), m) if out_i == _H else 1.0)
         t = _B if out_i == _B else _R  # the loss runs batch-split, else on the gathered output
         total += _convert(out_i, t, nbytes, m, ma, mb) + _convert(t, gout_i, nbytes, m, ma, mb)
     return total - hw.gradient_overlap * min(grad_total, bwd_total)
@@ -269,6 +307,8 @@ def reference_memory(
         persistent += per_param * _local_params(graph, i, s, m)
         persistent += 4.0 * float(a.buffers[i]) / (m if s == Strategy.FILTER else 1)  # statistics follow channels
         persistent += float(a.saved_elements[i]) * gb * delta / split(in_l)
+        if s == Strategy.SPATIAL and int(a.kind[i]) in (LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION):
+            persistent += 2.0 * in_el / 3.0 * gb * delta * (1.0 - 1.0 / m)  # the gathered keys and values
         # transient: the input and output gradients (x and y are saved activations already)
         workspace = max(workspace, delta * gb * (in_el / split(in_l) + out_el / split(out_l)))
     return persistent + workspace

@@ -16,9 +16,20 @@ spatial       batch / d, first spatial dim / m        spatial (§4.4), ds (§4.9
 replicated    batch / d, the same work on all m       the replicated layers of §2
 ============  =====================================  =========================
 
-On parameter-free per-channel layers (batch norm, pooling, activations,
-adds) ``filter`` means the channels are split over the model axis, so a
-filter-sharded conv can feed them without gathering.
+On per-channel layers (batch norm, pooling, activations, adds, products)
+``filter`` means the channels are split over the model axis, so a
+filter-sharded conv can feed them without gathering. The same holds for
+self-attention, whose channels are its heads: ``filter`` splits the heads
+(Megatron-LM's attention, Shoeybi et al. 2019 §3), and ``spatial`` splits
+the tokens (sequence parallelism), each shard gathering every shard's keys
+and values (:mod:`costmodels.table`). An embedding lookup is a parameter
+layer whose table's columns (the output features) ``filter`` splits.
+
+With these layouts a transformer block on ``filter`` for its first dense
+layer (column parallel) and ``channel`` for its second (row parallel)
+converts ``PARTIAL -> REPLICATED`` once after the second, an all-reduce,
+and the same once in the backward pass before the first: Megatron-LM's
+pattern (§3, its ``f`` and ``g`` operators) comes out of the layout tables.
 
 A *layout* is the state of an activation along the model axis: split by
 batch (``BATCH``), replicated (``REPLICATED``), split by channels
@@ -34,7 +45,13 @@ import enum
 import jax.numpy as jnp
 import numpy as np
 
-from costmodels.layers import LayerKind
+from costmodels.layers import (
+    ATTENTION_KINDS,
+    CHANNELWISE_KINDS,
+    LayerKind,
+    is_kind,
+    tied_output,
+)
 
 __all__ = [
     "AXIS_NAMES",
@@ -122,7 +139,8 @@ def io_layout_names(param_layer: bool, gradients: bool = False) -> dict[str, tup
 
 
 def _is_param_layer(kind):
-    return (kind == LayerKind.CONV) | (kind == LayerKind.DENSE)
+    return (kind == LayerKind.CONV) | (kind == LayerKind.DENSE) | (kind == LayerKind.EMBED)
+
 
 
 def strategy_layouts(kind):
@@ -141,8 +159,13 @@ def strategy_mask(arrays, batch, d, m):
     ``channel`` is for convs and dense layers whose input channels ``m``
     divides; ``spatial`` needs a spatial input whose first dim, in and out,
     gives every shard at least two rows (``>= 2 m``; ``>= 1`` when
-    ``m = 1``); a norm (``NORM``: statistics over the channels) runs
-    neither ``filter`` nor ``channel``; flatten and unmodelled layers (``OTHER``) only run
+    ``m = 1``; an element-wise layer that adds positions, a class token,
+    needs as many out as in); a norm (``NORM``: statistics over the
+    channels) runs neither ``filter`` nor ``channel``; an attention's
+    ``filter`` needs ``m`` to divide its heads (``groups``); an embedding
+    (``EMBED``) has one input channel, its ids, so ``channel`` never splits
+    it; a tied table (a dense layer with no parameters of its own, and the
+    embeddings of its graph) is split by neither ``filter`` nor ``channel``; flatten and unmodelled layers (``OTHER``) only run
     ``data`` / ``replicated`` (flatten) or ``replicated`` (other). Padding
     rows allow every strategy (they cost nothing under any)."""
     a = arrays
@@ -153,20 +176,32 @@ def strategy_mask(arrays, batch, d, m):
     param = _is_param_layer(kind)
     real = jnp.asarray(a.mask) > 0
     divides = lambda x: jnp.mod(x, m) == 0  # noqa: E731
-    channelwise = (kind == LayerKind.POOL) | (kind == LayerKind.BATCH_NORM) | (kind == LayerKind.ELEMENTWISE) | (kind == LayerKind.ADD)
+    channelwise = is_kind(kind, CHANNELWISE_KINDS)
+    attention = is_kind(kind, ATTENTION_KINDS)
     # A norm's statistics run over a position's channels: split by channels they would need an
     # all-reduce the model does not count, so a norm runs data, spatial (positions split) or replicated.
     spatial_kinds = param | channelwise | (kind == LayerKind.CONCAT) | (kind == LayerKind.NORM)
     data_ok = (batch >= d * m) & (jnp.mod(batch, d * m) == 0) & (kind != LayerKind.OTHER)
-    filter_ok = (param & divides(a.out_channels) & (a.groups == 1)) | (channelwise & divides(a.out_channels))
+    filter_ok = (param & divides(a.out_channels) & (a.groups == 1)) | (channelwise & divides(a.out_channels)
+                                                                      & (~attention | divides(a.groups)))
     channel_ok = param & divides(a.in_channels) & (a.groups == 1)
+    # A dense layer owning no parameters is an output layer tied to an embedding's table:
+    # the lookup and it would need the one table in two layouts, which is not modelled, so
+    # neither splits it (filter / channel) where the graph has one.
+    tied = tied_output(kind, jnp.asarray(a.params)) & real
+    shares_table = tied | ((kind == LayerKind.EMBED) & jnp.any(tied))
+    filter_ok = filter_ok & ~shares_table
+    channel_ok = channel_ok & ~shares_table
     # At least two rows per shard, in and out, once the model axis splits: where a shard
     # holds one row, XLA's partitioner gathers kernel-sized buffers for the weight
     # gradient instead of exchanging halos (VGG16-CIFAR-10 at 4x2: 113 MB of all-gathers
     # where 65 kB are predicted; XLA SPMD partitioner, measured, docs/validation.md).
     min_rows = jnp.where(m > 1, 2.0 * m, m)
+    # An element-wise layer that changes the positions (a class token put in front) would
+    # shift every shard's rows: spatial keeps the rows where they are.
+    shifts = (kind == LayerKind.ELEMENTWISE) & (a.in_spatial[:, 0] != a.out_spatial[:, 0])
     spatial_ok = (spatial_kinds & (a.spatial_rank >= 1) & (a.in_spatial[:, 0] >= min_rows)
-                  & (a.out_spatial[:, 0] >= min_rows))
+                  & (a.out_spatial[:, 0] >= min_rows) & ~shifts)
     model_ok = (batch >= d) & (jnp.mod(batch, d) == 0)
     mask = jnp.stack(
         [data_ok, filter_ok & model_ok, channel_ok & model_ok, spatial_ok & model_ok, model_ok & jnp.ones_like(real)],

@@ -24,8 +24,9 @@ from costmodels.calibration import (
 )
 from costmodels.collectives import allreduce_s, p2p_s, tier_of
 from costmodels.compute import DTYPE_BYTES, HardwareArrays, shard_compute_s
+from costmodels.layers import ATTENTION_KINDS, is_kind, tied_output
 from costmodels.reshard import conversion_s
-from costmodels.shards import halo_rows, shard_shapes
+from costmodels.shards import halo_rows, row_padding, shard_shapes
 from costmodels.strategies import Layout, Strategy, strategy_layouts, strategy_mask
 
 __all__ = ["CostSettings", "CostTable", "cost_table", "OPTIMIZER_SLOTS"]
@@ -81,7 +82,7 @@ class CostTable(NamedTuple):
     compute_s: jnp.ndarray  # [L, S] forward + backward compute, seconds per iteration
     backward_compute_s: jnp.ndarray  # [L, S] the backward part of compute_s
     grad_sync_s: jnp.ndarray  # [L, S] gradient all-reduce share, seconds
-    halo_s: jnp.ndarray  # [L, S] spatial halo exchange, forward and backward, seconds
+    halo_s: jnp.ndarray  # [L, S] spatial exchange inside a layer (halo rows; an attention's keys and values), fwd + bwd, seconds
     output_s: jnp.ndarray  # [L, S] gathering a model output for the loss (sink layers), seconds
     state_bytes: jnp.ndarray  # [L, S] weights, gradients, optimizer state and update, buffers per device
     activation_bytes: jnp.ndarray  # [L, S] activations kept for the backward pass per device
@@ -172,7 +173,12 @@ def cost_table(
     )
     bucket = settings.gradient_bucket_bytes
     bucket_s = allreduce_s(net, ranks, ranks_per_node, bucket)  # [S]
-    grad_bytes = settings.gradient_bytes_per_param * local_params  # each device reduces its own shard
+    # Each device reduces its own shard. An output layer tied to an embedding holds no
+    # parameters but reduces its own gradient of the whole table, apart from the lookup's
+    # (XLA, measured on a tied decoder: docs/transformers.md).
+    tied = tied_output(kind, params)[:, None]  # [L, 1]
+    table_el = f32(a.in_channels) * f32(a.out_channels)  # [L]
+    grad_bytes = settings.gradient_bytes_per_param * jnp.where(tied, table_el[:, None], local_params)
     grad_sync = bucket_s[None, :] * grad_bytes / bucket
 
     src = jnp.asarray(a.edge_src).astype(jnp.int32)
@@ -195,19 +201,38 @@ def cost_table(
     x_halo = p2p_s(lo * x_row, ma, mb) + p2p_s(hi * x_row, ma, mb)
     y_halo = p2p_s(lo * y_row, ma, mb) + p2p_s(hi * y_row, ma, mb)
     halo = x_halo + has_producer * y_halo + has_weights * x_halo  # forward + input gradient + weight gradient
+    # Sequence parallelism (spatial on an attention): every shard's queries meet every
+    # key, so each shard all-gathers the keys and the values (SPATIAL -> REPLICATED)
+    # forward, and reduce-scatters their gradients, summed over every shard's queries
+    # (PARTIAL -> SPATIAL), backward: the all-gather forward and reduce-scatter
+    # backward of Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+    # Transformer Models", section 4.2.2), here for the keys and values as in Li et
+    # al. 2023 (sequence parallelism, section 3.2).
+    attention = is_kind(kind, ATTENTION_KINDS)  # [L]
+    # [L] the keys (or the values) of the group, a third of its input, as split by rows (padded)
+    kv_bytes = in_el / 3.0 * group_batch * delta * row_padding(f32(a.in_spatial[:, 0]), m)
+    kv = 2.0 * (conversion_s(Layout.SPATIAL, Layout.REPLICATED, kv_bytes, m, ma, mb)
+                + conversion_s(Layout.PARTIAL, Layout.SPATIAL, kv_bytes, m, ma, mb))
+    halo = jnp.where(attention, kv, halo)
     halo = jnp.where(jnp.arange(S) == Strategy.SPATIAL, halo[:, None], 0.0)
 
     # -- resharding on edges -----------------------------------------------------------
     edge_bytes = (out_el[src] * group_batch * delta)[:, None, None]  # [E, 1, 1]
-    fwd = conversion_s(out_lay[src][:, :, None], in_lay[dst][:, None, :], edge_bytes, m, ma, mb)
-    bwd = conversion_s(gin_lay[dst][:, None, :], gout_lay[src][:, :, None], edge_bytes, m, ma, mb)
+    pad = row_padding(f32(a.out_spatial[:, 0]), m)  # [L] a row-split output's padded size
+    by_rows = lambda x, y: (x == Layout.SPATIAL) | (y == Layout.SPATIAL)  # noqa: E731 (a conversion of a row-split tensor)
+    src_out, dst_in = out_lay[src][:, :, None], in_lay[dst][:, None, :]
+    fwd = conversion_s(src_out, dst_in, edge_bytes * jnp.where(by_rows(src_out, dst_in), pad[src][:, None, None], 1.0),
+                       m, ma, mb)
+    src_gout, dst_gin = gout_lay[src][:, :, None], gin_lay[dst][:, None, :]
+    bwd = conversion_s(dst_gin, src_gout,
+                       edge_bytes * jnp.where(by_rows(dst_gin, src_gout), pad[src][:, None, None], 1.0), m, ma, mb)
     reshard = (fwd + bwd) * emask[:, None, None]
 
     # -- a sink layer's output feeds the loss: where it, computed batch-split, as is;
     # otherwise gathered to every group member (the loss gradient then needs no
     # collective: slicing a replicated tensor is free).
     has_consumer = jnp.zeros(L).at[src].max(emask)
-    out_bytes = (out_el * group_batch * delta)[:, None]
+    out_bytes = (out_el * group_batch * delta)[:, None] * jnp.where(out_lay == Layout.SPATIAL, pad[:, None], 1.0)
     loss_layout = jnp.where(out_lay == Layout.BATCH, Layout.BATCH, Layout.REPLICATED)
     to_loss = conversion_s(out_lay, loss_layout, out_bytes, m, ma, mb) + conversion_s(
         loss_layout, gout_lay, out_bytes, m, ma, mb
@@ -221,6 +246,9 @@ def cost_table(
     buffer_split = jnp.where(strat == Strategy.FILTER, m, 1.0)  # [1, S]
     state = per_param * local_params + 4.0 * f32(a.buffers)[:, None] / buffer_split
     activation = f32(a.saved_elements)[:, None] * group_batch * delta / split_of(in_lay)
+    # A sequence-parallel attention keeps the gathered keys and values, not its shard of them.
+    gathered_kv = 2.0 * in_el / 3.0 * group_batch * delta * (1.0 - 1.0 / m)  # [L] the other shards' rows
+    activation = activation + jnp.where(attention[:, None] & (strat == Strategy.SPATIAL), gathered_kv[:, None], 0.0)
     # Transient beyond the saved activations: the layer's input and output gradients at
     # its backward step (its input and output themselves are saved activations already).
     workspace = delta * group_batch * (in_el[:, None] / split_of(in_lay) + out_el[:, None] / split_of(out_lay))

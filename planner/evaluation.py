@@ -41,6 +41,7 @@ from costmodels import (
 )
 from costmodels.calibration import Calibration, calibration_arrays, check_hardware
 from costmodels.evaluate import reshard_per_edge
+from costmodels.layers import ATTENTION_KINDS, CHANNELWISE_KINDS
 from planner.ir.graph import LayerGraph, LayerKind
 
 __all__ = [
@@ -176,9 +177,14 @@ def unavailable_reason(graph: LayerGraph, i: int, strategy: str | Strategy, batc
     a = graph.arrays
     kind = graph.kind_names[i]
     code = int(a.kind[i])
-    param = code in (LayerKind.CONV, LayerKind.DENSE)
-    channelwise = code in (LayerKind.POOL, LayerKind.BATCH_NORM, LayerKind.ELEMENTWISE, LayerKind.ADD)
+    param = code in (LayerKind.CONV, LayerKind.DENSE, LayerKind.EMBED)
+    channelwise = code in CHANNELWISE_KINDS
     cin, cout, groups = float(a.in_channels[i]), float(a.out_channels[i]), int(a.groups[i])
+    tied = any(int(a.kind[j]) == LayerKind.DENSE and float(a.params[j]) <= 0 for j in range(graph.num_layers))
+    if s in (Strategy.FILTER, Strategy.CHANNEL) and tied and (
+            code == LayerKind.EMBED or (code == LayerKind.DENSE and float(a.params[i]) <= 0)):
+        return (f"{s.name.lower()} does not split a tied embedding table (the lookup and the output layer share it, "
+                "and one layout for both is not modelled)")
     if s is not Strategy.DATA and (batch < d or batch % d):
         return f"{s.name.lower()} needs the batch {_fmt(batch)} to split over the {d} data-parallel groups"
     if s is Strategy.DATA:
@@ -195,7 +201,11 @@ def unavailable_reason(graph: LayerGraph, i: int, strategy: str | Strategy, batc
             return f"filter does not split grouped convolutions ({groups} groups)"
         if cout % m:
             return f"filter needs the model axis ({m}) to divide the {_fmt(cout)} output channels"
+        if code in ATTENTION_KINDS and groups % m:
+            return f"filter needs the model axis ({m}) to divide the {groups} heads"
     elif s is Strategy.CHANNEL:
+        if code == LayerKind.EMBED and m > 1:
+            return "channel does not split an embedding's input (one channel of token ids)"
         if not param:
             return f"channel needs a conv or dense layer (a contraction over channels), not {kind}"
         if groups != 1:
@@ -211,6 +221,8 @@ def unavailable_reason(graph: LayerGraph, i: int, strategy: str | Strategy, batc
         need = 2 * m if m > 1 else 1  # two rows per shard (XLA SPMD partitioner, measured: docs/validation.md)
         if rows_in < need or rows_out < need:
             return f"spatial needs >= 2 rows per shard ({need} rows in and out on a model axis of {m})"
+        if code == LayerKind.ELEMENTWISE and rows_in != rows_out:
+            return f"spatial does not split a layer that adds positions ({_fmt(rows_in)} in, {_fmt(rows_out)} out)"
     return ""
 
 

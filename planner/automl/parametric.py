@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from costmodels.layers import ATTENTION_KINDS
 from planner.ir import flops as F
 from planner.ir.builder import GraphBuilder
 from planner.ir.graph import LayerArrays, LayerGraph, LayerKind
@@ -347,10 +348,13 @@ def parametric_graph(template: LayerGraph, groups: GroupSpec, *, channel_multipl
         raise ValueError(  # noqa: TRY004 (user errors are ValueErrors)
             "groups must map layer-name prefixes to group indices, or be a function of the layer name")
     kind = np.asarray(template.arrays.kind)[: template.num_layers].astype(int)
-    if np.any(kind == LayerKind.NORM):
-        first = template.names[int(np.argmax(kind == LayerKind.NORM))]
-        raise ValueError(f"parametric graphs have no width rule for norm layers yet (layer {first!r}); "
-                         "cost such a model with planner.plan per configuration")
+    params = np.asarray(template.arrays.params)[: template.num_layers]
+    transformer = np.isin(kind, (LayerKind.NORM, *ATTENTION_KINDS, LayerKind.EMBED, LayerKind.MULTIPLY)) | (
+        (kind == LayerKind.ELEMENTWISE) & (params > 0))
+    if np.any(transformer):
+        i = int(np.argmax(transformer))
+        raise ValueError(f"parametric graphs have no width rule for {template.kind_names[i]} layers yet "
+                         f"(layer {template.names[i]!r}); cost such a model with planner.plan per configuration")
     scalable = np.isin(kind, (LayerKind.CONV, LayerKind.DENSE, LayerKind.OTHER))
     group = np.array([(-1 if (g := of(nm)) is None else int(g)) if s else -1
                       for nm, s in zip(template.names, scalable, strict=True)], dtype=int)

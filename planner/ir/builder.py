@@ -243,15 +243,75 @@ class GraphBuilder:
             params=params, flops=fl, saved_elements=float(c * math.prod(sp)),
         )
 
-    def dense(self, name: str, x: int, features: int, *, bias: bool = True) -> int:
+    def dense(self, name: str, x: int, features: int, *, bias: bool = True, tied: bool = False) -> int:
         """A dense layer on the channel dim (per spatial position, as Flax's
-        ``Linear`` on an NHWC tensor); flatten first for a classifier."""
+        ``Linear`` on an NHWC tensor); flatten first for a classifier.
+        ``tied``: its kernel is an embedding table's (``x @ table.T``, a
+        language model's output layer with tied embeddings), counted as
+        that embedding's parameters, so this layer owns none (no bias)."""
         c, sp = self.shape(x)
+        bias = bias and not tied
         fl = F.dense_flops(c, features, math.prod(sp), bias)
         return self._add(
             name, LayerKind.DENSE, [x], features, sp,
-            params=c * features + (features if bias else 0),
+            params=0 if tied else c * features + (features if bias else 0),
             flops=fl, saved_elements=float(c * math.prod(sp)),
+        )
+
+    def embed(self, name: str, x: int, vocab: int, features: int) -> int:
+        """A lookup of token ids (``x``: one channel of ids per position) in a
+        learned ``vocab x features`` table (Flax ``Embed``); the backward pass
+        keeps the ids."""
+        c, sp = self.shape(x)
+        if c != 1 or len(sp) != 1:
+            raise ValueError(f"embed {name!r} reads token ids of shape (1, tokens), got ({c}, {sp})")
+        if vocab < 1 or features < 1:
+            raise ValueError(f"embed {name!r}: vocab ({vocab}) and features ({features}) must be positive")
+        return self._add(
+            name, LayerKind.EMBED, [x], features, sp,
+            params=float(vocab) * features, flops=F.embed_flops(sp[0], features), saved_elements=float(sp[0]),
+        )
+
+    def position_embedding(self, name: str, x: int, *, class_token: bool = False) -> int:
+        """A learned embedding per position added to the tokens (``x``:
+        ``(channels, tokens)``); with ``class_token`` a learned token is
+        first put in front of them (a ViT's ``[CLS]``), so the output has one
+        more position. An element-wise layer with parameters."""
+        c, sp = self.shape(x)
+        if len(sp) != 1:
+            raise ValueError(f"position_embedding {name!r} reads tokens (channels, tokens), got ({c}, {sp})")
+        out = sp[0] + int(class_token)
+        n = c * out
+        return self._add(
+            name, LayerKind.ELEMENTWISE, [x], c, (out,),
+            params=float(n + (c if class_token else 0)),
+            flops=F.LayerFlops(float(n), 0.0, float(n)),  # the add; its gradient summed over the batch
+        )
+
+    def attention(self, name: str, qkv: int, *, heads: int, causal: bool = False) -> int:
+        """Scaled dot-product self-attention (``jax.nn.dot_product_attention``)
+        of the queries, keys and values of ``heads`` heads, read from one
+        fused projection ``qkv`` of ``(3 x channels, tokens)`` whose channels
+        are grouped by head (each head's query, key and value together, as
+        Megatron-LM's fused QKV weight), so that splitting the channels in
+        equal parts splits whole heads. ``causal``: each position attends
+        to itself and the ones before it. Output ``(channels, tokens)``. No
+        parameters (the projections are dense layers); the backward pass
+        keeps the queries, keys and values and the attention probabilities,
+        ``heads x tokens^2`` (the quadratic term)."""
+        c3, sp = self.shape(qkv)
+        if len(sp) != 1:
+            raise ValueError(f"attention {name!r} reads tokens (channels, tokens), got ({c3}, {sp})")
+        if c3 % 3:
+            raise ValueError(f"attention {name!r} reads queries, keys and values (3 x channels), got {c3} channels")
+        c = c3 // 3
+        if heads < 1 or c % heads:
+            raise ValueError(f"attention {name!r}: heads ({heads}) must divide the {c} channels")
+        s = sp[0]
+        kind = LayerKind.CAUSAL_ATTENTION if causal else LayerKind.ATTENTION
+        return self._add(
+            name, kind, [qkv], c, sp, groups=heads,
+            flops=F.attention_flops(s, c, heads, causal), saved_elements=float(3 * c * s + heads * s * s),
         )
 
     def batch_norm(self, name: str, x: int, *, affine: bool = True) -> int:
@@ -336,15 +396,26 @@ class GraphBuilder:
             pads=((0, 0),) * len(sp), flops=F.global_pool_flops(n),
         )
 
-    def add(self, name: str, xs: Sequence[int]) -> int:
+    def _same_shape(self, op: str, name: str, xs: Sequence[int]) -> tuple[int, tuple[int, ...], int]:
+        """``(channels, spatial, elements)`` of two or more equal-shaped inputs."""
         if len(xs) < 2:
-            raise ValueError(f"add {name!r} needs at least two inputs")
+            raise ValueError(f"{op} {name!r} needs at least two inputs")
         shapes = {self.shape(i) for i in xs}
         if len(shapes) != 1:
-            raise ValueError(f"add {name!r}: inputs have different shapes {sorted(shapes)}")
+            raise ValueError(f"{op} {name!r}: inputs have different shapes {sorted(shapes)}")
         c, sp = shapes.pop()
-        n = c * math.prod(sp)
+        return c, sp, c * math.prod(sp)
+
+    def add(self, name: str, xs: Sequence[int]) -> int:
+        c, sp, n = self._same_shape("add", name, xs)
         return self._add(name, LayerKind.ADD, xs, c, sp, flops=F.add_flops(n, len(xs)))
+
+    def multiply(self, name: str, xs: Sequence[int]) -> int:
+        """Element-wise product of equal-shaped activations (a gated MLP's
+        ``silu(gate) * up``); the backward pass keeps every input."""
+        c, sp, n = self._same_shape("multiply", name, xs)
+        return self._add(name, LayerKind.MULTIPLY, xs, c, sp, flops=F.multiply_flops(n, len(xs)),
+                         saved_elements=float(n * len(xs)))
 
     def concat(self, name: str, xs: Sequence[int]) -> int:
         """Concatenation along channels."""
@@ -366,6 +437,15 @@ class GraphBuilder:
         no kernel, no FLOPs), as a ViT's patch embedding does."""
         c, sp = self.shape(x)
         return self._add(name, LayerKind.FLATTEN, [x], c, (math.prod(sp),))
+
+    def first_token(self, name: str, x: int) -> int:
+        """The first position of a sequence, ``(C, tokens) -> (C,)`` (a ViT's
+        class token read out for the head, ``x[:, 0]``): a slice, kind
+        ``FLATTEN`` (no kernel, no FLOPs)."""
+        c, sp = self.shape(x)
+        if len(sp) != 1:
+            raise ValueError(f"first_token {name!r} reads tokens (channels, tokens), got ({c}, {sp})")
+        return self._add(name, LayerKind.FLATTEN, [x], c, ())
 
     # -- result ------------------------------------------------------------------
     def build(self, *, measured_time_per_sample_s: float | None = None) -> LayerGraph:

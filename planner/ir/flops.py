@@ -12,6 +12,14 @@ reports on CPU (jax 0.10.2), probed primitive by primitive
   ``window`` (sums plus the division); global mean: ``|x|``.
 * ReLU and other unary element-wise ops: 1 per element; add of n tensors:
   ``n - 1`` per element.
+* self-attention (``jax.nn.dot_product_attention``, XLA implementation) of
+  ``S`` tokens, ``D`` channels in ``H`` heads: the score and output matmuls
+  ``4 S^2 D``, plus the scale, max, shift, sum and division of the softmax,
+  ``5 H S^2 - H S`` (XLA counts a reduction of ``n`` values as ``n - 1``;
+  the ``exp`` is a transcendental, not a FLOP); a causal mask adds its
+  select, ``H S^2``, and the mask's comparison, ``S^2``.
+* an embedding lookup (a gather): 0; an added position embedding: 1 per
+  element; a product of two activations: 1 per element.
 * batch norm in training mode: 6 per element (mean, variance, normalise,
   scale, shift; XLA: 3096 FLOPs for 512 elements, the rest is per channel).
 
@@ -39,6 +47,9 @@ __all__ = [
     "global_pool_flops",
     "batch_norm_flops",
     "norm_flops",
+    "attention_flops",
+    "embed_flops",
+    "multiply_flops",
     "elementwise_flops",
     "add_flops",
 ]
@@ -135,6 +146,32 @@ def norm_flops(elements: int, channels: int, rms: bool, scale: bool, bias: bool)
     fwd = (3.0 * n + t if rms else 5.0 * n + 5.0 * t) + n * (float(scale) + float(bias))
     bwd = NORM_BWD_FLOPS_PER_ELEMENT * n * (0.5 if rms else 1.0)
     return LayerFlops(fwd, bwd, 2.0 * n * float(scale) + n * float(bias))
+
+
+def attention_flops(tokens: int, channels: int, heads: int, causal: bool) -> LayerFlops:
+    """Self-attention of ``tokens`` positions, ``channels`` split into
+    ``heads`` (module docstring). Backward (w.r.t. queries, keys and values):
+    the four matmuls of the gradients of the scores, values, queries and
+    keys, ``8 S^2 D``, and the softmax's backward, ``7 H S^2`` (XLA's count of
+    ``jax.vjp`` minus the forward it needs, probed). No parameters."""
+    s, d, h = float(tokens), float(channels), float(heads)
+    fwd = 4.0 * s * s * d + 5.0 * h * s * s - h * s + ((h * s * s + s * s) if causal else 0.0)
+    return LayerFlops(fwd, 8.0 * s * s * d + 7.0 * h * s * s, 0.0)
+
+
+def embed_flops(tokens: int, features: int) -> LayerFlops:
+    """A lookup of ``tokens`` ids in a table of ``features`` columns: no FLOPs
+    forward (a gather), none for the ids' gradient (they have none), and the
+    scatter-add of the output gradient into the table, 1 per output element."""
+    return LayerFlops(0.0, 0.0, float(tokens) * features)
+
+
+def multiply_flops(elements: int, inputs: int) -> LayerFlops:
+    """The product of ``inputs`` activations: ``inputs - 1`` per element
+    forward; backward, each input's gradient is the output gradient times
+    the other inputs (``inputs - 1`` products each)."""
+    n = float(elements)
+    return LayerFlops((inputs - 1) * n, inputs * (inputs - 1) * n, 0.0)
 
 
 def elementwise_flops(elements: int, per_element: float = 1.0) -> LayerFlops:

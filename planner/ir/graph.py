@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from typing import Any
 
 import jax
@@ -133,6 +134,22 @@ class LayerGraph:
                 strict=True,
             )
         )
+
+    @property
+    def reads_token_ids(self) -> bool:
+        """The model input is token ids (``(batch, tokens)`` int32) that an
+        embedding looks up: a language model, trained with a label per token."""
+        fed = {d for _, d in self.edges}
+        kinds = np.asarray(self.arrays.kind)[: self.num_layers]
+        return any(int(k) == LayerKind.EMBED and i not in fed for i, k in enumerate(kinds))
+
+    @property
+    def input_bytes_per_sample(self) -> float:
+        """A training sample's input and labels as they are fed (float32 images
+        or int32 token ids; int32 labels, one per sample or, for a language
+        model, one per token)."""
+        labels = self.input_shape[1] if self.reads_token_ids else 1
+        return 4.0 * (math.prod(self.input_shape) + labels)
 
     # -- totals (exact, float64 on the host) --------------------------------
     def total(self, field: str) -> float:
