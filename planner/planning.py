@@ -18,7 +18,6 @@ limit, the margin kept free, the mesh shapes); the record it returns is
 
 from __future__ import annotations
 
-import math
 import time as _time
 from collections.abc import Callable
 from pathlib import Path
@@ -216,10 +215,11 @@ def plan(
             "memory_bytes")
     platform = platform_of(platform, hw)
     # Kept free: the platform's share of the limit, and the input batch (float32
-    # images, int32 labels, split over all P devices, as planner.runtime.export feeds
-    # them), which the cost table does not count: exact, the same on every mesh
-    # (validate's "inputs" row; 393,344 B for VGG16-CIFAR-10 at batch 256 on 8).
-    inputs = (math.prod(graph.input_shape) * 4.0 + 4.0) * B / P
+    # images or int32 token ids, int32 labels, split over all P devices, as
+    # planner.runtime.export feeds them), which the cost table does not count: exact,
+    # the same on every mesh (validate's "inputs" row; 393,344 B for VGG16-CIFAR-10
+    # at batch 256 on 8).
+    inputs = graph.input_bytes_per_sample * B / P
     margin = memory_margin_bytes(limit, platform) + inputs
     meshes = mesh_shapes(P, B, hw.devices_per_node, allow_cross_node_model_axis)
     settings = CostSettings(dtype=dtype, optimizer=optimizer)

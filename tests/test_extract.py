@@ -556,7 +556,6 @@ class WithAttention(nnx.Module):
 @pytest.mark.parametrize(
     "ctor, x, needles",
     [
-        (WithEmbed, spec(10, dtype=jnp.int32), ["nnx.Embed", "'embed'"]),
         (WithTranspose, spec(6, 6, 3), ["'transpose'", "'mix'"]),
         (WithScale, spec(6, 6, 3), ["Scale", "'scale'"]),
         (WithAttention, spec(5, 8), ["nnx.MultiHeadAttention", "'attn'"]),
@@ -571,12 +570,12 @@ def test_unsupported_raises_naming_op_and_path(ctor, x, needles):
         assert n in msg
 
 
-def test_replicate_fallback_embed():
-    g = extract(abstract(WithEmbed), spec(10, dtype=jnp.int32), on_unsupported="replicate")
-    assert g.names == ("embed", "fc")
-    assert g.kind_names == ("other", "dense")
-    assert g.input_shape == (10,)
-    assert layer(g, "embed", out_rank=1) == ("other", (10,), (8, 10), 800)
+def test_an_embedding_of_token_ids_is_a_layer():
+    g = extract(abstract(WithEmbed), spec(10, dtype=jnp.int32))  # (batch, 10) int32 token ids
+    assert g.names == ("embed", "fc") and g.on_unsupported == "error"
+    assert g.kind_names == ("embed", "dense")
+    assert g.input_shape == (1, 10) and g.reads_token_ids  # one channel of ids per token
+    assert layer(g, "embed") == ("embed", (1, 10), (8, 10), 800)  # nnx.Embed(100, 8): the table
     assert layer(g, "fc") == ("dense", (8, 10), (4, 10), 36)  # per position
     assert g.edges == ((0, 1),)
 
@@ -646,6 +645,7 @@ def test_bad_arguments(args, kwargs, match):
 ZOO = [
     "vgg16-cifar10", "vgg16", "resnet50", "alexnet", "cosmoflow-256",
     "vgg16-cifar10-splitbrain", "cosmoflow-512", pytest.param("resnet152", marks=pytest.mark.slow),
+    "vit-tiny", "vit-b16", "gpt2-small", "decoder-tiny",
 ]
 
 

@@ -22,8 +22,8 @@ from types import SimpleNamespace
 import pytest
 
 from costmodels import load_hardware
-from planner.runtime import distributed
 from planner.launch import free_port, launch, main, process_env
+from planner.runtime import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_distributed.py"

@@ -1,7 +1,8 @@
 """The built-in zoo against independent oracles: torchvision's published
 parameter counts, XLA's FLOP count of the Flax twins, the Flax twins'
 parameter shapes per module path (the naming convention the extractor relies
-on), and ParaDL's CosmoFlow ``.net`` files (paradl.md §5)."""
+on), and ParaDL's CosmoFlow ``.net`` files (paradl.md §5); for the
+transformers, the published ViT-B/16 and GPT-2 counts."""
 
 import math
 import re
@@ -24,6 +25,10 @@ EXPECTED_NAMES = (
     "resnet152",
     "cosmoflow-256",
     "cosmoflow-512",
+    "vit-tiny",
+    "vit-b16",
+    "gpt2-small",
+    "decoder-tiny",
 )
 
 # torchvision's published counts (models' docs / sum(p.numel())); the CIFAR
@@ -35,6 +40,10 @@ PUBLISHED_PARAMS = {
     "vgg16-cifar10-splitbrain": 14_714_688 + 50_380_810,
     "resnet50": 25_557_032,
     "resnet152": 60_192_808,
+    # timm vit_base_patch16_224 / Dosovitskiy et al. 2021 Table 1 ("86M"): 86,567,656
+    "vit-b16": 86_567_656,
+    # Hugging Face GPT2Model (gpt2) with tied embeddings / Radford et al. 2019 ("117M", recounted 124M)
+    "gpt2-small": 124_439_808,
 }
 
 RESIDUAL = {"resnet50", "resnet152"}
@@ -91,7 +100,7 @@ def test_batch_norm_running_stats_are_buffers_not_params():
     assert sum(math.prod(s.shape) for s in stats) == 2 * 26_560
 
 
-@pytest.mark.parametrize("name", ["vgg16", "resnet50"])
+@pytest.mark.parametrize("name", ["vgg16", "resnet50", "vit-tiny", "decoder-tiny"])
 def test_flax_param_shapes_per_module_path_equal_graph_layers(name):
     g = get_model(name)
     params = np.asarray(g.arrays.params)[: g.num_layers]

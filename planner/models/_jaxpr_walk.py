@@ -1,6 +1,8 @@
 """The jaxpr walk behind :func:`planner.extract` (one algorithm, kept whole: a
 single pass over the equations whose regions, chains and layer rules share
-the walker's state, about 580 lines): turns a traced
+the walker's state, about 620 lines; its primitive tables are in
+:mod:`planner.models._primitives`, its transformer rules in
+:mod:`planner.models._transformer_walk`): turns a traced
 forward pass, whose equations carry module-path markers in their name
 stacks, into layers added through :class:`~planner.ir.builder.GraphBuilder`
 (jax-notes.md §1). Private: the documented behaviour is in
@@ -20,41 +22,25 @@ import jax.extend.core as jex
 import numpy as np
 
 from planner.ir.builder import GraphBuilder
+from planner.models._primitives import (
+    _CALL_PRIMITIVES,
+    _ELEMENTWISE,
+    _FREE,
+    _RESCALE,
+    _SHAPE_OPS,
+    _eqn_flops,
+)
+from planner.models._transformer_walk import (
+    _HEAD_GROUPING_HINT,
+    _Heads,
+    _Scores,
+    _TransformerRules,
+)
 
 _REPLICATE_HINT = (
     'pass on_unsupported="replicate" (shardplan: --on-unsupported replicate) to keep it as a '
     "replicated layer whose cost is estimated from its FLOPs"
 )
-
-# -- primitive tables ---------------------------------------------------------------
-_CALL_PRIMITIVES = frozenset(
-    {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
-     "custom_vjp_call_jaxpr", "checkpoint", "remat", "remat2"}
-)
-# Ops that never change values in a way the cost model cares about (0 FLOPs).
-_FREE = frozenset(
-    {"convert_element_type", "copy", "copy_p", "reduce_precision", "stop_gradient",
-     "optimization_barrier", "bitcast_convert_type"}
-)
-_SHAPE_OPS = frozenset({"reshape", "broadcast_in_dim", "squeeze", "expand_dims"})
-_ELEMENTWISE = frozenset(
-    {
-        # unary
-        "neg", "sign", "floor", "ceil", "round", "is_finite", "exp", "exp2", "log",
-        "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos",
-        "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "sqrt", "rsqrt", "cbrt",
-        "abs", "square", "integer_pow", "erf", "erfc", "erf_inv", "lgamma", "digamma",
-        "not", "real", "imag", "conj", "population_count", "clz",
-        # binary / ternary
-        "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2",
-        "nextafter", "and", "or", "xor", "eq", "ne", "ge", "gt", "le", "lt",
-        "shift_left", "shift_right_logical", "shift_right_arithmetic", "select_n", "clamp",
-    }
-)
-# Element-wise ops that, with exactly one activation operand and constants
-# otherwise, only rescale / shift / select it: folded into its producer.
-_RESCALE = frozenset({"mul", "div", "add", "sub", "neg", "select_n"})
-_CUMULATIVE = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "argmax", "argmin"})
 
 _MARK = "shardplan:"
 _MARK_RE = re.compile(r"shardplan:(\d+):([^/()\s]*)")
@@ -71,43 +57,6 @@ class _ModuleInfo(NamedTuple):
     direct_params: int  # trainable parameters owned by the module itself
 
 
-def _size(aval: Any) -> int:
-    return math.prod(getattr(aval, "shape", ()))
-
-
-def _jaxpr_flops(jaxpr: jex.Jaxpr) -> float:
-    return float(sum(_eqn_flops(e) for e in jaxpr.eqns))
-
-
-def _eqn_flops(eqn: jex.JaxprEqn) -> float:
-    """Forward FLOPs of one equation, counted the XLA way (jax-notes.md §1)."""
-    p = eqn.primitive.name
-    params = eqn.params
-    if p == "cond":
-        return max((_jaxpr_flops(b.jaxpr) for b in params["branches"]), default=0.0)
-    if p == "scan":
-        return float(params["length"]) * _jaxpr_flops(params["jaxpr"].jaxpr)
-    subs = list(jex.jaxprs_in_params(params))
-    if subs:  # calls; a while loop counts one trip
-        return float(sum(_jaxpr_flops(s) for s in subs))
-    out = _size(eqn.outvars[0].aval) if eqn.outvars else 0
-    if p == "conv_general_dilated":
-        rhs = eqn.invars[1].aval.shape
-        out_features = rhs[params["dimension_numbers"].rhs_spec[0]]
-        return 2.0 * out * math.prod(rhs) / out_features / params["feature_group_count"]
-    if p == "dot_general":
-        (lc, _), _ = params["dimension_numbers"]
-        lhs = eqn.invars[0].aval.shape
-        return 2.0 * out * math.prod(lhs[i] for i in lc)
-    if p in _ELEMENTWISE:
-        return float(out)
-    if p.startswith("reduce_window"):
-        return float(out * math.prod(params.get("window_dimensions", (1,))))
-    if p.startswith("reduce_") or p in _CUMULATIVE:
-        return float(_size(eqn.invars[0].aval))
-    return 0.0
-
-
 # -- the walk ---------------------------------------------------------------------------
 @dataclasses.dataclass(eq=False)
 class _Region:
@@ -121,6 +70,7 @@ class _Region:
     out_aval: Any = None
     flops: float = 0.0
     node: int | None = None
+    prims: set[str] = dataclasses.field(default_factory=set)  # primitives applied to activations
 
 
 @dataclasses.dataclass(eq=False)
@@ -157,7 +107,7 @@ def _nn_function(eqn: Any) -> tuple[str, tuple] | None:
     return None
 
 
-class _Walker:
+class _Walker(_TransformerRules):
     """Walks a forward jaxpr in execution order and adds its layers to a builder."""
 
     def __init__(
@@ -235,6 +185,8 @@ class _Walker:
     def resolve(self, v: Any) -> int:
         if isinstance(v, int):
             return v
+        if isinstance(v, (_Heads, _Scores)):  # read by an unsupported op: its producer stands in
+            return v.node
         if isinstance(v, _Region):
             if v.node is None and v is self.open:
                 self.close()
@@ -342,11 +294,9 @@ class _Walker:
     def region_equation(self, eqn: Any, vals: list[Any], key: tuple[str, int], info: _ModuleInfo) -> list[Any]:
         reg = self.open
         if reg is None:
-            if info.kind == "opaque" and not self.replicate:
-                owns = f" (it owns {info.direct_params} parameters directly)" if info.direct_params else ""
-                raise self.unsupported_error(
-                    f"module type {info.type_name}", f"at module path {info.path or '<root>'!r}{owns}"
-                )
+            leaf = 0 < info.direct_params == info.params  # may be a position embedding: decided at close
+            if info.kind == "opaque" and not self.replicate and not leaf:
+                raise self.opaque_error(info)
             reg = self.open = _Region(key, info)
         acts = False
         for v in vals:
@@ -361,7 +311,8 @@ class _Walker:
         if not acts:
             return [None] * len(eqn.outvars)
         p = eqn.primitive.name
-        want = {"conv": "conv_general_dilated", "dense": "dot_general"}.get(info.kind)
+        reg.prims.add(p)
+        want = {"conv": "conv_general_dilated", "dense": "dot_general", "attend": "dot_general"}.get(info.kind)
         if p == want and vals[0] is not None:
             reg.repeated = reg.key_eqn is not None
             reg.key_eqn = eqn
@@ -381,6 +332,12 @@ class _Walker:
         name = self.b.auto_name("", label)
         where = f"module {info.path or '<root>'!r} ({info.type_name})"
         problem = None if info.kind == "opaque" else self.module_problem(reg)
+        if info.kind == "opaque" and problem is None:
+            reg.node = self.position_embedding(reg, name)
+            if reg.node is not None:
+                return
+            if not self.replicate:
+                raise self.opaque_error(info)
         if info.kind == "opaque" or problem is not None:
             if problem is not None and not self.replicate:
                 raise self.unsupported_error(f"{info.type_name} {problem}", f"at module path {info.path!r}")
@@ -394,6 +351,16 @@ class _Walker:
             reg.node = self.emit(self.b.batch_norm, name, x, affine=info.scale)
             self.check(reg.node, reg.out_aval.shape, f"the output of {where}")
             expect = 2 * self.b.shape(x)[0] if info.scale else 0
+        elif info.kind == "embed":  # a lookup of the model's token ids: (batch, tokens) -> (batch, tokens, features)
+            features = int(reg.out_aval.shape[-1])
+            reg.node = self.emit(self.b.embed, name, x, info.direct_params // features, features)
+            self.check(reg.node, reg.out_aval.shape, f"the output of {where}")
+            expect = info.direct_params - info.direct_params % features
+        elif info.kind == "attend":  # x @ table.T: the output layer of tied embeddings
+            e = reg.key_eqn
+            reg.node = self.emit(self.b.dense, name, x, int(e.outvars[0].aval.shape[-1]), bias=False, tied=True)
+            self.check(reg.node, e.outvars[0].aval.shape, f"the output of {where}")
+            expect = 0
         elif info.kind in ("layer_norm", "rms_norm"):
             reg.node = self.emit(self.b.norm, name, x, rms=info.kind == "rms_norm", scale=info.scale,
                                  bias=info.bias)
@@ -422,6 +389,10 @@ class _Walker:
                 f"the layer graph {expect}"
             )
 
+    def opaque_error(self, info: _ModuleInfo) -> ValueError:
+        owns = f" (it owns {info.direct_params} parameters directly)" if info.direct_params else ""
+        return self.unsupported_error(f"module type {info.type_name}", f"at module path {info.path or '<root>'!r}{owns}")
+
     def module_problem(self, reg: _Region) -> str | None:
         """Why a Conv / Linear / BatchNorm call cannot be the planner's layer, or None."""
         info = reg.info
@@ -431,7 +402,21 @@ class _Walker:
             return "with only one of scale / bias" if info.scale != info.bias else None
         if info.kind in ("layer_norm", "rms_norm"):
             return None
+        if info.kind == "embed":
+            c, sp = self.b.shape(reg.inputs[0])
+            if reg.inputs[0] != GraphBuilder.input or c != 1 or len(sp) != 1:
+                return "whose input is not the model's token ids (batch, tokens)"
+            return None
         e = reg.key_eqn
+        if info.kind == "attend":
+            if e is None or reg.repeated:
+                return "attend that does not apply exactly one dot_general to its input"
+            (lc, rc), (lb, rb) = e.params["dimension_numbers"]
+            lhs = tuple(e.invars[0].aval.shape)
+            c, sp = self.b.shape(reg.inputs[0])
+            rhs = tuple(e.invars[1].aval.shape)  # the table (vocab, features), or its transpose
+            ok = lhs == (self.batch, *sp, c) and tuple(lc) == (len(lhs) - 1,) and len(rhs) == 2 and rhs[rc[0]] == c
+            return None if ok and not (tuple(lb) or tuple(rb)) else "attend contracting another dim than the features"
         want = "conv_general_dilated" if info.kind == "conv" else "dot_general"
         if e is None or reg.repeated:
             return f"that does not apply exactly one {want} to its input"
@@ -461,6 +446,8 @@ class _Walker:
         acts = [(a, v) for a, v in zip(eqn.invars, vals, strict=True) if v is not None]
         out_shape = tuple(eqn.outvars[0].aval.shape) if nout else ()
         same = all(tuple(a.aval.shape) == out_shape for a, _ in acts)
+        if any(isinstance(v, (_Heads, _Scores)) for _, v in acts):
+            return self.attention_op(eqn, vals, acts, scope, out_shape)
 
         if p in _FREE:
             if nout == len(vals) and all(
@@ -472,9 +459,16 @@ class _Walker:
             (a, v), = acts
             if tuple(a.aval.shape) == out_shape:
                 return [v]
+            if p == "squeeze" and isinstance(v, int) and out_shape == self.natural(v):
+                return [v]  # e.g. x[:, 0] after its slice (first_token)
             if p == "reshape":
                 x = self.resolve(v)
                 c, sp = self.b.shape(x)
+                if len(sp) == 1 and out_shape[:2] == (self.batch, sp[0]) and len(out_shape) in (4, 5) \
+                        and math.prod(out_shape[2:]) == c:  # channels into heads
+                    if len(out_shape) == 5 and out_shape[3] != 3:
+                        return self.unsupported(eqn, vals, scope, hint=_HEAD_GROUPING_HINT)
+                    return [_Heads(x, int(out_shape[2]))]
                 if sp and out_shape == (self.batch, c * math.prod(sp)):
                     self.check(x, a.aval.shape, "flatten")
                     return [self.emit(self.b.flatten, self.b.auto_name(scope, "flatten"), x)]
@@ -501,6 +495,15 @@ class _Walker:
                 self.check(node, out_shape, "global_avg_pool")
                 return [node]
             return self.unsupported(eqn, vals, scope)
+        if p == "slice" and len(acts) == 1:
+            (a, v), = acts
+            x = self.resolve(v)
+            c, sp = self.b.shape(x)
+            first = tuple(eqn.params["start_indices"]) == (0,) * 3 and tuple(eqn.params["limit_indices"]) == (
+                self.batch, 1, c)
+            if len(sp) == 1 and first and eqn.params.get("strides") in (None, (1, 1, 1)):
+                self.check(x, a.aval.shape, "first_token")
+                return [self.emit(self.b.first_token, self.b.auto_name(scope, "first_token"), x)]
         if p == "concatenate" and len(acts) == len(vals) >= 2:
             if eqn.params["dimension"] == len(out_shape) - 1 and len(out_shape) >= 2:
                 return self.merge(self.b.concat, "concat", acts, scope, out_shape)
@@ -516,7 +519,7 @@ class _Walker:
                 c = self.find(v)
                 unit, _ = self.unit(eqn, calls)
                 if unit == c.unit:  # the same activation function goes on
-                    c.flops_per_element += 0 if rescale or p in _FREE else 1
+                    c.flops_per_element += 0 if p in _FREE else 1  # its rescales are FLOPs too (XLA counts them)
                     return [c]
             x = self.resolve(v)  # a new function starts: the previous one is a layer
             if rescale:
@@ -540,6 +543,8 @@ class _Walker:
             return [c]
         if p in ("add", "add_any") and len(acts) == 2:
             return self.merge(self.b.add, "add", acts, scope, shape)
+        if p == "mul" and len(acts) == 2:  # a gate: silu(gate(x)) * up(x)
+            return self.merge(self.b.multiply, "multiply", acts, scope, shape)
         return self.unsupported(eqn, vals, scope)
 
     def merge(self, method: Callable[..., int], op: str, acts: list, scope: str, out_shape: tuple) -> list[int]:
@@ -573,13 +578,13 @@ class _Walker:
         self.check(node, eqn.outvars[0].aval.shape, f"{op}_pool")
         return node
 
-    def unsupported(self, eqn: Any, vals: list[Any], scope: str) -> list[Any]:
+    def unsupported(self, eqn: Any, vals: list[Any], scope: str, hint: str = "") -> list[Any]:
         p = eqn.primitive.name
         shapes = [tuple(a.aval.shape) for a, v in zip(eqn.invars, vals, strict=True) if v is not None]
         if not self.replicate:
             raise self.unsupported_error(
                 f"operation {p!r} on activation(s) of shape {', '.join(map(str, shapes))}",
-                f"in module scope {scope or '<root>'!r}",
+                f"in module scope {scope or '<root>'!r}{hint}",
             )
         self.replaced += 1
         xs: list[int] = []

@@ -24,9 +24,11 @@ named_scope + jaxpr walk"):
 What becomes a layer
 --------------------
 * **Module layers.** A call of ``nnx.Conv`` / ``nnx.Linear`` /
-  ``nnx.BatchNorm`` / ``nnx.LayerNorm`` / ``nnx.RMSNorm`` (linen: ``nn.Conv``
-  / ``nn.Dense`` / ``nn.BatchNorm`` / ``nn.LayerNorm`` / ``nn.RMSNorm``; the
-  norms over the last axis only, else opaque) is one layer named by its
+  ``nnx.BatchNorm`` / ``nnx.LayerNorm`` / ``nnx.RMSNorm`` / ``nnx.Embed``
+  (linen: ``nn.Conv`` / ``nn.Dense`` / ``nn.BatchNorm`` / ``nn.LayerNorm`` /
+  ``nn.RMSNorm`` / ``nn.Embed``; the norms over the last axis only, else
+  opaque; an embedding of the model's ``(batch, tokens)`` integer input,
+  whose graph input is then ``(1, tokens)``) is one layer named by its
   module path joined with ``/`` (nnx:
   ``features/0``, ``layer1/0/conv1``; linen: the scope path without the
   top-level class, ``Conv_0``, ``Block_0/Conv_0``). Conv attributes (kernel,
@@ -34,6 +36,11 @@ What becomes a layer
   ``conv_general_dilated`` primitive, bias/scale presence from the module's
   parameters; the builder's inferred output shape and parameter count are
   checked against the jaxpr. Everything inside such a call is absorbed.
+  An embedding's ``attend`` (``x @ table.T``, a tied output layer) is a
+  dense layer named ``<embedding path>/attend`` that owns no parameters. A
+  module owning only parameters that it adds to one token sequence (learned
+  positions), possibly putting one of them in front first (a class token),
+  is a position-embedding layer named by its path.
 * **Functional ops** outside those modules are named
   ``GraphBuilder.auto_name(scope, op)``, ``scope`` being the path of the
   module whose ``__call__`` is running (``""`` at the root):
@@ -43,21 +50,29 @@ What becomes a layer
   spatial dim), ``add`` (two activations of different producers, equal
   shapes), ``concat`` (channel axis), ``flatten`` (``reshape`` to
   ``(B, C*H*W)``), ``reshape`` (positions to one token axis, ``(B, H, W, C)``
-  to ``(B, H*W, C)``: a ``flatten``-kind layer, ``GraphBuilder.tokens``). Any other element-wise activation function applied to one
+  to ``(B, H*W, C)``: a ``flatten``-kind layer, ``GraphBuilder.tokens``),
+  ``first_token`` (``x[:, 0]`` of a token sequence), ``multiply`` (two
+  activations of different producers), ``attention``
+  (``jax.nn.dot_product_attention`` of the queries, keys and values of one
+  fused projection reshaped to ``(B, tokens, heads, 3, head_dim)``; causal
+  when a mask is applied; ``(B, tokens, 3, heads, head_dim)`` is refused, as
+  an equal split of its features would not split whole heads). Any other element-wise activation function applied to one
   activation is one ``elementwise`` layer, named after the element-wise
   jitted / ``custom_jvp`` function holding it (``relu``, ``silu``,
   ``leaky_relu``, ``relu6``), else the ``jax.nn`` function it was traced in
   (``gelu``), else its primitive (``tanh``; ``logistic`` for
   ``jax.nn.sigmoid``, an inlined jit). Its FLOPs per element are its number
-  of element-wise primitives, folded rescales not counted. An element-wise
+  of element-wise primitives, its rescales by constants included (as XLA
+  counts them: 8 for ``jax.nn.gelu``). An element-wise
   op of several values that all derive from one producer (``x *
   sigmoid(x)``) joins that producer's activation layer.
 * **Folded, no layer**: ops that only rescale, shift, convert, copy or
   select one activation against constants (dropout in both modes, the
   ``1/n`` of a mean, casts) and reshapes/broadcasts that keep the shape.
 * **Unsupported**: a module type with parameters that is not modelled
-  (``nnx.Embed``, ``nnx.LayerNorm``, ``nnx.LinearGeneral``, a user module
-  owning ``nnx.Param`` s directly, ...; a Flax attention module as a whole;
+  (``nnx.LinearGeneral``, a user module owning ``nnx.Param`` s directly
+  other than a position embedding, ...; a Flax attention module such as
+  ``nnx.MultiHeadAttention`` as a whole;
   a Conv whose input is transformed first, e.g. circular padding), or a
   primitive on activations with no mapping (``transpose``, ``gather``,
   ``pad``, ``dot_general`` of two activations, ``cond``/``scan`` on
@@ -138,6 +153,8 @@ def _classify(module: Any, direct: int, subtree: int) -> str | None:
         return "dense"
     if isinstance(module, (nnx.BatchNorm, nn.BatchNorm)):
         return "batch_norm"
+    if isinstance(module, (nnx.Embed, nn.Embed)):
+        return "embed"
     if isinstance(module, (nnx.LayerNorm, nn.LayerNorm, nnx.RMSNorm, nn.RMSNorm)):
         last = all(tuple(np.atleast_1d(getattr(module, a, -1)).tolist()) == (-1,)
                    for a in ("reduction_axes", "feature_axes"))
@@ -178,7 +195,18 @@ def _nnx_infos(model: nnx.Module) -> dict[str, _ModuleInfo]:
             path, _type_name(type(m)), _classify(m, direct[p], subtree[p]),
             "bias" in names[p], "scale" in names[p], subtree[p], direct[p],
         )
+        if isinstance(m, nnx.Embed):
+            infos[_attend_path(path)] = _attend_info(path, _type_name(type(m)))
     return infos
+
+
+def _attend_path(path: str) -> str:
+    """The pseudo-module path of an embedding's ``attend`` (its table as an output layer)."""
+    return f"{path}/attend" if path else "attend"
+
+
+def _attend_info(path: str, type_name: str) -> _ModuleInfo:
+    return _ModuleInfo(_attend_path(path), f"{type_name}.attend", "attend", False, False, 0, 0)
 
 
 def _linen_info(module: nn.Module, path: str) -> _ModuleInfo:
@@ -219,12 +247,12 @@ class _CallTracker:
             self.stack.pop()
 
 
-def _nnx_call_wrapper(orig: Callable, tracker: _CallTracker) -> Callable:
+def _nnx_call_wrapper(orig: Callable, tracker: _CallTracker, attend: bool = False) -> Callable:
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         path = getattr(self, _PATH_ATTR, None)
         if path is None:
             return orig(self, *args, **kwargs)
-        with tracker.call(path):
+        with tracker.call(_attend_path(path) if attend else path):
             return orig(self, *args, **kwargs)
 
     __call__.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -239,14 +267,17 @@ def _patched_nnx_calls(classes: set[type], tracker: _CallTracker) -> Iterator[No
         owner = next((c for c in cls.__mro__ if "__call__" in c.__dict__), None)
         if owner is not None and owner is not object and owner not in owners:
             owners.append(owner)
-    originals = [(c, c.__dict__["__call__"]) for c in owners]
+    originals = [(c, "__call__", c.__dict__["__call__"]) for c in owners]
+    # an embedding's attend (x @ table.T, tied output layers) is a call of its own
+    originals += [(c, "attend", c.__dict__["attend"]) for c in {
+        next(k for k in cls.__mro__ if "attend" in k.__dict__) for cls in classes if issubclass(cls, nnx.Embed)}]
     try:
-        for c, orig in originals:
-            setattr(c, "__call__", _nnx_call_wrapper(orig, tracker))
+        for c, attr, orig in originals:
+            setattr(c, attr, _nnx_call_wrapper(orig, tracker, attend=attr == "attend"))
         yield
     finally:
-        for c, orig in originals:
-            setattr(c, "__call__", orig)
+        for c, attr, orig in originals:
+            setattr(c, attr, orig)
 
 
 def _trace_nnx(model: nnx.Module, x: jax.ShapeDtypeStruct) -> tuple[jex.ClosedJaxpr, dict[str, _ModuleInfo]]:
@@ -308,6 +339,9 @@ def _trace_linen(model: nn.Module, x: jax.ShapeDtypeStruct) -> tuple[jex.ClosedJ
         path = "/".join(map(str, mod.path))
         if path not in infos:
             infos[path] = _linen_info(mod, path)
+        if context.method_name == "attend" and isinstance(mod, nn.Embed):
+            path = _attend_path(path)
+            infos.setdefault(path, _attend_info(path[: -len("/attend")] if "/" in path else "", _type_name(type(mod))))
         with tracker.call(path):
             return next_fun(*args, **kwargs_)
 
@@ -359,6 +393,8 @@ def extract(
         )
     batch = int(x.shape[0])
     input_shape = (int(x.shape[-1]), *(int(d) for d in x.shape[1:-1]))
+    if len(x.shape) == 2 and np.issubdtype(x.dtype, np.integer):  # token ids (B, tokens): one channel of ids
+        input_shape = (1, int(x.shape[1]))
     if isinstance(model, nnx.Module):
         closed, infos = _trace_nnx(model, x)
     elif isinstance(model, nn.Module):

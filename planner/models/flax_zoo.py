@@ -33,7 +33,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from planner.models.zoo import COSMOFLOW_CONVS  # the one CosmoFlow table (re-exported)
+from planner.models.flax_transformers import transformer
+from planner.models.zoo import (  # the one CosmoFlow table (re-exported)
+    COSMOFLOW_CONVS,
+    TRANSFORMERS,
+)
 
 __all__ = [
     "VGG",
@@ -277,6 +281,11 @@ _MODELS: dict[str, tuple[Callable[[nnx.Rngs], nnx.Module], tuple[int, ...]]] = {
 }
 
 
+for _name, _cfg in TRANSFORMERS.items():  # planner.models.flax_transformers
+    _MODELS[_name] = (lambda rngs, n=_name: transformer(n, rngs),
+                      (_cfg.image, _cfg.image, 3) if _cfg.image else (_cfg.tokens,))
+
+
 def flax_model(name: str, *, batch: int = 2, abstract: bool = True) -> tuple[nnx.Module, jax.ShapeDtypeStruct]:
     """The zoo model ``name`` as an nnx module, plus an example input spec
     ``(batch, *spatial, channels)`` float32.
@@ -285,6 +294,7 @@ def flax_model(name: str, *, batch: int = 2, abstract: bool = True) -> tuple[nnx
     ``nnx.eval_shape``: its parameters are ``ShapeDtypeStruct`` s and no
     weights are materialised (fast; enough for shapes, FLOPs and planning).
     With ``abstract=False`` the weights are initialised from ``nnx.Rngs(0)``.
+    A language model's input is ``(batch, tokens)`` int32 token ids.
     """
     if not isinstance(name, str) or name not in _MODELS:
         raise ValueError(f"unknown model {name!r}; built-in models: {', '.join(_MODELS)}")
@@ -295,4 +305,5 @@ def flax_model(name: str, *, batch: int = 2, abstract: bool = True) -> tuple[nnx
         model = nnx.eval_shape(lambda: ctor(nnx.Rngs(0)))
     else:
         model = ctor(nnx.Rngs(0))
-    return model, jax.ShapeDtypeStruct((batch, *shape), jnp.float32)
+    ids = name in TRANSFORMERS and not TRANSFORMERS[name].image  # a language model reads token ids
+    return model, jax.ShapeDtypeStruct((batch, *shape), jnp.int32 if ids else jnp.float32)

@@ -76,7 +76,7 @@ CHANNELWISE_LAYOUTS = io_layout_names(param_layer=False)  # batch norm and the o
 PARAM_GRADIENT_LAYOUTS = io_layout_names(param_layer=True, gradients=True)
 CHANNELWISE_GRADIENT_LAYOUTS = io_layout_names(param_layer=False, gradients=True)
 # The parameters Flax gives each layer kind (nnx and linen share the names).
-_PARAM_NAMES = {"conv": ("kernel", "bias"), "dense": ("kernel", "bias"),
+_PARAM_NAMES = {"conv": ("kernel", "bias"), "dense": ("kernel", "bias"), "embed": ("embedding",),
                 "batch_norm": ("scale", "bias", "mean", "var"), "norm": ("scale", "bias")}  # RMSNorm: scale only
 
 
@@ -144,7 +144,7 @@ class LayerSpecs:
 
 def _one(name: str, kind: str, strategy: str, in_ndim: int, out_ndim: int) -> LayerSpecs:
     base = "conv" if kind.startswith("conv") else kind
-    table = PARAM_LAYOUTS if base in ("conv", "dense") else CHANNELWISE_LAYOUTS
+    table = PARAM_LAYOUTS if base in ("conv", "dense", "embed") else CHANNELWISE_LAYOUTS
     lin, lout = table[check_strategy(strategy)]
     params: list[tuple[str, Spec]] = []
     for p in _PARAM_NAMES.get(base, ()):

@@ -100,7 +100,7 @@ def activation_spec(layout: str, ndim: int) -> P | None:
     return to_partition_spec(activation_spec_entries(layout, ndim))
 
 
-_PARAM_MODULES = (nnx.Conv, nnx.Linear)
+_PARAM_MODULES = (nnx.Conv, nnx.Linear, nnx.Embed)
 
 
 class TrainState(NamedTuple):
@@ -145,11 +145,15 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
     paths = {id(m): "/".join(map(str, p)) for p, m in nnx.iter_modules(model)}
     module_names = set(paths.values())
     classes = {type(m) for _, m in nnx.iter_modules(model)}
-    originals = {cls: cls.__call__ for cls in classes}
+    originals = {(cls, "__call__"): cls.__call__ for cls in classes}
+    # an embedding's attend (a tied output layer) is a planned call of its own, "<path>/attend"
+    originals.update({(cls, "attend"): cls.attend for cls in classes if issubclass(cls, nnx.Embed)})
 
-    def wrap(cls: type, orig: Callable) -> Callable:
+    def wrap(cls: type, orig: Callable, method: str) -> Callable:
         def wrapper(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
             name = paths.get(id(self))
+            if method == "attend" and name is not None:
+                name = f"{name}/attend" if name else "attend"
             if name is None or name not in strategies:
                 if name not in blocks:
                     return orig(self, x, *args, **kwargs)
@@ -176,12 +180,12 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
         return wrapper
 
     try:
-        for cls, orig in originals.items():
-            cls.__call__ = wrap(cls, orig)
+        for (cls, method), orig in originals.items():
+            setattr(cls, method, wrap(cls, orig, method))
         yield
     finally:
-        for cls, orig in originals.items():
-            cls.__call__ = orig
+        for (cls, method), orig in originals.items():
+            setattr(cls, method, orig)
 
 
 def _constrain(x: Any, layout: str, mesh: Mesh) -> Any:
@@ -302,7 +306,8 @@ def lower_training(
     blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
 ) -> tuple[jax.stages.Lowered, TrainState]:
     """The training step of :func:`shard_training`, lowered for inputs shaped
-    like ``x`` (batch first, channels last; integer labels), without running
+    like ``x`` (batch first, channels last; integer labels, one per token
+    where ``x`` holds token ids), without running
     anything: ``model`` may be abstract (``nnx.eval_shape``). Returns the
     lowered step and the state's abstract leaves (``ShapeDtypeStruct`` with
     their planned shardings). ``donate`` (default) lets the new state reuse
@@ -317,7 +322,9 @@ def lower_training(
     abstract = jax.tree.map(spec, TrainState(jax.eval_shape(lambda p: p, params), jax.eval_shape(lambda o: o, other),
                                              opt_abs), state_sh)
     x_spec = jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=batch_sh)
-    y_spec = jax.ShapeDtypeStruct((x.shape[0],), jax.numpy.int32, sharding=batch_sh)
+    # integer labels: one per sample, or one per token where the inputs are token ids (a language model)
+    ids = jax.numpy.issubdtype(x.dtype, jax.numpy.integer)
+    y_spec = jax.ShapeDtypeStruct(tuple(x.shape) if ids else (x.shape[0],), jax.numpy.int32, sharding=batch_sh)
     return step.lower(abstract, x_spec, y_spec), abstract
 
 
@@ -338,7 +345,7 @@ def producer_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, str
 
 def _io_layouts(graph: Any, strategies: Mapping[str, str], i: int) -> tuple[str, str]:
     """(input, output) layouts of layer ``i`` under ``strategies`` (``replicated`` if unnamed)."""
-    param = graph.kind_names[i] == "dense" or graph.kind_names[i].startswith("conv")
+    param = graph.kind_names[i] in ("dense", "embed") or graph.kind_names[i].startswith("conv")
     table = PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS
     return table[check_strategy(strategies.get(graph.names[i], "replicated"))]
 

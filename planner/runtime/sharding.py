@@ -59,11 +59,20 @@ def shard(
                           blocks=block_layouts(graph, plan.strategies), **kwargs)
 
 
+def example_input(plan: Plan, batch: int) -> jax.ShapeDtypeStruct:
+    """An input of ``batch`` samples for the model ``plan`` was made for:
+    ``(batch, *spatial, channels)`` float32, or ``(batch, tokens)`` int32 token
+    ids where the plan's model looks its input up in an embedding."""
+    c, *spatial = plan.input_shape
+    if c == 1 and len(spatial) == 1 and any(r.kind == "embed" for r in plan.layers):
+        return jax.ShapeDtypeStruct((batch, *spatial), jnp.int32)
+    return jax.ShapeDtypeStruct((batch, *spatial, c), jnp.float32)
+
+
 def planned_graph(model: nnx.Module, plan: Plan) -> LayerGraph:
     """The layer graph of ``model``, checked to be the one ``plan`` was made
     for (same fingerprint); a ``ValueError`` saying so otherwise."""
-    c, *spatial = plan.input_shape
-    example = jax.ShapeDtypeStruct((1, *spatial, c), jnp.float32)
+    example = example_input(plan, 1)
     try:
         graph = extract(model, example, on_unsupported=plan.on_unsupported)
     except (TypeError, ValueError) as e:

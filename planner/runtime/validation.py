@@ -82,7 +82,7 @@ from planner.runtime.export import (
     producer_layouts,
 )
 from planner.runtime.hlo import parse_collectives
-from planner.runtime.sharding import plan_mesh, planned_graph
+from planner.runtime.sharding import example_input, plan_mesh, planned_graph
 
 __all__ = ["CollectiveRow", "MemoryRow", "ValidationReport", "collective_rows", "default_optimizer", "fixed_plan",
            "validate"]
@@ -203,7 +203,6 @@ def validate(
     if not plan.input_shape:
         raise ValueError("the plan does not record its model's input shape; plan the model again with this "
                          "version of shardplan to validate it")
-    c, *spatial = plan.input_shape
     d, m = plan.mesh
     if plan.batch % (d * m):
         raise ValueError(f"validate splits the batch over all {d * m} devices; the plan's batch {plan.batch} "
@@ -212,7 +211,7 @@ def validate(
     mesh = plan_mesh(plan, mesh)
     tx = default_optimizer(plan.optimizer) if optimizer is None else optimizer
 
-    x = jax.ShapeDtypeStruct((plan.batch, *spatial, c), jnp.float32)
+    x = example_input(plan, plan.batch)
     lowered, abstract = lower_training(model, plan.strategies, mesh, tx, x,
                                        input_layouts=producer_layouts(graph, plan.strategies),
                                        output_layouts=consumer_layouts(graph, plan.strategies),
@@ -239,7 +238,7 @@ def _memory_rows(graph: Any, plan: Plan, compiled: Any, abstract: Any, x: Any, r
     params = float(np.sum(sharded_parameters(graph, choice, m))) * 4.0
     optim = OPTIMIZER_SLOTS[plan.optimizer] * params + _COUNTER_BYTES[plan.optimizer]
     buffers = float(np.sum(np.asarray(a.buffers) / np.where(choice == Strategy.FILTER, m, 1))) * 4.0
-    inputs = (math.prod(x.shape) * 4.0 + plan.batch * 4.0) / (d * m)  # x float32, labels int32
+    inputs = graph.input_bytes_per_sample * plan.batch / (d * m)  # x float32 or int32 ids, labels int32
     arguments = params + optim + buffers + inputs
     total = float(plan.memory_bytes_per_device) + inputs + _COUNTER_BYTES[plan.optimizer]
     # -- compiled: the shardings XLA chose for the arguments, and memory_analysis
@@ -252,7 +251,8 @@ def _memory_rows(graph: Any, plan: Plan, compiled: Any, abstract: Any, x: Any, r
     got_params = part(abstract.params, state_sh.params)
     got_optim = part(abstract.opt_state, state_sh.opt_state)
     got_buffers = part(abstract.other, state_sh.other)
-    got_inputs = _shard_bytes(x, x_sh) + _shard_bytes(jax.ShapeDtypeStruct((plan.batch,), jnp.int32), y_sh)
+    labels = x.shape if graph.reads_token_ids else (plan.batch,)
+    got_inputs = _shard_bytes(x, x_sh) + _shard_bytes(jax.ShapeDtypeStruct(labels, jnp.int32), y_sh)
     ma = compiled.memory_analysis()
     arg = float(ma.argument_size_in_bytes)
     got_total = arg + float(ma.output_size_in_bytes) - float(ma.alias_size_in_bytes) + float(ma.temp_size_in_bytes)
@@ -265,7 +265,9 @@ def _memory_rows(graph: Any, plan: Plan, compiled: Any, abstract: Any, x: Any, r
         row("optimizer state", optim, got_optim, 0.0,
             f"{OPTIMIZER_SLOTS[plan.optimizer]} slot(s) per parameter + {_COUNTER_BYTES[plan.optimizer]} B step count"),
         row("batch statistics", buffers, got_buffers, 0.0),
-        row("inputs", inputs, got_inputs, 0.0, "images float32, labels int32, batch over every device"),
+        row("inputs", inputs, got_inputs, 0.0,
+            "token ids and labels int32" if graph.reads_token_ids else "images float32, labels int32"
+            ", batch over every device"),
         row("arguments", arguments, arg, 0.0, "XLA argument_size_in_bytes"),
         row("activations and temporaries", total - arguments, got_total - arg, act_rtol,
             "gradients, update, saved activations, workspace; XLA output - alias + temp"),

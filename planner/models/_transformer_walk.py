@@ -1,0 +1,101 @@
+"""The transformer rules of the jaxpr walk behind :func:`planner.extract`
+(private; the documented behaviour is in :mod:`planner.models.extraction`):
+``jax.nn.dot_product_attention`` on the per-head views of one fused
+query-key-value projection becomes one attention layer, and a module owning
+only learned positions (and a class token) one position-embedding layer.
+A mixin of :class:`planner.models._jaxpr_walk._Walker`, whose state and
+helpers (``b``, ``batch``, ``emit``, ``check``, ``unsupported``) it uses."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from planner.models._primitives import _FREE
+
+# The softmax of jax.nn.dot_product_attention between its two matmuls (and a mask's select).
+_ATTENTION_SOFTMAX = frozenset({"mul", "div", "sub", "exp", "max", "reduce_max", "reduce_sum", "select_n",
+                                "broadcast_in_dim", "stop_gradient", "transpose", "reshape", "convert_element_type"})
+_HEAD_GROUPING_HINT = (
+    " (a fused query-key-value projection must be grouped by head, reshaped to (batch, tokens, heads, 3, "
+    "head_dim), so that an equal split of its features splits whole heads)"
+)
+# What a position-embedding module does to its activation: put a class token in front, add.
+_POSITION_PRIMS = frozenset({"add", "concatenate", "broadcast_in_dim", "reshape", "convert_element_type", "copy"})
+
+
+@dataclasses.dataclass(eq=False)
+class _Heads:
+    """A per-head view of a node's output (a reshape of its channels into
+    ``(heads, 3, head_dim)`` or ``(heads, head_dim)``), or of an attention's
+    result before it is reshaped back: only an attention reads it."""
+
+    node: int
+    heads: int
+
+
+@dataclasses.dataclass(eq=False)
+class _Scores:
+    """The scores of an attention in progress: ``q k^T`` of two per-head views
+    of one fused projection, through the softmax, until they meet the values."""
+
+    node: int
+    heads: int
+    masked: bool = False
+
+
+class _TransformerRules:
+    """Attention and position-embedding rules (see the module docstring)."""
+
+    b: Any  # GraphBuilder
+    batch: int
+
+    def position_embedding(self, reg: Any, name: str) -> int | None:
+        """A module owning only learned positions (and a class token) that it
+        adds to (puts in front of) one token sequence: the layer, else None."""
+        if len(reg.inputs) != 1 or reg.out_aval is None or not reg.prims <= _POSITION_PRIMS:
+            return None
+        x = reg.inputs[0]
+        c, sp = self.b.shape(x)
+        out = tuple(reg.out_aval.shape)
+        if len(sp) != 1 or len(out) != 3 or out[0] != self.batch or out[2] != c or out[1] - sp[0] not in (0, 1):
+            return None
+        cls = out[1] == sp[0] + 1
+        if reg.info.direct_params != c * out[1] + (c if cls else 0) or cls != ("concatenate" in reg.prims):
+            return None
+        node = self.emit(self.b.position_embedding, name, x, class_token=cls)
+        self.check(node, out, f"the output of module {reg.info.path!r} ({reg.info.type_name})")
+        return node
+
+    def natural(self, node: int) -> tuple[int, ...]:
+        """The batch-first, channels-last shape of a node's output."""
+        c, sp = self.b.shape(node)
+        return (self.batch, *sp, c)
+
+    def attention_op(self, eqn: Any, vals: list[Any], acts: list, scope: str, out_shape: tuple) -> list[Any]:
+        """An op on per-head views or scores: the steps of
+        ``jax.nn.dot_product_attention`` (XLA implementation) on the queries,
+        keys and values of one fused projection grouped by head."""
+        p = eqn.primitive.name
+        nout = len(eqn.outvars)
+        views = [v for _, v in acts if isinstance(v, _Heads)]
+        scores = [v for _, v in acts if isinstance(v, _Scores)]
+        if len(views) + len(scores) != len(acts):  # an activation of another kind joins in
+            return self.unsupported(eqn, vals, scope)
+        if p == "dot_general" and len(views) == 2 and views[0].node == views[1].node:  # q k^T
+            return [_Scores(views[0].node, views[0].heads)]
+        if p == "dot_general" and len(views) == 1 and len(scores) == 1 and views[0].node == scores[0].node:
+            sc = scores[0]  # the probabilities meet the values: the attention is one layer
+            node = self.emit(self.b.attention, self.b.auto_name(scope, "attention"), sc.node, heads=sc.heads,
+                             causal=sc.masked)
+            return [_Heads(node, sc.heads)]
+        if scores and p in _ATTENTION_SOFTMAX:
+            if p == "select_n":
+                scores[0].masked = True
+            return [scores[0]] * nout
+        if views and not scores and len(acts) == 1 and p in ("reshape", "slice", "squeeze", "transpose", *_FREE):
+            v = views[0]
+            if p == "reshape" and out_shape == self.natural(v.node):
+                return [v.node]  # heads merged back: the attention's output
+            return [_Heads(v.node, v.heads)]
+        return self.unsupported(eqn, vals, scope)
