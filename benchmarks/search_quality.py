@@ -2,17 +2,19 @@
 refinement) against the exact optimum (DP on chains, MILP on DAGs), and the
 wall time of each method side by side.
 
-Instances: VGG16, ResNet-50, ResNet-152, AlexNet, CosmoFlow-256 and a
-1,000-layer synthetic chain; P in {8, 64, 256, 1024}; two hardware presets;
+Instances: VGG16, ResNet-50, ResNet-152, AlexNet, CosmoFlow-256, a
+1,000-layer synthetic chain, ViT-B/16 and GPT-2 small; P in {8, 64, 256,
+1024}; two hardware presets;
 three memory limits each: loose (the device's memory, or twice the smallest
 feasible limit if that is larger), tight (0.1 % above the smallest limit
 any plan needs, exact) and infeasible (1 % below it). Every instance
 searches every mesh shape d x m = P with the model axis inside a node, at
-32 samples per device (CosmoFlow: 1, as one 256^3 volume already needs ~6 GB). Times are after compilation (each model's shapes are
+32 samples per device (CosmoFlow: 1, as one 256^3 volume already needs ~6 GB;
+GPT-2 small: 1 sequence of 1,024 tokens). Times are after compilation (each model's shapes are
 compiled once before the timed runs; the first, compiling, runs are
 reported separately).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/search_quality.py [--quick]
+    PYTHONPATH=. .venv/bin/python benchmarks/search_quality.py [--quick] [--models a,b]
 """
 
 from __future__ import annotations
@@ -46,10 +48,11 @@ from search import (  # noqa: E402
 )
 from search.problem import plan_memory, plan_time  # noqa: E402
 
-MODELS = ("vgg16", "resnet50", "resnet152", "alexnet", "cosmoflow-256", "chain1000")
+MODELS = ("vgg16", "resnet50", "resnet152", "alexnet", "cosmoflow-256", "chain1000", "vit-b16", "gpt2-small")
 DEVICES = (8, 64, 256, 1024)
 HARDWARE = ("abci-v100", "dgx-a100")
-PER_DEVICE = {"cosmoflow-256": 1}  # samples per device; 32 for the others (a 256^3 volume needs ~6 GB)
+# samples per device; 32 for the others (a 256^3 volume needs ~6 GB; a 1,024-token sequence ~1 GB)
+PER_DEVICE = {"cosmoflow-256": 1, "gpt2-small": 1}
 MILP_TIME_LIMIT_S = 300.0
 
 
@@ -205,7 +208,12 @@ def summary(rows, timings):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="two models, two device counts")
+    ap.add_argument("--models", help=f"comma-separated subset of {','.join(MODELS)} (the timings first as always)")
     args = ap.parse_args()
+    if args.models:
+        unknown = sorted(set(args.models.split(",")) - set(MODELS))
+        if unknown:
+            ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
     print(f"jax {jax.__version__}, {jax.device_count()} {jax.devices()[0].platform} device(s), "
           f"{os.cpu_count()} cpu(s)")
     timings = {}
@@ -229,7 +237,7 @@ def main():
         plan("resnet50", devices=256, hardware="dgx-a100")
         runs.append(time.perf_counter() - t0)
     timings["resnet50 on 256 x dgx-a100, auto (gradient), compiled, best of 3"] = f"{min(runs):.3f} s"
-    models = ("vgg16", "resnet50") if args.quick else MODELS
+    models = tuple(args.models.split(",")) if args.models else ("vgg16", "resnet50") if args.quick else MODELS
     devices = (8, 256) if args.quick else DEVICES
     rows = run(models, devices, HARDWARE, args.quick)
     summary(rows, timings)
