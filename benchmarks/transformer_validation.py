@@ -1,8 +1,8 @@
 """The zoo's full-size transformers on 8 CPU devices: plan, validate against
 the compiled program, and train one sharded step.
 
-For ViT-B/16 (batch 8 at 224x224) and GPT-2 small (batch 8 of 1,024
-tokens): the plan ``planner.plan`` finds for 8 x dgx-a100 under a memory
+For ViT-B/16 (224x224 images) and GPT-2 small (1,024 tokens), one sample per
+device: the plan ``planner.plan`` finds for 8 (or 4) x dgx-a100 under a memory
 limit that forces model parallelism, ``planner.validate`` of that plan
 (XLA's compiled program against the plan's parameters, optimizer state,
 inputs and collectives; nothing runs), and, with ``--train``, one step of
@@ -10,9 +10,11 @@ inputs and collectives; nothing runs), and, with ``--train``, one step of
 unsharded model's.
 
     PYTHONPATH=. .venv/bin/python benchmarks/transformer_validation.py [--train] [--models vit-b16,gpt2-small]
+        [--devices P]
 
-The 8 CPU devices share the host's memory: GPT-2 small's step needs 8 x
-its ~4 GB per device (32 GB); ViT-B/16's about 5 GB in all.
+The CPU devices share the host's memory: on 8, GPT-2 small's step needs 8 x
+its ~4 GB per device (32 GB), ViT-B/16's about 5 GB in all; ``--devices 4``
+(a batch of 4) halves GPT-2's.
 """
 
 from __future__ import annotations
@@ -20,10 +22,22 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+def _devices(argv: list[str]) -> int:
+    """--devices before jax starts (the CPU device count is fixed then)."""
+    for i, a in enumerate(argv):
+        if a == "--devices" and i + 1 < len(argv) and argv[i + 1].isdigit():
+            return int(argv[i + 1])
+        if a.startswith("--devices=") and a.split("=", 1)[1].isdigit():
+            return int(a.split("=", 1)[1])
+    return 8
+
+
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={_devices(sys.argv)}")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -33,18 +47,19 @@ import planner  # noqa: E402
 from planner.models.flax_zoo import flax_model  # noqa: E402
 from planner.runtime.validation import validate  # noqa: E402
 
-LIMITS = {"vit-b16": "0.8GiB", "gpt2-small": "3GiB"}  # below pure data parallelism's memory on 8 devices
-BATCH = 8
+# below pure data parallelism's memory at one sample per device, on 8 and on 4 devices
+LIMITS = {8: {"vit-b16": "0.8GiB", "gpt2-small": "3GiB"}, 4: {"vit-b16": "0.8GiB", "gpt2-small": "3GiB"}}
 
 
-def run(name: str, train: bool) -> None:
+def run(name: str, train: bool, devices: int) -> None:
+    batch = devices  # one sample per device
     t0 = time.perf_counter()
-    plan = planner.plan(name, devices=8, hardware="dgx-a100", batch=BATCH, memory_limit=LIMITS[name])
+    plan = planner.plan(name, devices=devices, hardware="dgx-a100", batch=batch, memory_limit=LIMITS[devices][name])
     counts = collections.Counter(plan.strategies.values())
     print(f"{name}: mesh {plan.mesh[0]}x{plan.mesh[1]}, strategies {dict(counts)}, "
           f"predicted {plan.iteration_s * 1e3:.2f} ms, {plan.memory_bytes_per_device / 1e9:.3f} GB "
           f"(planned in {time.perf_counter() - t0:.1f} s)")
-    model, spec = flax_model(name, batch=BATCH)
+    model, spec = flax_model(name, batch=batch)
     t0 = time.perf_counter()
     report = validate(model, plan, memory_rtol=0.5, activation_rtol=0.5)
     print(f"  validate ({time.perf_counter() - t0:.1f} s incl. compilation):")
@@ -56,14 +71,14 @@ def run(name: str, train: bool) -> None:
               f"compiled {r.compiled_bytes:15,.0f} B  {'ok' if r.ok else 'DIFFERS'}")
     if not train:
         return
-    concrete, _ = flax_model(name, batch=BATCH, abstract=False)
+    concrete, _ = flax_model(name, batch=batch, abstract=False)
     key = jax.random.key(0)
     if spec.dtype == jnp.int32:
         x = jax.random.randint(key, spec.shape, 0, 50257)
         y = jax.random.randint(jax.random.key(1), spec.shape, 0, 50257)
     else:
         x = jax.random.normal(key, spec.shape)
-        y = jnp.arange(BATCH) % 1000
+        y = jnp.arange(batch) % 1000
     want = float(optax.softmax_cross_entropy_with_integer_labels(concrete(x), y).mean())
     t0 = time.perf_counter()
     step, state = planner.shard(concrete, plan, optax.adam(1e-4))
@@ -77,12 +92,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--train", action="store_true", help="also run one sharded training step from real weights")
     ap.add_argument("--models", default="vit-b16,gpt2-small")
+    ap.add_argument("--devices", type=int, default=8, choices=sorted(LIMITS), help="CPU devices (default 8)")
     args = ap.parse_args()
     print(f"jax {jax.__version__}, {jax.device_count()} {jax.devices()[0].platform} devices, {os.cpu_count()} cpu(s)")
     for name in args.models.split(","):
-        if name not in LIMITS:
-            ap.error(f"unknown model {name!r}; choose from {', '.join(LIMITS)}")
-        run(name, args.train)
+        if name not in LIMITS[args.devices]:
+            ap.error(f"unknown model {name!r}; choose from {', '.join(LIMITS[args.devices])}")
+        run(name, args.train, args.devices)
 
 
 if __name__ == "__main__":

@@ -546,7 +546,7 @@ class WithCircularConv(nnx.Module):
 class WithAttention(nnx.Module):
     def __init__(self, rngs):
         self.fc = nnx.Linear(8, 8, rngs=rngs)
-        self.attn = nnx.MultiHeadAttention(2, 8, decode=False, rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(2, 8, decode=False, normalize_qk=True, rngs=rngs)  # not mapped
 
     def __call__(self, x):
         h = self.fc(x)
@@ -608,7 +608,7 @@ def test_replicate_attention_is_one_layer_with_flops_close_to_xla():
     g = extract(model, spec(5, 8), on_unsupported="replicate")
     assert g.names == ("fc", "attn")
     a = g.unpadded()
-    assert a.params[1] == 4 * (8 * 8 + 8)  # q, k, v, out projections with biases
+    assert a.params[1] == 4 * (8 * 8 + 8) + 2 * 4  # q, k, v, out projections with biases; q and k norm scales
     xla = xla_forward_flops_per_sample(model, spec(5, 8))
     assert g.total("flops_fwd") == pytest.approx(xla, rel=0.1)
 

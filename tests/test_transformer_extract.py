@@ -115,3 +115,65 @@ def test_a_module_owning_parameters_that_are_not_positions_stays_unsupported():
         extract(M(nnx.Rngs(0)), jax.ShapeDtypeStruct((B, S, D), jnp.float32))
     g = extract(M(nnx.Rngs(0)), jax.ShapeDtypeStruct((B, S, D), jnp.float32), on_unsupported="replicate")
     assert g.kind_names == ("dense", "other") and g.on_unsupported == "replicate"
+
+
+class _WithMHA(nnx.Module):
+    def __init__(self, rngs, **kw):
+        self.norm = nnx.LayerNorm(D, rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(num_heads=H, in_features=D, decode=False, rngs=rngs, **kw)
+
+    def __call__(self, x):
+        return x + self.attn(self.norm(x))
+
+
+def test_flax_multi_head_attention_is_a_fused_projection_the_attention_and_its_output():
+    model = _WithMHA(nnx.Rngs(0))
+    g = extract(model, jax.ShapeDtypeStruct((B, S, D), jnp.float32))
+    assert g.names == ("norm", "attn/qkv", "attn/attention", "attn/out", "add")
+    assert g.kind_names == ("norm", "dense", "attention", "dense", "add")
+    attn = nnx.state(model.attn, nnx.Param)
+    assert g.total("params") - 2 * D == sum(v.size for v in jax.tree.leaves(attn))  # Flax's own count
+    a = g.unpadded()
+    assert (a.out_channels[1], a.groups[2]) == (3 * D, H)
+    # with query-key norms it is not the planner's attention: unsupported, said so
+    with pytest.raises(ValueError, match=r"nnx\.MultiHeadAttention.*'attn'"):
+        extract(_WithMHA(nnx.Rngs(0), normalize_qk=True), jax.ShapeDtypeStruct((B, S, D), jnp.float32))
+
+
+def test_head_projection_parameters_are_split_along_their_heads_axis():
+    """The export's PartitionSpecs, derived by hand: an nnx.MultiHeadAttention's
+    query/key/value kernels (C, heads, head_dim) follow the fused layer
+    "<path>/qkv", its out kernel (heads, head_dim, F) "<path>/out"; an
+    nnx.Linear "out" beside a fused nnx.Linear "qkv" is an ordinary dense layer."""
+    from jax.sharding import PartitionSpec as P
+
+    from planner.plans.specs import partition_specs
+
+    state = {"mha": {"query": {"kernel": jnp.zeros((D, H, 8)), "bias": jnp.zeros((H, 8))},
+                     "out": {"kernel": jnp.zeros((H, 8, D)), "bias": jnp.zeros((D,))}},
+             "fused": {"qkv": {"kernel": jnp.zeros((D, 3 * D))}, "out": {"kernel": jnp.zeros((D, D))}}}
+    strategies = {"mha/qkv": "filter", "mha/out": "channel", "fused/qkv": "filter", "fused/out": "channel"}
+    specs = partition_specs(state, strategies)
+    assert specs["mha"]["query"] == {"kernel": P(None, "model", None), "bias": P("model", None)}
+    assert specs["mha"]["out"] == {"kernel": P("model", None, None), "bias": P()}
+    assert specs["fused"]["qkv"]["kernel"] == P(None, "model")
+    assert specs["fused"]["out"]["kernel"] == P("model", None)  # rows: the input features
+    specs = partition_specs(state, {"mha/qkv": "channel", "mha/out": "filter"})
+    assert specs["mha"]["query"] == {"kernel": P("model", None, None), "bias": P()}
+    assert specs["mha"]["out"] == {"kernel": P(None, None, "model"), "bias": P("model")}
+
+
+class _LinenAttn(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        b, s, c = x.shape
+        h = nn.LayerNorm(name="norm")(x)
+        qkv = nn.Dense(3 * c, name="qkv")(h).reshape(b, s, H, 3, c // H)
+        a = jax.nn.dot_product_attention(qkv[:, :, :, 0], qkv[:, :, :, 1], qkv[:, :, :, 2], is_causal=True)
+        return x + nn.Dense(c, name="out")(a.reshape(b, s, c))
+
+
+def test_linen_attention_of_a_fused_projection():
+    g = extract(_LinenAttn(), jax.ShapeDtypeStruct((B, S, D), jnp.float32))
+    assert g.names == ("norm", "qkv", "attention", "out", "add") and g.on_unsupported == "error"
+    assert g.kind_names == ("norm", "dense", "causal_attention", "dense", "add")

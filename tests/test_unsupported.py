@@ -20,12 +20,12 @@ from flax import nnx
 
 
 class Tokens(nnx.Module):
-    """Patches -> tokens -> attention (a module the extraction cannot map) and a
+    """Patches -> tokens -> attention (with query-key norms, a module the extraction cannot map) and a
     transpose (an operation it cannot map) -> dense -> mean -> classes."""
 
     def __init__(self, rngs):
         self.patch = nnx.Conv(3, 8, (4, 4), strides=(4, 4), rngs=rngs)
-        self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=8, decode=False, rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=8, decode=False, normalize_qk=True, rngs=rngs)
         self.mix = nnx.Linear(8, 8, rngs=rngs)
         self.head = nnx.Linear(8, 10, rngs=rngs)
 
@@ -65,7 +65,7 @@ def test_the_graph_records_replicated_stand_ins(tokens):
     # an unmapped module alone (no unmapped operation) is a stand-in too
     class OnlyAttention(nnx.Module):
         def __init__(self, rngs):
-            self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=8, decode=False, rngs=rngs)
+            self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=8, decode=False, normalize_qk=True, rngs=rngs)
 
         def __call__(self, x):
             return self.attn(x).mean(axis=1)

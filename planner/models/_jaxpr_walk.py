@@ -50,11 +50,13 @@ _MARK_RE = re.compile(r"shardplan:(\d+):([^/()\s]*)")
 class _ModuleInfo(NamedTuple):
     path: str
     type_name: str  # e.g. "nnx.Embed" or "MyBlock"
-    kind: str | None  # "conv" | "dense" | "batch_norm" | "layer_norm" | "rms_norm" | "opaque" | None (transparent)
+    kind: str | None  # "conv" | "dense" | "batch_norm" | "layer_norm" | "rms_norm" | "embed" | "attend" | "mha"
+    #                   | "opaque" | None (transparent)
     bias: bool  # has a bias parameter (conv / dense / batch norm / layer norm)
     scale: bool  # has a scale parameter (batch norm / layer and RMS norm)
     params: int  # trainable parameters of the module and its submodules
     direct_params: int  # trainable parameters owned by the module itself
+    attributes: tuple[tuple[str, Any], ...] = ()  # what a composite layer needs (mha: heads, features, bias)
 
 
 # -- the walk ---------------------------------------------------------------------------
@@ -361,6 +363,8 @@ class _Walker(_TransformerRules):
             reg.node = self.emit(self.b.dense, name, x, int(e.outvars[0].aval.shape[-1]), bias=False, tied=True)
             self.check(reg.node, e.outvars[0].aval.shape, f"the output of {where}")
             expect = 0
+        elif info.kind == "mha":  # nnx.MultiHeadAttention: its projections as one fused layer, the attention, out
+            reg.node, expect = self.multi_head_attention(reg, x, where)
         elif info.kind in ("layer_norm", "rms_norm"):
             reg.node = self.emit(self.b.norm, name, x, rms=info.kind == "rms_norm", scale=info.scale,
                                  bias=info.bias)
@@ -383,7 +387,8 @@ class _Walker(_TransformerRules):
                 reg.node = self.emit(self.b.dense, name, x, features, bias=info.bias)
             self.check(reg.node, e.outvars[0].aval.shape, f"the output of {where}")
             expect = math.prod(rhs) + (features if info.bias else 0)
-        if info.direct_params != expect:
+        owned = info.params if info.kind == "mha" else info.direct_params  # mha: its projections' parameters
+        if owned != expect:
             raise ValueError(
                 f"extract: internal error: {where} has {info.direct_params} parameters, "
                 f"the layer graph {expect}"
@@ -402,6 +407,9 @@ class _Walker(_TransformerRules):
             return "with only one of scale / bias" if info.scale != info.bias else None
         if info.kind in ("layer_norm", "rms_norm"):
             return None
+        if info.kind == "mha":
+            c, sp = self.b.shape(reg.inputs[0])
+            return None if len(sp) == 1 else "on an activation that is not a token sequence (batch, tokens, features)"
         if info.kind == "embed":
             c, sp = self.b.shape(reg.inputs[0])
             if reg.inputs[0] != GraphBuilder.input or c != 1 or len(sp) != 1:

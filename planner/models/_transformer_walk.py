@@ -99,3 +99,23 @@ class _TransformerRules:
                 return [v.node]  # heads merged back: the attention's output
             return [_Heads(v.node, v.heads)]
         return self.unsupported(eqn, vals, scope)
+
+    def multi_head_attention(self, reg: Any, x: int, where: str) -> tuple[int, int]:
+        """An ``nnx.MultiHeadAttention`` call on one token sequence: its query,
+        key and value projections as one dense layer ``<path>/qkv`` of ``3 x
+        qkv_features`` grouped by head (the heads of the three kernels side by
+        side), the attention (causal where a mask is applied) and its output
+        projection ``<path>/out``. Returns the output node and the parameter
+        count the graph gives the module."""
+        info = reg.info
+        m = dict(info.attributes)
+        heads, feats, out, bias = int(m["num_heads"]), int(m["qkv_features"]), int(m["out_features"]), bool(
+            m["use_bias"])
+        path = info.path
+        qkv = self.emit(self.b.dense, f"{path}/qkv" if path else "qkv", x, 3 * feats, bias=bias)
+        h = self.emit(self.b.attention, self.b.auto_name(path, "attention"), qkv, heads=heads,
+                      causal="select_n" in reg.prims)
+        node = self.emit(self.b.dense, f"{path}/out" if path else "out", h, out, bias=bias)
+        self.check(node, reg.out_aval.shape, f"the output of {where}")
+        c, _ = self.b.shape(x)
+        return node, 3 * (c * feats + (feats if bias else 0)) + feats * out + (out if bias else 0)

@@ -40,7 +40,11 @@ What becomes a layer
   dense layer named ``<embedding path>/attend`` that owns no parameters. A
   module owning only parameters that it adds to one token sequence (learned
   positions), possibly putting one of them in front first (a class token),
-  is a position-embedding layer named by its path.
+  is a position-embedding layer named by its path. An
+  ``nnx.MultiHeadAttention`` self-attention call (no decoding cache,
+  query-key norms or dropout; the default attention function) is three
+  layers: its query, key and value projections as one dense layer
+  ``<path>/qkv`` grouped by head, the attention, and ``<path>/out``.
 * **Functional ops** outside those modules are named
   ``GraphBuilder.auto_name(scope, op)``, ``scope`` being the path of the
   module whose ``__call__`` is running (``""`` at the root):
@@ -71,8 +75,8 @@ What becomes a layer
   ``1/n`` of a mean, casts) and reshapes/broadcasts that keep the shape.
 * **Unsupported**: a module type with parameters that is not modelled
   (``nnx.LinearGeneral``, a user module owning ``nnx.Param`` s directly
-  other than a position embedding, ...; a Flax attention module such as
-  ``nnx.MultiHeadAttention`` as a whole;
+  other than a position embedding, ...; a Flax attention module other than
+  a plain ``nnx.MultiHeadAttention`` as a whole;
   a Conv whose input is transformed first, e.g. circular padding), or a
   primitive on activations with no mapping (``transpose``, ``gather``,
   ``pad``, ``dot_general`` of two activations, ``cond``/``scan`` on
@@ -155,6 +159,10 @@ def _classify(module: Any, direct: int, subtree: int) -> str | None:
         return "batch_norm"
     if isinstance(module, (nnx.Embed, nn.Embed)):
         return "embed"
+    if isinstance(module, nnx.MultiHeadAttention):
+        # self-attention without a decoding cache, query-key norms or dropout: projections + attention
+        plain = not module.decode and not module.normalize_qk and not module.dropout_rate
+        return "mha" if plain and module.attention_fn is nnx.dot_product_attention else "opaque"
     if isinstance(module, (nnx.LayerNorm, nn.LayerNorm, nnx.RMSNorm, nn.RMSNorm)):
         last = all(tuple(np.atleast_1d(getattr(module, a, -1)).tolist()) == (-1,)
                    for a in ("reduction_axes", "feature_axes"))
@@ -191,9 +199,11 @@ def _nnx_infos(model: nnx.Module) -> dict[str, _ModuleInfo]:
     infos = {}
     for p, m in mods.items():
         path = "/".join(map(str, p))
+        attributes = tuple((a, getattr(m, a)) for a in ("num_heads", "qkv_features", "out_features", "use_bias")
+                           ) if isinstance(m, nnx.MultiHeadAttention) else ()
         infos[path] = _ModuleInfo(
             path, _type_name(type(m)), _classify(m, direct[p], subtree[p]),
-            "bias" in names[p], "scale" in names[p], subtree[p], direct[p],
+            "bias" in names[p], "scale" in names[p], subtree[p], direct[p], attributes,
         )
         if isinstance(m, nnx.Embed):
             infos[_attend_path(path)] = _attend_info(path, _type_name(type(m)))

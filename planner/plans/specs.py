@@ -59,6 +59,7 @@ __all__ = [
     "check_strategy",
     "layer_specs",
     "layer_specs_from_kinds",
+    "head_projection",
     "param_spec",
     "partition_specs",
     "shardings",
@@ -211,14 +212,54 @@ def _path_key(path: tuple[Any, ...]) -> tuple[str, str]:
     return "/".join(keys[:-1]), keys[-1]
 
 
+# nnx.MultiHeadAttention's projections to heads, which the extractor fuses into one layer
+# "<path>/qkv"; its "<path>/out" projects from the heads.
+_TO_HEADS = ("query", "key", "value")
+
+
+def head_projection(layer: str, strategies: Mapping[str, str]) -> tuple[str, str] | None:
+    """``(strategy, "to" | "from")`` where ``layer`` is a projection of a
+    multi-head attention module to or from its heads (kernels ``(C, heads,
+    head_dim)`` and ``(heads, head_dim, F)``), else None."""
+    head, _, tail = layer.rpartition("/")
+    fused = f"{head}/qkv" if head else "qkv"
+    if fused not in strategies or layer in (fused,):
+        return None
+    if tail in _TO_HEADS and layer not in strategies:
+        return strategies[fused], "to"
+    if tail == "out" and layer in strategies:
+        return strategies[layer], "from"
+    return None
+
+
+def _head_param_spec(strategy: str, direction: str, ndim: int) -> P:
+    """A head projection's kernel or bias: ``filter`` splits the heads (to) or
+    the output features (from), ``channel`` the input features (to) or the
+    heads (from); the kernel's heads axis is 1 (to) or 0 (from)."""
+    if strategy == "filter":
+        if direction == "to":  # kernel (C, heads, head_dim), bias (heads, head_dim)
+            return P(None, MODEL_AXIS, None) if ndim == 3 else P(MODEL_AXIS, None)
+        return P(None, None, MODEL_AXIS) if ndim == 3 else P(MODEL_AXIS)  # kernel (heads, head_dim, F), bias (F,)
+    if strategy == "channel" and ndim == 3:
+        return P(MODEL_AXIS, None, None)  # input features (to) or heads (from); biases whole
+    return P()
+
+
 def partition_specs(state: Any, strategies: Mapping[str, str]) -> Any:
     """A pytree of PartitionSpecs matching ``state`` (an nnx ``State`` or a
     linen params dict), from each parameter's layer strategy; parameters of
-    layers the mapping does not name are replicated."""
+    layers the mapping does not name are replicated. The projections of an
+    ``nnx.MultiHeadAttention`` follow the fused layer ``<path>/qkv`` and
+    ``<path>/out``, split along their heads axis."""
 
     def spec(path: tuple[Any, ...], leaf: Any) -> P:
         layer, _ = _path_key(path)
-        return param_spec(strategies.get(layer, "replicated"), len(getattr(leaf, "shape", ())))
+        ndim = len(getattr(leaf, "shape", ()))
+        heads = head_projection(layer, strategies)
+        # a projection from heads has a rank-3 kernel; an nnx.Linear "out" beside a fused qkv is a dense layer
+        if heads is not None and (heads[1] == "to" or ndim == 3):
+            return _head_param_spec(*heads, ndim)
+        return param_spec(strategies.get(layer, "replicated"), ndim)
 
     return jax.tree_util.tree_map_with_path(spec, state)
 

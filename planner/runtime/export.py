@@ -31,6 +31,7 @@ from planner.plans.specs import (
     PARAM_LAYOUTS,
     activation_spec_entries,
     check_strategy,
+    head_projection,
     param_spec,
     partition_specs,
     shardings,
@@ -100,7 +101,7 @@ def activation_spec(layout: str, ndim: int) -> P | None:
     return to_partition_spec(activation_spec_entries(layout, ndim))
 
 
-_PARAM_MODULES = (nnx.Conv, nnx.Linear, nnx.Embed)
+_PARAM_MODULES = (nnx.Conv, nnx.Linear, nnx.Embed, nnx.LinearGeneral)
 
 
 class TrainState(NamedTuple):
@@ -154,10 +155,20 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
             name = paths.get(id(self))
             if method == "attend" and name is not None:
                 name = f"{name}/attend" if name else "attend"
+            to_heads = None if name is None else head_projection(name, strategies)
+            if to_heads is not None and to_heads[1] == "to":
+                # a query / key / value projection of a fused layer: its input is the attention
+                # module's, converted once there (below); its output split by heads where planned
+                lout = PARAM_LAYOUTS[to_heads[0]][1]
+                return _constrain_heads(orig(self, x, *args, **kwargs), lout, mesh)
             if name is None or name not in strategies:
                 if name not in blocks:
                     return orig(self, x, *args, **kwargs)
                 bin_, bout = blocks[name]  # a block of planned layers
+                fused = f"{name}/qkv" if name else "qkv"
+                if isinstance(self, nnx.MultiHeadAttention) and fused in strategies:
+                    # its one input feeds three projections: converted once, to the fused layer's input layout
+                    bin_ = PARAM_LAYOUTS[strategies[fused]][0]
                 out = orig(self, x if bin_ is None else _constrain(x, bin_, mesh), *args, **kwargs)
                 return out if bout is None else _constrain(out, bout, mesh)
             param = isinstance(self, _PARAM_MODULES)
@@ -165,9 +176,13 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
             gout = (PARAM_GRADIENT_LAYOUTS if param else CHANNELWISE_GRADIENT_LAYOUTS)[strategies[name]][1]
             if last_layout is not None:
                 last_layout.append(lout)
+            # a multi-head attention's output projection reads (batch, tokens, heads, head_dim):
+            # its channels are the heads
+            pin = _constrain_heads if isinstance(self, nnx.LinearGeneral) and getattr(x, "ndim", 0) == 4 \
+                else _constrain
             if name in input_layouts:
-                x = _constrain(x, input_layouts[name], mesh)
-            out = orig(self, _constrain(x, lin, mesh), *args, **kwargs)
+                x = pin(x, input_layouts[name], mesh)
+            out = orig(self, pin(x, lin, mesh), *args, **kwargs)
             if lout == "partial" and gout != "partial":
                 out = _pin_cotangent(out, gout, mesh)
             out = _constrain(out, lout, mesh)
@@ -193,6 +208,14 @@ def _constrain(x: Any, layout: str, mesh: Mesh) -> Any:
         return x
     spec = activation_spec(layout, x.ndim) if (layout != "spatial" or x.ndim >= 3) else None
     return x if spec is None else jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def _constrain_heads(x: Any, layout: str, mesh: Mesh) -> Any:
+    """:func:`_constrain` for ``(batch, tokens, heads, head_dim)``: split by
+    channels is split by heads."""
+    if layout == "channel":
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(AXIS_NAMES[0], None, AXIS_NAMES[1], None)))
+    return _constrain(x, layout, mesh)
 
 
 def _pin_cotangent(x: Any, layout: str, mesh: Mesh) -> Any:
