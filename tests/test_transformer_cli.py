@@ -62,16 +62,26 @@ def test_a_users_vit_extracts_without_on_unsupported(capsys, user_vit):
 
 
 @pytest.mark.slow
-def test_a_users_vit_plans_validates_and_trains_sharded(capsys, tmp_path, user_vit, devices):
-    path = tmp_path / "vit.json"
-    _json(capsys, "plan", "examples.flax_vit:tiny", "--devices", "8", "--hardware", "dgx-a100", "--batch", "8",
+@pytest.mark.parametrize("model_arg", ["vit-tiny", "examples.flax_vit:tiny"])
+def test_plan_evaluate_validate_and_train_sharded(capsys, tmp_path, user_vit, devices, model_arg):
+    """The zoo's vit-tiny and a user's own ViT (package.module:factory): a plan
+    under a tight limit, the plan re-evaluated, validated against XLA, and one
+    planner.shard step with the unsharded loss."""
+    path = tmp_path / "plan.json"
+    _json(capsys, "plan", model_arg, "--devices", "8", "--hardware", "dgx-a100", "--batch", "8",
           "--memory-limit", "1.5MB", "-o", str(path))
     plan = planner.Plan.read(path)
     assert set(plan.strategies.values()) - {"data"}  # the tight limit splits something
-    report = _json(capsys, "validate", "examples.flax_vit:tiny", "--plan", str(path), "--memory-rtol", "0.5",
+    ev = _json(capsys, "evaluate", model_arg, "--devices", "8", "--hardware", "dgx-a100", "--batch", "8",
+               "--plan", str(path))
+    assert ev["iteration_s"] == pytest.approx(plan.iteration_s, rel=1e-6)  # the plan's own cost, re-evaluated
+    report = _json(capsys, "validate", model_arg, "--plan", str(path), "--memory-rtol", "0.5",
                    "--activation-rtol", "0.6")
     assert report["ok"], report
-    model, spec = user_vit.tiny(abstract=False)
+    if model_arg == "vit-tiny":
+        model, spec = planner.flax_model("vit-tiny", batch=8, abstract=False)
+    else:
+        model, spec = user_vit.tiny(abstract=False)
     x = jax.random.normal(jax.random.key(0), spec.shape)
     y = jax.numpy.arange(8) % 10
     want = optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
@@ -84,27 +94,6 @@ def test_the_paradl_oracle_refuses_transformers_instead_of_costing_attention_as_
     assert main(["oracle", "gpt2-small", "--devices", "8"]) == 2
     err = capsys.readouterr().err
     assert "models CNN layers" in err and "causal_attention" in err and "shardplan plan" in err
-
-
-@pytest.mark.slow
-def test_zoo_vit_tiny_plans_evaluates_validates_and_trains(capsys, tmp_path, devices):
-    path = tmp_path / "vit-tiny.json"
-    _json(capsys, "plan", "vit-tiny", "--devices", "8", "--hardware", "dgx-a100", "--batch", "8",
-          "--memory-limit", "1.5MB", "-o", str(path))
-    plan = planner.Plan.read(path)
-    ev = _json(capsys, "evaluate", "vit-tiny", "--devices", "8", "--hardware", "dgx-a100", "--batch", "8",
-               "--plan", str(path))
-    assert ev["iteration_s"] == pytest.approx(plan.iteration_s, rel=1e-6)  # the plan's own cost, re-evaluated
-    report = _json(capsys, "validate", "vit-tiny", "--plan", str(path), "--memory-rtol", "0.5",
-                   "--activation-rtol", "0.6")
-    assert report["ok"], report
-    model, spec = planner.flax_model("vit-tiny", batch=8, abstract=False)
-    x = jax.random.normal(jax.random.key(0), spec.shape)
-    y = jax.numpy.arange(8) % 10
-    want = optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
-    step, state = planner.shard(model, plan, optax.sgd(0.1))
-    _, loss = step(state, x, y)
-    assert float(loss) == pytest.approx(float(want), rel=1e-5)
 
 
 def test_evaluate_the_users_vit_and_vit_b16(capsys, user_vit):
