@@ -41,7 +41,7 @@ from costmodels import (
 )
 from costmodels.calibration import Calibration, calibration_arrays, check_hardware
 from costmodels.evaluate import reshard_per_edge
-from costmodels.layers import ATTENTION_KINDS, CHANNELWISE_KINDS
+from costmodels.layers import ATTENTION_KINDS, CHANNELWISE_KINDS, tied_output
 from planner.ir.graph import LayerGraph, LayerKind
 
 __all__ = [
@@ -180,9 +180,9 @@ def unavailable_reason(graph: LayerGraph, i: int, strategy: str | Strategy, batc
     param = code in (LayerKind.CONV, LayerKind.DENSE, LayerKind.EMBED)
     channelwise = code in CHANNELWISE_KINDS
     cin, cout, groups = float(a.in_channels[i]), float(a.out_channels[i]), int(a.groups[i])
-    tied = any(int(a.kind[j]) == LayerKind.DENSE and float(a.params[j]) <= 0 for j in range(graph.num_layers))
-    if s in (Strategy.FILTER, Strategy.CHANNEL) and tied and (
-            code == LayerKind.EMBED or (code == LayerKind.DENSE and float(a.params[i]) <= 0)):
+    n = graph.num_layers
+    tied = np.asarray(tied_output(np.asarray(a.kind)[:n], np.asarray(a.params)[:n]))  # [n] (strategy_mask's rule)
+    if s in (Strategy.FILTER, Strategy.CHANNEL) and tied.any() and (code == LayerKind.EMBED or tied[i]):
         return (f"{s.name.lower()} does not split a tied embedding table (the lookup and the output layer share it, "
                 "and one layout for both is not modelled)")
     if s is not Strategy.DATA and (batch < d or batch % d):
