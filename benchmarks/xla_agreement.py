@@ -33,7 +33,12 @@ summary to stdout.
         [--meshes 8x1,4x2] [--limits none,mid,tight] [--json OUT]
 
 ``--quick``: vgg16-cifar10, batch 64, meshes 4x2 and 2x4, limits none and
-tight (the selection options override it).
+tight (the selection options override it). The header names the XLA:CPU
+scheduler the programs were compiled with (:func:`cpu_scheduler`); XLA
+reads it from ``XLA_FLAGS`` once per process, so the other one is a second
+run:
+
+    XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false PYTHONPATH=. python benchmarks/xla_agreement.py
 """
 
 from __future__ import annotations
@@ -160,6 +165,20 @@ def _mb(nbytes: float) -> str:
     return f"{nbytes / 1e6:,.1f}"
 
 
+def cpu_scheduler(xla_flags: str) -> str:
+    """Which XLA:CPU scheduler orders the step, from ``XLA_FLAGS``:
+    ``concurrency`` (XLA's default, ``--xla_cpu_enable_concurrency_optimized_scheduler``:
+    its breadth-first ``BFSMemoryScheduler``, which trades memory for concurrency)
+    or ``memory`` (that flag false: the depth-first ``DFSMemoryScheduler``;
+    XLA's cpu_compiler.cc; docs/validation.md, "The memory promise")."""
+    value = "true"
+    for flag in xla_flags.split():
+        name, _, v = flag.lstrip("-").partition("=")
+        if name == "xla_cpu_enable_concurrency_optimized_scheduler":
+            value = v.lower() or "true"
+    return "memory" if value in ("false", "0") else "concurrency"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="vgg16-cifar10, batch 64, meshes 4x2 and 2x4, limits none, tight")
@@ -198,8 +217,9 @@ def main(argv=None) -> int:
     from planner.runtime.validation import validate
 
     device_memory = load_hardware(HARDWARE).device.memory_bytes
-    print(f"jax {jax.__version__}, {jax.device_count()} x {jax.devices()[0].platform}; plans: planner.plan on one mesh, "
-          f"{HARDWARE} (device memory {device_memory:,.0f} B), {OPTIMIZER}, float32")
+    scheduler = cpu_scheduler(os.environ.get("XLA_FLAGS", ""))
+    print(f"jax {jax.__version__}, {jax.device_count()} x {jax.devices()[0].platform} ({scheduler} scheduler); plans: "
+          f"planner.plan on one mesh, {HARDWARE} (device memory {device_memory:,.0f} B), {OPTIMIZER}, float32")
     print(f"memory per device in MB (1e6 B); limits: none = device memory, tight = smallest feasible x "
           f"{1 + args.slack:g}, mid = halfway from tight to the unlimited plan's memory; "
           f"total = argument + output - alias + temp; fits = compiled total <= limit")
@@ -263,7 +283,7 @@ def main(argv=None) -> int:
     _summary(rows, len(compiled_cache), time.perf_counter() - start)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"jax": jax.__version__, "hardware": HARDWARE, "optimizer": OPTIMIZER, "slack": args.slack,
+            json.dump({"jax": jax.__version__, "cpu_scheduler": scheduler, "hardware": HARDWARE, "optimizer": OPTIMIZER, "slack": args.slack,
                        "device_memory_bytes": device_memory, "rows": rows}, f, indent=1)
     return 0
 

@@ -11,6 +11,22 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def test_cpu_scheduler_is_read_from_xla_flags():
+    """The last setting of the flag wins, as in XLA's own flag parsing; absent, XLA's default."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from xla_agreement import cpu_scheduler
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    flag = "--xla_cpu_enable_concurrency_optimized_scheduler"
+    assert cpu_scheduler("") == "concurrency"
+    assert cpu_scheduler("--xla_force_host_platform_device_count=8") == "concurrency"
+    assert cpu_scheduler(f"--xla_force_host_platform_device_count=8 {flag}=false") == "memory"
+    assert cpu_scheduler(f"{flag}=false {flag}=true") == "concurrency"
+    assert cpu_scheduler(f"{flag}=true {flag}=0") == "memory"
+    assert cpu_scheduler(flag) == "concurrency"
+
+
 @pytest.mark.slow
 def test_xla_agreement_quick_prints_rows_and_summary(tmp_path):
     """benchmarks/xla_agreement.py (the memory-promise grid) on its smallest case, and
@@ -20,7 +36,9 @@ def test_xla_agreement_quick_prints_rows_and_summary(tmp_path):
     import json
 
     out = tmp_path / "rows.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # compiled with XLA:CPU's depth-first memory scheduler, which the header then names
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_concurrency_optimized_scheduler=false"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": flags}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "xla_agreement.py"), "--quick", "--models", "vgg16-cifar10",
          "--batches", "64", "--meshes", "2x4", "--limits", "none", "--json", str(out)],
@@ -28,6 +46,7 @@ def test_xla_agreement_quick_prints_rows_and_summary(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = proc.stdout
+    assert text.startswith("jax ") and " x cpu (memory scheduler); plans: " in text.splitlines()[0]
     assert "limits vgg16-cifar10 batch 64 mesh 2x4: smallest feasible" in text
     row = [line for line in text.splitlines() if line.startswith("vgg16-cifar10 ")]
     assert len(row) == 1 and " 2x4 " in row[0] and " none " in row[0]
@@ -35,6 +54,7 @@ def test_xla_agreement_quick_prints_rows_and_summary(tmp_path):
     for line in ("fits the limit: ", "total memory within 10%: ", "every collective within 5%: ",
                  "parameters + optimizer state exact: "):
         assert any(s.startswith(line) and s.endswith(" of 1") for s in text.splitlines()), line
+    assert json.loads(out.read_text())["cpu_scheduler"] == "memory"
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 1 and rows[0]["mesh"] == [2, 4] and rows[0]["limit"] == "none"
     assert rows[0]["fits"] is True and rows[0]["state_exact"] is True  # 80 GB: any VGG plan fits
@@ -48,7 +68,7 @@ def test_xla_agreement_quick_prints_rows_and_summary(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[2:]}
-    assert set(lines) == {"today", "phases", "liveness", "phases+pools", "forward+pools"}
+    assert set(lines) == {"today", "phases", "liveness", "phases+pools", "forward+pools", "fused", "fused+pools"}
     err = rows[0]["compiled_total_bytes"] / rows[0]["predicted_total_bytes"] - 1
     assert lines["today"][4] == lines["today"][5] == f"{err:+.1%}"
     assert lines["today"][1] == str(int(abs(err) <= 0.10)) and lines["today"][3] == "1"
