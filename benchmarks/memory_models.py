@@ -21,7 +21,17 @@ dimension). The models, each a formula of those sums:
   ``args + max(max_l (sum_{j>=l} G_j + sum_{j<=l} A_j + W_l), 2G)``;
 * ``phases+pools``: ``args + G + max(A + W + I + X, G)``;
 * ``forward+pools``: a forward phase with every pool's expansion,
-  ``args + max(G + A + W + X, I + X + A, 2G)``.
+  ``args + max(G + A + W + X, I + X + A, 2G)``;
+* ``fused``: each layer's optimizer update run as soon as its gradient is
+  made (the step has no global dependency between them: adam, no clipping),
+  so a gradient and its update live only at their layer's backward step,
+  ``args + max_l (sum_{j<=l} A_j + W_l + 2 G_l)``;
+* ``fused+pools``: the same with each pool's index matrix kept from its forward
+  step and its iotas at its own step, ``args + max_l (sum_{j<=l} (A_j + X_j) + W_l + 2 G_l + I_l)``.
+
+``--cases MODEL`` also prints every case's error under one model, the
+largest first. XLA:CPU's scheduler changes which model is closest (run the
+grid with either; docs/benchmarks.md has both).
 
 Printed per model: the cases within 10% of the compiled total, and the
 smallest and largest ``compiled / predicted - 1`` (positive: XLA needed more
@@ -98,12 +108,21 @@ def _liveness(A: np.ndarray, W: np.ndarray, G: np.ndarray) -> float:
     return float(np.max(grads_after + np.cumsum(A) + W)) if A.size else 0.0
 
 
+def _fused(A, W, G, I=None, X=None):
+    """``fused`` and ``fused+pools`` of the module docstring (I, X: zero if not given)."""
+    I = np.zeros_like(A) if I is None else I
+    X = np.zeros_like(A) if X is None else X
+    return float(np.max(np.cumsum(A + X) + W + 2 * G + I)) if A.size else 0.0
+
+
 MODELS = {
     "today": lambda p: p["today"],
     "phases": lambda p: p["args"] + p["G"].sum() + max(p["A"].sum() + p["W"].max(), p["G"].sum()),
     "liveness": lambda p: p["args"] + max(_liveness(p["A"], p["W"], p["G"]), 2 * p["G"].sum()),
     "phases+pools": lambda p: p["args"] + p["G"].sum() + max(p["A"].sum() + p["W"].max() + p["I"].sum()
                                                              + p["X"].sum(), p["G"].sum()),
+    "fused": lambda p: p["args"] + _fused(p["A"], p["W"], p["G"]),
+    "fused+pools": lambda p: p["args"] + _fused(p["A"], p["W"], p["G"], p["I"], p["X"]),
     "forward+pools": lambda p: p["args"] + max(p["G"].sum() + p["A"].sum() + p["W"].max() + p["X"].sum(),
                                                p["I"].sum() + p["X"].sum() + p["A"].sum(), 2 * p["G"].sum()),
 }
@@ -112,6 +131,8 @@ MODELS = {
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("grid", help="the JSON benchmarks/xla_agreement.py --json wrote")
+    ap.add_argument("--cases", metavar="MODEL", choices=sorted(MODELS),
+                    help="also print every case's error under MODEL, the largest first")
     args = ap.parse_args(argv)
     with open(args.grid) as f:
         rows = json.load(f)["rows"]
@@ -126,6 +147,12 @@ def main(argv=None) -> int:
     for k, e in errors.items():
         e = np.asarray(e)
         print(f"{k:15} {int(np.sum(np.abs(e) <= TOTAL_RTOL)):>6} / {e.size:<3} {e.min():>+8.1%} {e.max():>+8.1%}")
+    if args.cases:
+        print(f"per case under {args.cases}:")
+        for i in np.argsort(-np.abs(np.asarray(errors[args.cases]))):
+            r = rows[i]
+            print(f"  {r['model']:25} {r['batch']:>4} {r['mesh'][0]}x{r['mesh'][1]} {r['limit']:6} "
+                  f"{r['strategies']:18} {errors[args.cases][i]:>+7.1%}")
     return 0
 
 
