@@ -17,10 +17,10 @@ import numpy as np
 
 from costmodels.layers import (
     ATTENTION_KINDS,
-    LayerKind,
     LayerTable,
     is_kind,
     tied_output,
+    token_lookups,
 )
 from costmodels.reshard import COLLECTIVE_NAMES, CONVERSION, Collective
 from costmodels.shards import row_padding
@@ -214,8 +214,7 @@ def auxiliary_collectives(
         batch_split = lay[sinks[-1], s, 1] == Layout.BATCH
         if m > 1 and not batch_split:  # the loss runs on the group's gathered labels (int32)
             # one per sample, or one per token where an embedding reads the model input (token ids)
-            fed = {v for _, v in graph.edges}
-            lookups = [i for i in range(n) if int(a.kind[i]) == LayerKind.EMBED and i not in fed]
+            lookups = token_lookups(graph)
             per_sample = float(a.in_spatial[lookups[0], 0]) if lookups else 1.0
             recs.append(CollectiveRecord("all-gather", (MODEL_AXIS,), "forward", "labels -> loss",
                                          gb * 4.0 * per_sample))

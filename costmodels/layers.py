@@ -29,6 +29,7 @@ __all__ = [
     "VECTOR_FIELDS",
     "bucket_size",
     "is_kind",
+    "token_lookups",
     "tied_output",
     "kind_name",
     "layer_type",
@@ -92,6 +93,15 @@ def tied_output(kind: Any, params: Any) -> Any:
     table (a dense layer that owns no parameters: the table is the
     embedding's; ``GraphBuilder.dense(tied=True)``)."""
     return (kind == LayerKind.DENSE) & (params <= 0)
+
+
+def token_lookups(table: LayerTable) -> tuple[int, ...]:
+    """The layers that read the model input as token ids: embeddings no edge
+    feeds. A model with one is a language model, trained with a label per
+    token (the loss's labels, the input batch's bytes)."""
+    fed = {v for _, v in table.edges}
+    kinds = table.unpadded().kind
+    return tuple(i for i in range(table.num_layers) if int(kinds[i]) == LayerKind.EMBED and i not in fed)
 
 
 def kind_name(kind: int, spatial_rank: int) -> str:

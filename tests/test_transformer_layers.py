@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from costmodels import CostSettings, cost_table, hardware_arrays, load_hardware
-from costmodels.collective_list import plan_collectives
+from costmodels.collective_list import auxiliary_collectives, plan_collectives
+from costmodels.layers import token_lookups
 from costmodels.strategies import Strategy, strategy_mask
 from planner.evaluation import unavailable_reason
 from planner.ir import flops as F
@@ -79,6 +80,31 @@ def test_builder_shapes_and_parameters():
     cls.position_embedding("pos", cls.input, class_token=True)
     g2 = cls.build()
     assert float(g2.arrays.out_spatial[0, 0]) == S + 1 and float(g2.arrays.params[0]) == (S + 1) * D + D
+
+
+def test_token_ids_mean_a_label_per_token():
+    """An embedding no edge feeds reads token ids: the input batch is S ids and S labels
+    per sample, and the loss's labels, gathered to a replicated head, are S int32 per
+    sample of the group's batch (a classifier: one)."""
+    lm = GraphBuilder("lm", (1, S))
+    lm.dense("head", lm.embed("embed", lm.input, 100, D), 100)
+    g = lm.build()
+    vit = GraphBuilder("c", (D, S))
+    vit.dense("head", vit.first_token("cls", vit.position_embedding("pos", vit.input, class_token=True)), 10)
+    c = vit.build()
+    assert token_lookups(g) == (0,) and g.reads_token_ids
+    assert token_lookups(c) == () and not c.reads_token_ids
+    assert g.input_bytes_per_sample == 4.0 * (S + S)
+    assert c.input_bytes_per_sample == 4.0 * (D * S + 1)
+    batch, d, m = 16, 2, 4
+    rep = int(Strategy.REPLICATED)
+
+    def labels(graph):
+        recs = auxiliary_collectives(graph, [rep] * graph.num_layers, batch, d, m)
+        return [(r.kind, r.axes, r.bytes_per_device) for r in recs if r.where == "labels -> loss"]
+
+    assert labels(g) == [("all-gather", ("model",), batch / d * 4.0 * S)]
+    assert labels(c) == [("all-gather", ("model",), batch / d * 4.0)]
 
 
 def _mask(g, m, batch=8):

@@ -44,6 +44,7 @@ from costmodels.layers import (  # noqa: F401 (re-exported: the IR's names)
     LayerKind,
     bucket_size,
     kind_name,
+    token_lookups,
 )
 from planner.ir.graph_file import (  # the file format
     GRAPH_SCHEMA,
@@ -139,9 +140,7 @@ class LayerGraph:
     def reads_token_ids(self) -> bool:
         """The model input is token ids (``(batch, tokens)`` int32) that an
         embedding looks up: a language model, trained with a label per token."""
-        fed = {d for _, d in self.edges}
-        kinds = np.asarray(self.arrays.kind)[: self.num_layers]
-        return any(int(k) == LayerKind.EMBED and i not in fed for i, k in enumerate(kinds))
+        return bool(token_lookups(self))
 
     @property
     def input_bytes_per_sample(self) -> float:
