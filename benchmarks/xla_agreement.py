@@ -283,8 +283,9 @@ def main(argv=None) -> int:
     _summary(rows, len(compiled_cache), time.perf_counter() - start)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"jax": jax.__version__, "cpu_scheduler": scheduler, "hardware": HARDWARE, "optimizer": OPTIMIZER, "slack": args.slack,
-                       "device_memory_bytes": device_memory, "rows": rows}, f, indent=1)
+            json.dump({"jax": jax.__version__, "cpu_scheduler": scheduler, "hardware": HARDWARE,
+                       "optimizer": OPTIMIZER, "slack": args.slack, "device_memory_bytes": device_memory,
+                       "rows": rows}, f, indent=1)
     return 0
 
 
