@@ -161,6 +161,9 @@ def test_head_projection_parameters_are_split_along_their_heads_axis():
     specs = partition_specs(state, {"mha/qkv": "channel", "mha/out": "filter"})
     assert specs["mha"]["query"] == {"kernel": P("model", None, None), "bias": P()}
     assert specs["mha"]["out"] == {"kernel": P(None, None, "model"), "bias": P("model")}
+    # the model itself an nnx.MultiHeadAttention: its layers are "qkv", "attention" and "out"
+    specs = partition_specs(state["mha"], {"qkv": "filter", "out": "channel"})
+    assert specs["query"]["kernel"] == P(None, "model", None) and specs["out"]["kernel"] == P("model", None, None)
 
 
 class _LinenAttn(nn.Module):

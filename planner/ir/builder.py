@@ -23,7 +23,13 @@ from typing import Any
 import numpy as np
 
 from planner.ir import flops as F
-from planner.ir.graph import MAX_SPATIAL_DIMS, LayerArrays, LayerGraph, LayerKind
+from planner.ir.graph import (
+    MAX_SPATIAL_DIMS,
+    LayerArrays,
+    LayerGraph,
+    LayerKind,
+    layer_path,
+)
 
 __all__ = ["GraphBuilder", "resolve_padding"]
 
@@ -101,7 +107,7 @@ class GraphBuilder:
     # -- naming --------------------------------------------------------------
     def auto_name(self, scope: str, op: str) -> str:
         """``scope/op`` the first time, then ``scope/op_1``, ``scope/op_2``, ..."""
-        base = f"{scope}/{op}" if scope else op
+        base = layer_path(scope, op)
         n = self._counts.get(base, 0)
         self._counts[base] = n + 1
         name = base if n == 0 else f"{base}_{n}"

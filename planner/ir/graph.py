@@ -62,6 +62,7 @@ __all__ = [
     "bucket_size",
     "check_on_unsupported",
     "kind_name",
+    "layer_path",
 ]
 
 # planner.extract's choices for an operation it cannot map to a layer kind: an error, or a
@@ -75,6 +76,13 @@ def check_on_unsupported(value: Any, where: str = "on_unsupported") -> str:
         raise ValueError(f'{where} must be "error" or "replicate", got {value!r}')
     return value
 
+
+def layer_path(path: str, name: str) -> str:
+    """``path/name``, or ``name`` under the root module (``path == ""``): how a
+    layer is named inside a module. The extraction names a module's functional
+    ops and the layers one module becomes (an embedding's ``attend``, an
+    ``nnx.MultiHeadAttention``'s ``qkv`` and ``out``) so; the export finds them so."""
+    return f"{path}/{name}" if path else name
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from planner.ir.graph import layer_path
 from planner.models._primitives import _FREE
 
 # The softmax of jax.nn.dot_product_attention between its two matmuls (and a mask's select).
@@ -109,13 +110,13 @@ class _TransformerRules:
         count the graph gives the module."""
         info = reg.info
         m = dict(info.attributes)
-        heads, feats, out, bias = int(m["num_heads"]), int(m["qkv_features"]), int(m["out_features"]), bool(
-            m["use_bias"])
+        heads, feats, out = int(m["num_heads"]), int(m["qkv_features"]), int(m["out_features"])
+        bias = bool(m["use_bias"])
         path = info.path
-        qkv = self.emit(self.b.dense, f"{path}/qkv" if path else "qkv", x, 3 * feats, bias=bias)
+        qkv = self.emit(self.b.dense, layer_path(path, "qkv"), x, 3 * feats, bias=bias)
         h = self.emit(self.b.attention, self.b.auto_name(path, "attention"), qkv, heads=heads,
                       causal="select_n" in reg.prims)
-        node = self.emit(self.b.dense, f"{path}/out" if path else "out", h, out, bias=bias)
+        node = self.emit(self.b.dense, layer_path(path, "out"), h, out, bias=bias)
         self.check(node, reg.out_aval.shape, f"the output of {where}")
         c, _ = self.b.shape(x)
         return node, 3 * (c * feats + (feats if bias else 0)) + feats * out + (out if bias else 0)

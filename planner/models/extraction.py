@@ -131,7 +131,7 @@ import numpy as np
 from flax import nnx
 
 from planner.ir.builder import GraphBuilder
-from planner.ir.graph import LayerGraph, check_on_unsupported
+from planner.ir.graph import LayerGraph, check_on_unsupported, layer_path
 from planner.models._jaxpr_walk import _MARK, _ModuleInfo, _Walker
 
 __all__ = ["extract"]
@@ -212,7 +212,7 @@ def _nnx_infos(model: nnx.Module) -> dict[str, _ModuleInfo]:
 
 def _attend_path(path: str) -> str:
     """The pseudo-module path of an embedding's ``attend`` (its table as an output layer)."""
-    return f"{path}/attend" if path else "attend"
+    return layer_path(path, "attend")
 
 
 def _attend_info(path: str, type_name: str) -> _ModuleInfo:

@@ -45,6 +45,7 @@ from costmodels.strategies import (
     STRATEGY_NAMES,
     io_layout_names,
 )
+from planner.ir.graph import layer_path
 
 __all__ = [
     "BATCH_AXES",
@@ -222,8 +223,8 @@ def head_projection(layer: str, strategies: Mapping[str, str]) -> tuple[str, str
     multi-head attention module to or from its heads (kernels ``(C, heads,
     head_dim)`` and ``(heads, head_dim, F)``), else None."""
     head, _, tail = layer.rpartition("/")
-    fused = f"{head}/qkv" if head else "qkv"
-    if fused not in strategies or layer in (fused,):
+    fused = layer_path(head, "qkv")
+    if fused not in strategies or layer == fused:
         return None
     if tail in _TO_HEADS and layer not in strategies:
         return strategies[fused], "to"

@@ -23,6 +23,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from costmodels.strategies import AXIS_NAMES
+from planner.ir.graph import layer_path
 from planner.plans.specs import (
     BATCH_AXES,
     CHANNELWISE_GRADIENT_LAYOUTS,
@@ -154,7 +155,7 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
         def wrapper(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
             name = paths.get(id(self))
             if method == "attend" and name is not None:
-                name = f"{name}/attend" if name else "attend"
+                name = layer_path(name, "attend")
             to_heads = None if name is None else head_projection(name, strategies)
             if to_heads is not None and to_heads[1] == "to":
                 # a query / key / value projection of a fused layer: its input is the attention
@@ -165,7 +166,7 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                 if name not in blocks:
                     return orig(self, x, *args, **kwargs)
                 bin_, bout = blocks[name]  # a block of planned layers
-                fused = f"{name}/qkv" if name else "qkv"
+                fused = layer_path(name, "qkv")
                 if isinstance(self, nnx.MultiHeadAttention) and fused in strategies:
                     # its one input feeds three projections: converted once, to the fused layer's input layout
                     bin_ = PARAM_LAYOUTS[strategies[fused]][0]
