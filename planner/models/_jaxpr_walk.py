@@ -390,7 +390,7 @@ class _Walker(_TransformerRules):
         owned = info.params if info.kind == "mha" else info.direct_params  # mha: its projections' parameters
         if owned != expect:
             raise ValueError(
-                f"extract: internal error: {where} has {info.direct_params} parameters, "
+                f"extract: internal error: {where} has {owned} parameters, "
                 f"the layer graph {expect}"
             )
 
