@@ -14,7 +14,13 @@ GPT-2 small: 1 sequence of 1,024 tokens). Times are after compilation (each mode
 compiled once before the timed runs; the first, compiling, runs are
 reported separately).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/search_quality.py [--quick] [--models a,b]
+With ``--levers zero|remat|all`` every layer's menu also holds the memory
+levers (ZeRO stages, rematerialisation: ``costmodels/levers.py``), and each
+instance where levers lower the smallest memory any plan needs gains a
+fourth limit, ``levers-only``: halfway between that smallest memory and the
+smallest of the lever-free plans, so that only plans using levers fit.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/search_quality.py [--quick] [--models a,b] [--levers all]
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from costmodels import (  # noqa: E402
     hardware_arrays,
     load_hardware,
 )
+from costmodels.levers import LEVER_CHOICES, option_strategy  # noqa: E402
 from planner import GraphBuilder  # noqa: E402
 from planner.models.zoo import get_model  # noqa: E402
 from planner.planning import mesh_shapes, plan  # noqa: E402
@@ -78,16 +85,16 @@ def synthetic_chain(layers: int = 1000):
     return g
 
 
-def tables_for(graph, hw, P):
+def tables_for(graph, hw, P, levers: str = "none"):
     B = PER_DEVICE.get(graph.model_name, 32) * P
     meshes = mesh_shapes(P, B, hw.devices_per_node)
     hwa = hardware_arrays(hw)
     tables = []
     for d, m in meshes:
-        t = cost_table(graph.arrays, hwa, float(B), float(d), float(m), CostSettings())
+        t = cost_table(graph.arrays, hwa, float(B), float(d), float(m), CostSettings(levers=levers))
         if B % (d * m):
-            t = t._replace(feasible=t.feasible.at[:, int(Strategy.DATA)].set(
-                t.feasible[:, int(Strategy.DATA)] & (t.layer_mask <= 0)))
+            data = option_strategy(t.feasible.shape[1]) == int(Strategy.DATA)  # [O] data's options
+            t = t._replace(feasible=t.feasible & (~data[None, :] | (t.layer_mask <= 0)[:, None]))
         tables.append(t)
     jax.block_until_ready(tables)
     return meshes, tables
@@ -107,6 +114,14 @@ def exact_per_mesh(problems, limit, chain: bool):
     return out
 
 
+def without_levers(p):
+    """The problem ``p`` with every option but the lever-free ones ruled out."""
+    plain = (np.arange(p.num_options) % p.levers_per_strategy == 0)[None, :]
+    inf = lambda x: np.where(plain, x, np.inf)  # noqa: E731
+    return p._replace(feasible=p.feasible & plain, layer_time_s=inf(p.layer_time_s),
+                      persistent_bytes=inf(p.persistent_bytes), workspace_bytes=inf(p.workspace_bytes))
+
+
 def best(results):
     """(time, index, exact) of the fastest feasible result, or None."""
     fits = [(r.time_s, i) for i, r in enumerate(results) if r.feasible]
@@ -116,7 +131,7 @@ def best(results):
     return t, i, bool(results[i].exact)
 
 
-def run(models, devices, hardware, quick: bool):
+def run(models, devices, hardware, quick: bool, levers: str = "none"):
     rows = []
     header = (f"{'model':14s} {'hardware':9s} {'P':>5s} {'limit':>11s} {'GB':>8s} {'exact':>9s} {'mesh':>6s} "
               f"{'gradient':>9s} {'mesh':>6s} {'ratio':>8s} {'grad s':>7s} {'dp s':>7s} {'milp s':>8s}")
@@ -127,7 +142,7 @@ def run(models, devices, hardware, quick: bool):
         for hw_name in hardware:
             hw = load_hardware(hw_name)
             for P in devices:
-                meshes, tables = tables_for(graph, hw, P)
+                meshes, tables = tables_for(graph, hw, P, levers)
                 problems = [discrete_problem(t) for t in tables]
                 chain = chain_order(problems[0]) is not None
                 need = min(minimum_memory(p).memory_bytes for p in problems)
@@ -136,6 +151,10 @@ def run(models, devices, hardware, quick: bool):
                     "tight": need * 1.001,
                     "infeasible": need * 0.99,
                 }
+                if levers != "none":
+                    need_plain = min(minimum_memory(without_levers(p)).memory_bytes for p in problems)
+                    if need < 0.98 * need_plain:
+                        limits["levers-only"] = (need + need_plain) / 2
                 solve_many(tables, limits["loose"], "gradient")  # compile (cached after the first)
                 for kind, limit in limits.items():
                     t0 = time.perf_counter()
@@ -158,6 +177,9 @@ def run(models, devices, hardware, quick: bool):
                     for s, p in zip(grad, problems, strict=True):
                         if s.feasible:
                             assert plan_memory(p, s.choice) <= limit and abs(plan_time(p, s.choice) - s.time_s) < 1e-12
+                    if kind == "levers-only":  # every plan that fits uses a lever
+                        for s, p in zip(grad, problems, strict=True):
+                            assert not s.feasible or any(c % p.levers_per_strategy for c in s.choice)
                     rows.append(row)
                     fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
                     mesh_txt = lambda m: "-" if m is None else f"{m[0]}x{m[1]}"  # noqa: E731
@@ -186,7 +208,8 @@ def summary(rows, timings):
     dag = [r for r in feas if r["dag"]]
     speed = np.array([r["milp_s"] / r["grad_s"] for r in dag])
     agg = sum(r["milp_s"] for r in dag) / max(sum(r["grad_s"] for r in dag), 1e-12)
-    by_kind = {k: np.array([r["milp_s"] / r["grad_s"] for r in dag if r["kind"] == k]) for k in ("loose", "tight")}
+    by_kind = {k: np.array([r["milp_s"] / r["grad_s"] for r in dag if r["kind"] == k])
+               for k in ("loose", "tight", "levers-only") if any(r["kind"] == k for r in dag)}
     print()
     print(f"instances {len(rows)} ({len(feas)} feasible, {len(infeas)} infeasible)")
     print(f"gradient / exact time: median {np.median(ratios):.5f}, mean {ratios.mean():.5f}, worst {ratios.max():.5f} "
@@ -195,20 +218,27 @@ def summary(rows, timings):
     print(f"worst instance: {worst['model']} {worst['hardware']} P={worst['P']} {worst['kind']}")
     print(f"feasible instances solved feasibly by the gradient method: {solved} of {len(feas)}")
     print(f"infeasible instances reported infeasible: {reported} of {len(infeas)}")
-    print(f"DAG models (feasible instances), MILP time / gradient time: median {np.median(speed):.1f}x, "
-          f"min {speed.min():.1f}x, max {speed.max():.1f}x, aggregate {agg:.1f}x over {len(dag)} instances; "
-          + ", ".join(f"{k}: median {np.median(v):.1f}x (min {v.min():.1f}x)" for k, v in by_kind.items()))
+    if dag:
+        print(f"DAG models (feasible instances), MILP time / gradient time: median {np.median(speed):.1f}x, "
+              f"min {speed.min():.1f}x, max {speed.max():.1f}x, aggregate {agg:.1f}x over {len(dag)} instances; "
+              + ", ".join(f"{k}: median {np.median(v):.1f}x (min {v.min():.1f}x)" for k, v in by_kind.items()))
+    else:
+        print("DAG models: none among these instances (chains are solved by the DP)")
     for k, v in timings.items():
         print(f"{k}: {v}")
     print("SUMMARY median_ratio={:.5f} worst_ratio={:.5f} feasible_solved={}/{} infeasible_reported={}/{} "
           "milp_over_gradient_median={:.1f}x aggregate={:.1f}x".format(
-              np.median(ratios), ratios.max(), solved, len(feas), reported, len(infeas), np.median(speed), agg))
+              np.median(ratios), ratios.max(), solved, len(feas), reported, len(infeas),
+              np.median(speed) if dag else float("nan"), agg))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="two models, two device counts")
     ap.add_argument("--models", help=f"comma-separated subset of {','.join(MODELS)} (the timings first as always)")
+    ap.add_argument("--levers", default="none", choices=LEVER_CHOICES,
+                    help="memory levers on the menu (and the levers-only limit)")
+    ap.add_argument("--skip-timings", action="store_true", help="skip the planner timings printed first")
     args = ap.parse_args()
     if args.models:
         unknown = sorted(set(args.models.split(",")) - set(MODELS))
@@ -216,6 +246,16 @@ def main():
             ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
     print(f"jax {jax.__version__}, {jax.device_count()} {jax.devices()[0].platform} device(s), "
           f"{os.cpu_count()} cpu(s)")
+    print(f"levers: {args.levers}")
+    timings = {} if args.skip_timings else planner_timings()
+    models = tuple(args.models.split(",")) if args.models else ("vgg16", "resnet50") if args.quick else MODELS
+    devices = (8, 256) if args.quick else DEVICES
+    rows = run(models, devices, HARDWARE, args.quick, args.levers)
+    summary(rows, timings)
+
+
+def planner_timings() -> dict:
+    """``planner.plan``'s wall time on the 1,000-layer chain and ResNet-50."""
     timings = {}
     # the 1,000-layer chain first, in a fresh process: compilation included
     t0 = time.perf_counter()
@@ -237,10 +277,7 @@ def main():
         plan("resnet50", devices=256, hardware="dgx-a100")
         runs.append(time.perf_counter() - t0)
     timings["resnet50 on 256 x dgx-a100, auto (gradient), compiled, best of 3"] = f"{min(runs):.3f} s"
-    models = tuple(args.models.split(",")) if args.models else ("vgg16", "resnet50") if args.quick else MODELS
-    devices = (8, 256) if args.quick else DEVICES
-    rows = run(models, devices, HARDWARE, args.quick)
-    summary(rows, timings)
+    return timings
 
 
 if __name__ == "__main__":

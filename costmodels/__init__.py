@@ -30,12 +30,21 @@ from costmodels.hardware import (
     preset_names,
 )
 from costmodels.layers import LayerArrays, LayerKind, LayerTable
+from costmodels.levers import (
+    LEVER_CHOICES,
+    Lever,
+    lever_menu,
+    option_name,
+    option_strategy,
+    strategy_probs,
+)
 from costmodels.strategies import STRATEGY_NAMES, Layout, Strategy, parse_strategy
 from costmodels.table import CostSettings, CostTable, cost_table
 
 __all__ = [
     "HARDWARE_SCHEMA",
     "HARDWARE_VERSION",
+    "LEVER_CHOICES",
     "STRATEGY_NAMES",
     "Calibration",
     "CalibrationArrays",
@@ -48,6 +57,7 @@ __all__ = [
     "LayerArrays",
     "LayerKind",
     "LayerTable",
+    "Lever",
     "Layout",
     "NetworkTier",
     "Strategy",
@@ -57,11 +67,15 @@ __all__ = [
     "hardware_arrays",
     "hardware_from_dict",
     "iteration_time",
+    "lever_menu",
     "load_calibration",
     "load_hardware",
     "memory_per_device",
     "one_hot",
+    "option_name",
+    "option_strategy",
     "parse_strategy",
     "plan_collectives",
     "preset_names",
+    "strategy_probs",
 ]

@@ -25,6 +25,8 @@ __all__ = [
     "all_to_all_s",
     "p2p_s",
     "allreduce_s",
+    "reduce_scatter_group_s",
+    "allgather_group_s",
 ]
 
 MAX_TIERS = 6
@@ -122,4 +124,36 @@ def allreduce_s(net: Network, n, ranks_per_node, nbytes, *, tree: bool = True):
     if tree:
         inter = jnp.minimum(inter, tree_allreduce_s(k, nbytes / g, ao, bo))
     hier = reduce_scatter_s(g, nbytes, ai, bi) + inter + allgather_s(g, nbytes / g, ai, bi)
+    return jnp.where(crosses & (g > 1.0), jnp.minimum(flat, hier), flat)
+
+
+def _hierarchy(net: Network, n, ranks_per_node):
+    """Ranks, ranks per node, node count and the tiers (flat, inside a node,
+    across nodes) of a collective over ``n`` ranks, as :func:`allreduce_s`."""
+    n = jnp.maximum(jnp.asarray(n, jnp.float32), 1.0)
+    g = jnp.clip(jnp.asarray(ranks_per_node, jnp.float32), 1.0, n)
+    crosses = n > g
+    return n, g, n / g, crosses, tier_of(net, n, crosses), tier_of(net, g, False), tier_of(net, n / g, True)
+
+
+def reduce_scatter_group_s(net: Network, n, ranks_per_node, nbytes):
+    """Reduce-scatter of an ``nbytes`` buffer over ``n`` ranks, ``ranks_per_node``
+    to a node: the cheaper of a flat ring on the tier that serves ``n`` ranks
+    and, across nodes, the hierarchical scheme (reduce-scatter inside the node,
+    then of the node's ``1/g`` across the ``k`` nodes): the first half of
+    :func:`allreduce_s`'s schemes (ParaDL §10, NCCL's ring)."""
+    n, g, k, crosses, (a, b), (ai, bi), (ao, bo) = _hierarchy(net, n, ranks_per_node)
+    flat = reduce_scatter_s(n, nbytes, a, b)
+    hier = reduce_scatter_s(g, nbytes, ai, bi) + reduce_scatter_s(k, nbytes / g, ao, bo)
+    return jnp.where(crosses & (g > 1.0), jnp.minimum(flat, hier), flat)
+
+
+def allgather_group_s(net: Network, n, ranks_per_node, nbytes):
+    """All-gather of an ``nbytes`` buffer (each rank contributing ``nbytes / n``)
+    over ``n`` ranks: :func:`reduce_scatter_group_s`'s schemes run backwards
+    (across the nodes first, then inside each), the second half of
+    :func:`allreduce_s`'s (ParaDL §10)."""
+    n, g, k, crosses, (a, b), (ai, bi), (ao, bo) = _hierarchy(net, n, ranks_per_node)
+    flat = allgather_s(n, nbytes / n, a, b)
+    hier = allgather_s(k, nbytes / n, ao, bo) + allgather_s(g, nbytes / g, ai, bi)
     return jnp.where(crosses & (g > 1.0), jnp.minimum(flat, hier), flat)

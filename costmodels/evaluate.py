@@ -1,20 +1,25 @@
 """Iteration time and memory of a relaxed plan (per-layer probabilities over
-strategies); at one-hot probabilities they are the discrete plan's exact cost.
+options: strategies, each under the table's lever settings,
+:mod:`costmodels.levers`); at one-hot probabilities they are the discrete
+plan's exact cost.
 
 Both are pure, differentiable and jit-compiled, with no loop over layers:
 
-``time = sum_l sum_s p[l,s] (compute + grad sync + halo + output)[l,s]
+``time = sum_l sum_o p[l,o] (compute + grad sync + weight gathers + halo + output)[l,o]
        + sum_e sum_{s,t} q[e,s,t] reshard[e,s,t]
        - overlap * min(sum p grad_sync, sum p backward_compute)``
 
-with ``q[e]`` the probability of each (source, destination) strategy pair of
-edge ``e``: :func:`expected_time` takes it as given (the AutoML cost takes
-the Gibbs distribution's pair marginals), :func:`iteration_time` draws the
-layers independently, ``q[e,s,t] = p[src,s] p[dst,t]``. This is the one
+with ``p[l, o]`` the probability of option ``o`` and ``q[e]`` the
+probability of each (source, destination) *strategy* pair of edge ``e``
+(levers leave the resharding alone): :func:`expected_time` takes it as
+given (the AutoML cost takes the Gibbs distribution's pair marginals),
+:func:`iteration_time` draws the layers independently, ``q[e,s,t] =
+p[src,s] p[dst,t]`` with ``p[l, s]`` the summed probability of strategy
+``s``'s options (:func:`costmodels.levers.strategy_probs`). This is the one
 objective: the exact solvers' float64 host version
 (:func:`search.problem.plan_times`) is its value at one-hot probabilities.
 
-``memory = sum_l sum_s p[l,s] (state + activations)[l,s] + max_l sum_s p[l,s] workspace[l,s]``
+``memory = sum_l sum_o p[l,o] (state + activations)[l,o] + max_l sum_o p[l,o] workspace[l,o]``
 
 The overlap term models the gradient all-reduce of a layer running while
 the backward pass of the layers before it computes (bucketed data-parallel
@@ -27,26 +32,28 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from costmodels.levers import strategy_probs
 from costmodels.table import CostTable
 
 __all__ = ["expected_time", "iteration_time", "memory_per_device", "one_hot", "reshard_per_edge"]
 
 
-def one_hot(choice, num_strategies: int):
-    """Probabilities ``[L, S]`` of a discrete plan ``[L]``."""
-    return jax.nn.one_hot(jnp.asarray(choice), num_strategies, dtype=jnp.float32)
+def one_hot(choice, num_options: int):
+    """Probabilities ``[L, O]`` of a discrete plan ``[L]`` (option codes)."""
+    return jax.nn.one_hot(jnp.asarray(choice), num_options, dtype=jnp.float32)
 
 
 def reshard_per_edge(table: CostTable, probs):
-    """Expected resharding time of each edge ``[E]``."""
-    ps = probs[table.edge_src]  # [E, S]
-    pd = probs[table.edge_dst]  # [E, S]
+    """Expected resharding time of each edge ``[E]`` under option probabilities ``[L, O]``."""
+    q = strategy_probs(probs)
+    ps = q[table.edge_src]  # [E, S]
+    pd = q[table.edge_dst]  # [E, S]
     return jnp.einsum("es,est,et->e", ps, table.reshard_s, pd) * table.edge_mask
 
 
 def expected_time(table: CostTable, probs, pair_probs):
     """Expected seconds per training iteration when each layer's strategy has
-    the probabilities ``probs`` [L, S] and each edge's (source, destination)
+    the probabilities ``probs`` [L, O] and each edge's (source, destination)
     strategy pair ``pair_probs`` [E, S, S]. A strategy of probability zero
     adds nothing, whatever the table holds for it (so a cost that cannot be
     computed there gives no NaN, nor NaN gradients)."""
@@ -61,15 +68,16 @@ def expected_time(table: CostTable, probs, pair_probs):
 
 @jax.jit
 def iteration_time(table: CostTable, probs):
-    """Seconds per training iteration under the relaxed plan ``probs`` [L, S]
+    """Seconds per training iteration under the relaxed plan ``probs`` [L, O]
     (layers independent: :func:`expected_time` with ``q[e,s,t] = p[src,s] p[dst,t]``)."""
-    pair = probs[table.edge_src][:, :, None] * probs[table.edge_dst][:, None, :]  # [E, S, S]
+    q = strategy_probs(probs)  # [L, S]
+    pair = q[table.edge_src][:, :, None] * q[table.edge_dst][:, None, :]  # [E, S, S]
     return expected_time(table, probs, pair)
 
 
 @jax.jit
 def memory_per_device(table: CostTable, probs):
-    """Peak bytes per device under the relaxed plan ``probs`` [L, S]."""
+    """Peak bytes per device under the relaxed plan ``probs`` [L, O]."""
     mask = table.layer_mask[:, None]
     persistent = jnp.sum(probs * (table.state_bytes + table.activation_bytes) * mask)
     workspace = jnp.max(jnp.sum(probs * table.workspace_bytes * mask, axis=-1))

@@ -16,6 +16,7 @@ from costmodels.calibration import Calibration
 from costmodels.compute import DTYPE_BYTES
 from costmodels.hardware import Hardware
 from costmodels.layers import LayerKind, LayerTable
+from costmodels.levers import Lever, lever_menu
 from costmodels.strategies import STRATEGY_NAMES, Layout, Strategy
 from costmodels.table import OPTIMIZER_SLOTS, CostSettings
 
@@ -83,6 +84,35 @@ def _allreduce(hw: Hardware, n: float, per_node: float, nbytes: float) -> float:
                 + (g - 1) * (ai + nbytes / g / bi))
         best = min(best, hier)
     return best
+
+
+def _hierarchical(hw: Hardware, n: float, per_node: float, nbytes: float, gather: bool) -> float:
+    """A reduce-scatter (or, with ``gather``, an all-gather) of an ``nbytes``
+    buffer over ``n`` ranks: a flat ring, or inside the node then across nodes."""
+    g = min(max(per_node, 1.0), n)
+    a, bw = _tier(hw, n, n > g)
+    best = (n - 1) * (a + nbytes / n / bw) if n > 1 else 0.0
+    if n > g and g > 1:
+        ai, bi = _tier(hw, g, False)
+        k = n / g
+        ao, bo = _tier(hw, k, True)
+        inside = (g - 1) * (ai + nbytes / g / bi)  # each of g ranks moves 1/g of the buffer
+        across = (k - 1) * (ao + nbytes / g / k / bo)  # each node's 1/g split over k nodes
+        best = min(best, inside + across)
+    return best
+
+
+def _option(settings: CostSettings, option: int) -> tuple[int, Lever]:
+    """(strategy, lever) of an option code under ``settings.levers``."""
+    menu = lever_menu(settings.levers)
+    return int(option) // len(menu), menu[int(option) % len(menu)]
+
+
+def _group(s: int, d: int, m: int, dpn: int) -> tuple[float, float]:
+    """The ranks holding replicas of a layer's weights, and how many share a node."""
+    if s in (Strategy.DATA, Strategy.SPATIAL):
+        return d * m, min(d * m, dpn)
+    return d, max(1, dpn // m)
 
 
 def _convert(src: int, dst: int, group_bytes: float, m: float, a: float, bw: float) -> float:
@@ -208,19 +238,21 @@ def reference_iteration_time(
     graph: LayerTable, choice: Sequence[int], hw: Hardware, batch: float, d: int, m: int,
     settings: CostSettings = CostSettings(), calibration: Calibration | None = None,
 ) -> float:
-    """Seconds per iteration of the discrete plan ``choice`` (one strategy per real layer).
-    ``calibration`` replaces the roofline compute of the layers it measured."""
+    """Seconds per iteration of the discrete plan ``choice`` (one option per
+    real layer: a strategy code, or with ``settings.levers`` a strategy under a
+    lever, ``costmodels.levers``). ``calibration`` replaces the roofline
+    compute of the layers it measured."""
     a = graph.arrays
     n = graph.num_layers
     delta = DTYPE_BYTES[settings.dtype]
     dpn = hw.devices_per_node
-    P = d * m
     gb = batch / d
     ma, mb = _tier(hw, m, m > dpn)
     total = grad_total = bwd_total = 0.0
     fed = {v for (_, v) in graph.edges}  # layers with a producer
+    strategies = [_option(settings, c)[0] for c in choice]
     for i in range(n):
-        s = int(choice[i])
+        s, lever = _option(settings, choice[i])
         cin, cout = float(a.in_channels[i]), float(a.out_channels[i])
         local = _local_params(graph, i, s, m)
         samples = gb if s == Strategy.REPLICATED else gb / m
@@ -229,17 +261,21 @@ def reference_iteration_time(
             measured = _measured_seconds(calibration, graph.names[i], s, samples)
             if measured is not None:
                 bwd, comp = bwd / comp * measured if comp > 0 else measured * 2 / 3, measured
+        if lever.remat:  # the forward runs again inside the backward pass
+            comp, bwd = comp + (comp - bwd), bwd + (comp - bwd)
         bwd_total += bwd
         # gradient sync: this layer's share of bucketed all-reduces
-        if s in (Strategy.DATA, Strategy.SPATIAL):
-            ranks, per_node = P, min(P, dpn)
-        else:
-            ranks, per_node = d, max(1, dpn // m)
+        ranks, per_node = _group(s, d, m, dpn)
         bucket = settings.gradient_bucket_bytes
         if int(a.kind[i]) == LayerKind.DENSE and float(a.params[i]) <= 0:  # tied: its own gradient of the table
             local = float(a.in_channels[i]) * float(a.out_channels[i])
         gbytes = DTYPE_BYTES[settings.dtype] * local  # the device's own shard of the gradient
         grad = _allreduce(hw, ranks, per_node, bucket) * gbytes / bucket
+        if lever.zero_stage:  # ZeRO: reduce-scatter the gradients, all-gather the weights once or twice
+            grad = _hierarchical(hw, ranks, per_node, bucket, gather=False) * gbytes / bucket
+            wbytes = settings.weight_bytes_per_param * local
+            uses = 2.0 if lever.zero_stage == 3 else 1.0
+            total += uses * _hierarchical(hw, ranks, per_node, bucket, gather=True) * wbytes / bucket
         grad_total += grad
         # halo
         halo = 0.0
@@ -253,6 +289,8 @@ def reference_iteration_time(
                 msgs += [lo * yr, hi * yr]
             if a.params[i] > 0:  # weight gradient: XLA re-exchanges the rows of x (measured)
                 msgs += [lo * xr, hi * xr]
+            if lever.remat:  # the recomputed forward exchanges its rows again
+                msgs += [lo * xr, hi * xr]
             for nbytes in msgs:
                 halo += ma + nbytes / mb if nbytes > 0 else 0.0
             if int(a.kind[i]) in (LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION):
@@ -260,15 +298,16 @@ def reference_iteration_time(
                 # reduce-scatter their gradients; no halo
                 rows_in = float(a.in_spatial[i][0])
                 kv = float(a.in_channels[i]) / 3.0 * rows_in * gb * delta * _row_padding(rows_in, m)
-                halo = 2.0 * (_convert(_H, _R, kv, m, ma, mb) + _convert(_P, _H, kv, m, ma, mb))
+                halo = 2.0 * (_convert(_H, _R, kv, m, ma, mb) * (2 if lever.remat else 1)
+                              + _convert(_P, _H, kv, m, ma, mb))
         total += comp + grad + halo
     # edges
     consumers = set()
     for (u, v) in graph.edges:
         consumers.add(u)
         ku, kv = int(a.kind[u]), int(a.kind[v])
-        _, out_u, _, gout_u = _layouts(ku, int(choice[u]))
-        in_v, _, gin_v, _ = _layouts(kv, int(choice[v]))
+        _, out_u, _, gout_u = _layouts(ku, strategies[u])
+        in_v, _, gin_v, _ = _layouts(kv, strategies[v])
         out_el = float(a.out_channels[u] * a.out_spatial[u][0] * a.out_spatial[u][1] * a.out_spatial[u][2])
         nbytes = out_el * gb * delta
         pad = _row_padding(float(a.out_spatial[u][0]), m)  # for a conversion from or to rows split
@@ -278,7 +317,7 @@ def reference_iteration_time(
     for i in range(n):
         if i in consumers:
             continue
-        _, out_i, _, gout_i = _layouts(int(a.kind[i]), int(choice[i]))
+        _, out_i, _, gout_i = _layouts(int(a.kind[i]), strategies[i])
         out_el = float(a.out_channels[i] * a.out_spatial[i][0] * a.out_spatial[i][1] * a.out_spatial[i][2])
         nbytes = out_el * gb * delta * (_row_padding(float(a.out_spatial[i][0]), m) if out_i == _H else 1.0)
         t = _B if out_i == _B else _R  # the loss runs batch-split, else on the gathered output
@@ -289,26 +328,41 @@ def reference_iteration_time(
 def reference_memory(
     graph: LayerTable, choice: Sequence[int], batch: float, d: int, m: int, settings: CostSettings = CostSettings(),
 ) -> float:
-    """Peak bytes per device of the discrete plan ``choice``."""
+    """Peak bytes per device of the discrete plan ``choice`` (options, as
+    :func:`reference_iteration_time`)."""
     a = graph.arrays
     delta = DTYPE_BYTES[settings.dtype]
     # fp32: weights + gradients; mixed precision: bf16 weights + bf16 gradients + fp32 master
-    weights_and_grads = 4.0 + 4.0 if settings.dtype == "float32" else 2.0 + 2.0 + 4.0
+    weights, grads = delta, delta
+    master = 0.0 if settings.dtype == "float32" else 4.0
     update = 4.0  # the optimizer's fp32 update buffer (XLA buffer assignment, measured)
-    per_param = weights_and_grads + 4.0 * OPTIMIZER_SLOTS[settings.optimizer] + update
+    optimizer = master + 4.0 * OPTIMIZER_SLOTS[settings.optimizer] + update  # what ZeRO stage 1 shards
     gb = batch / d
     persistent, workspace = 0.0, 0.0
     for i in range(graph.num_layers):
-        s = int(choice[i])
+        s, lever = _option(settings, choice[i])
         in_l, out_l, _, _ = _layouts(int(a.kind[i]), s)
         split = lambda lay: 1 if lay in (_R, _P) else m  # noqa: E731
         in_el = float(a.in_channels[i] * a.in_spatial[i][0] * a.in_spatial[i][1] * a.in_spatial[i][2])
         out_el = float(a.out_channels[i] * a.out_spatial[i][0] * a.out_spatial[i][1] * a.out_spatial[i][2])
-        persistent += per_param * _local_params(graph, i, s, m)
+        local = _local_params(graph, i, s, m)
+        group = _group(s, d, m, 1)[0]
+        z = lever.zero_stage
+        w_div = group if z >= 3 else 1.0
+        g_div = group if z >= 2 else 1.0
+        o_div = group if z >= 1 else 1.0
+        persistent += local * (weights / w_div + grads / g_div + optimizer / o_div)
         persistent += 4.0 * float(a.buffers[i]) / (m if s == Strategy.FILTER else 1)  # statistics follow channels
-        persistent += float(a.saved_elements[i]) * gb * delta / split(in_l)
+        saved = float(a.saved_elements[i]) * gb * delta / split(in_l)
         if s == Strategy.SPATIAL and int(a.kind[i]) in (LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION):
-            persistent += 2.0 * in_el / 3.0 * gb * delta * (1.0 - 1.0 / m)  # the gathered keys and values
+            saved += 2.0 * in_el / 3.0 * gb * delta * (1.0 - 1.0 / m)  # the gathered keys and values
         # transient: the input and output gradients (x and y are saved activations already)
-        workspace = max(workspace, delta * gb * (in_el / split(in_l) + out_el / split(out_l)))
+        transient = delta * gb * (in_el / split(in_l) + out_el / split(out_l))
+        transient += local * ((grads if z >= 2 else 0.0) + (weights if z >= 3 else 0.0))  # ZeRO's whole gradient, weights
+        if lever.remat:  # keep the input; the recomputed activations are the backward step's
+            persistent += in_el * gb * delta / split(in_l)
+            transient += saved
+        else:
+            persistent += saved
+        workspace = max(workspace, transient)
     return persistent + workspace

@@ -22,9 +22,16 @@ from costmodels.calibration import (
     ShapeCalibrationArrays,
     calibrate_compute,
 )
-from costmodels.collectives import allreduce_s, p2p_s, tier_of
+from costmodels.collectives import (
+    allgather_group_s,
+    allreduce_s,
+    p2p_s,
+    reduce_scatter_group_s,
+    tier_of,
+)
 from costmodels.compute import DTYPE_BYTES, HardwareArrays, shard_compute_s
-from costmodels.layers import ATTENTION_KINDS, is_kind, tied_output
+from costmodels.layers import ATTENTION_KINDS, LayerKind, is_kind, tied_output
+from costmodels.levers import LEVER_CHOICES, LeverInputs, lever_costs, lever_menu
 from costmodels.reshard import conversion_s
 from costmodels.shards import halo_rows, row_padding, shard_shapes
 from costmodels.strategies import Layout, Strategy, strategy_layouts, strategy_mask
@@ -41,6 +48,7 @@ class CostSettings:
     dtype: str = "float32"  # compute and activation dtype; bfloat16 = mixed precision, fp32 master weights
     optimizer: str = "adam"  # sgd | momentum | adam
     gradient_bucket_bytes: float = 25 * 2**20  # gradients are all-reduced in buckets (PyTorch DDP's default)
+    levers: str = "none"  # memory levers on the menu: none | zero | remat | all (costmodels/levers.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
@@ -49,6 +57,8 @@ class CostSettings:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose from {', '.join(OPTIMIZER_SLOTS)}")
         if not self.gradient_bucket_bytes > 0:
             raise ValueError("gradient_bucket_bytes must be positive")
+        if self.levers not in LEVER_CHOICES:
+            raise ValueError(f"unknown levers {self.levers!r}; choose from {', '.join(LEVER_CHOICES)}")
 
     @property
     def activation_bytes(self) -> float:  # bytes per activation element
@@ -68,6 +78,18 @@ class CostSettings:
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def weight_bytes_per_param(self) -> float:
+        """The weights the forward pass reads: fp32, or bf16 under mixed precision."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def optimizer_bytes_per_param(self) -> float:
+        """What ZeRO stage 1 shards (ZeRO §5): the optimizer's slots, the fp32
+        master weights under mixed precision, and the optimizer's update."""
+        return self.state_bytes_per_param + self.update_bytes_per_param - self.weight_bytes_per_param \
+            - self.gradient_bytes_per_param
+
+    @property
     def update_bytes_per_param(self) -> float:
         """The optimizer's update, an fp32 parameter-sized buffer that XLA keeps
         beside the gradients at the optimizer step under sgd, momentum and adam
@@ -76,17 +98,20 @@ class CostSettings:
 
 
 class CostTable(NamedTuple):
-    """Costs on one mesh. ``L`` layers, ``S`` strategies, ``E`` edges (bucketed)."""
+    """Costs on one mesh. ``L`` layers, ``S`` strategies, ``O = S K`` options
+    (strategies under ``K`` lever settings, :mod:`costmodels.levers`; ``O = S``
+    without levers), ``E`` edges (bucketed)."""
 
-    feasible: jnp.ndarray  # [L, S] bool, strategy can run the layer
-    compute_s: jnp.ndarray  # [L, S] forward + backward compute, seconds per iteration
-    backward_compute_s: jnp.ndarray  # [L, S] the backward part of compute_s
-    grad_sync_s: jnp.ndarray  # [L, S] gradient all-reduce share, seconds
-    halo_s: jnp.ndarray  # [L, S] spatial exchange inside a layer (halo rows; an attention's keys and values), fwd + bwd, seconds
-    output_s: jnp.ndarray  # [L, S] gathering a model output for the loss (sink layers), seconds
-    state_bytes: jnp.ndarray  # [L, S] weights, gradients, optimizer state and update, buffers per device
-    activation_bytes: jnp.ndarray  # [L, S] activations kept for the backward pass per device
-    workspace_bytes: jnp.ndarray  # [L, S] transient input and output gradients per device
+    feasible: jnp.ndarray  # [L, O] bool, the option can run the layer
+    compute_s: jnp.ndarray  # [L, O] forward + backward compute (and recompute), seconds per iteration
+    backward_compute_s: jnp.ndarray  # [L, O] the backward part of compute_s
+    grad_sync_s: jnp.ndarray  # [L, O] gradient all-reduce (ZeRO: reduce-scatter) share, seconds
+    weight_gather_s: jnp.ndarray  # [L, O] ZeRO's weight all-gathers, never overlapped, seconds
+    halo_s: jnp.ndarray  # [L, O] spatial exchange inside a layer (halo rows; an attention's keys and values), fwd + bwd, seconds
+    output_s: jnp.ndarray  # [L, O] gathering a model output for the loss (sink layers), seconds
+    state_bytes: jnp.ndarray  # [L, O] weights, gradients, optimizer state and update, buffers per device
+    activation_bytes: jnp.ndarray  # [L, O] activations kept for the backward pass per device
+    workspace_bytes: jnp.ndarray  # [L, O] transient input and output gradients (and levers' transients) per device
     reshard_s: jnp.ndarray  # [E, S, S] converting edge src's output under s to dst's input under t, fwd + bwd
     layer_mask: jnp.ndarray  # [L] 1 for real layers
     edge_src: jnp.ndarray  # [E] int32
@@ -96,8 +121,8 @@ class CostTable(NamedTuple):
     memory_capacity_bytes: jnp.ndarray  # [] per device
 
     @property
-    def layer_time_s(self):  # [L, S] everything attributed to a layer except resharding
-        return self.compute_s + self.grad_sync_s + self.halo_s + self.output_s
+    def layer_time_s(self):  # [L, O] everything attributed to a layer except resharding
+        return self.compute_s + self.grad_sync_s + self.weight_gather_s + self.halo_s + self.output_s
 
 
 @functools.partial(jax.jit, static_argnames=("settings",))
@@ -215,6 +240,9 @@ def cost_table(
                 + conversion_s(Layout.PARTIAL, Layout.SPATIAL, kv_bytes, m, ma, mb))
     halo = jnp.where(attention, kv, halo)
     halo = jnp.where(jnp.arange(S) == Strategy.SPATIAL, halo[:, None], 0.0)
+    forward_halo = jnp.where(attention, 2.0 * conversion_s(Layout.SPATIAL, Layout.REPLICATED, kv_bytes, m, ma, mb),
+                             x_halo)  # [L] what a recomputed forward exchanges again
+    forward_halo = jnp.where(jnp.arange(S) == Strategy.SPATIAL, forward_halo[:, None], 0.0)
 
     # -- resharding on edges -----------------------------------------------------------
     edge_bytes = (out_el[src] * group_batch * delta)[:, None, None]  # [E, 1, 1]
@@ -240,11 +268,10 @@ def cost_table(
     output = jnp.where((has_consumer == 0)[:, None] & (real > 0)[:, None], to_loss, 0.0)
 
     # -- memory per device ----------------------------------------------------------------
-    # Weights, gradients, optimizer slots and the optimizer's update per parameter held;
-    # fp32 buffers (batch-norm statistics) follow the channels, split only under filter.
-    per_param = settings.state_bytes_per_param + settings.update_bytes_per_param
+    # Weights, gradients, optimizer slots and the optimizer's update per parameter held
+    # (costmodels/levers.py adds them up, per lever); fp32 buffers (batch-norm
+    # statistics) follow the channels, split only under filter.
     buffer_split = jnp.where(strat == Strategy.FILTER, m, 1.0)  # [1, S]
-    state = per_param * local_params + 4.0 * f32(a.buffers)[:, None] / buffer_split
     activation = f32(a.saved_elements)[:, None] * group_batch * delta / split_of(in_lay)
     # A sequence-parallel attention keeps the gathered keys and values, not its shard of them.
     gathered_kv = 2.0 * in_el / 3.0 * group_batch * delta * (1.0 - 1.0 / m)  # [L] the other shards' rows
@@ -253,17 +280,37 @@ def cost_table(
     # its backward step (its input and output themselves are saved activations already).
     workspace = delta * group_batch * (in_el[:, None] / split_of(in_lay) + out_el[:, None] / split_of(out_lay))
 
+    # -- memory levers (costmodels/levers.py): ZeRO over the weights' replica group, remat --
+    group = jnp.stack([P, d, d, P, d])  # [S] the ranks of the gradient all-reduce
+    out_local = f32(a.out_channels)[:, None] / jnp.where(strat == Strategy.FILTER, m, 1.0)  # [L, S]
+    holds_state = ((kind == LayerKind.CONV) | (kind == LayerKind.DENSE) | (kind == LayerKind.EMBED)
+                   | (kind == LayerKind.BATCH_NORM) | (kind == LayerKind.NORM)) & (params > 0)
+    shares_table = jnp.any(tied[:, 0] & (real > 0)) & (kind == LayerKind.EMBED)  # the table a tied output reads
+    zero_ok = (holds_state & ~shares_table)[:, None] & (group[None, :] > 1) & (jnp.mod(out_local, group[None, :]) == 0)
+    inputs = LeverInputs(
+        feasible=feasible, compute_s=compute, backward_s=backward, grad_sync_s=grad_sync, halo_s=halo,
+        forward_halo_s=forward_halo, output_s=output, params=local_params,
+        buffer_bytes=4.0 * f32(a.buffers)[:, None] / buffer_split, activation_bytes=activation,
+        input_bytes=delta * group_batch * in_el[:, None] / split_of(in_lay), workspace_bytes=workspace,
+        group=group, reduce_scatter_bucket_s=reduce_scatter_group_s(net, group, ranks_per_node, bucket),
+        all_gather_bucket_s=allgather_group_s(net, group, ranks_per_node, bucket), zero_ok=zero_ok,
+    )
+    lc = lever_costs(inputs, lever_menu(settings.levers), weight_bytes=settings.weight_bytes_per_param,
+                     gradient_bytes=settings.gradient_bytes_per_param,
+                     optimizer_bytes=settings.optimizer_bytes_per_param, bucket_bytes=bucket)
+
     keep = real[:, None]
     return CostTable(
-        feasible=feasible,
-        compute_s=compute * keep,
-        backward_compute_s=backward * keep,
-        grad_sync_s=grad_sync * keep,
-        halo_s=halo * keep,
-        output_s=output,
-        state_bytes=state * keep,
-        activation_bytes=activation * keep,
-        workspace_bytes=workspace * keep,
+        feasible=lc.feasible | (real == 0)[:, None],  # padding rows allow every option (they cost nothing)
+        compute_s=lc.compute_s * keep,
+        backward_compute_s=lc.backward_compute_s * keep,
+        grad_sync_s=lc.grad_sync_s * keep,
+        weight_gather_s=lc.weight_gather_s * keep,
+        halo_s=lc.halo_s * keep,
+        output_s=lc.output_s,
+        state_bytes=lc.state_bytes * keep,
+        activation_bytes=lc.activation_bytes * keep,
+        workspace_bytes=lc.workspace_bytes * keep,
         reshard_s=reshard,
         layer_mask=real,
         edge_src=src,

@@ -242,6 +242,9 @@ def _lane_scan(layer_time, reshard, sched: DPSchedule, eliminate, records: bool)
 def _lanes(table):
     """One table as a single lane: ``[L, S, 1]`` layer times (infeasible:
     ``INFEASIBLE_S``) and ``[E, S, S, 1]`` resharding."""
+    if table.feasible.shape[-1] != S:
+        raise ValueError(f"the elimination plans strategies, {S} per layer; this table has "
+                         f"{table.feasible.shape[-1]} options (memory levers): build it with levers='none'")
     lt = jnp.where(table.feasible, table.layer_time_s, INFEASIBLE_S)
     return lt[..., None], table.reshard_s[..., None]
 

@@ -1,12 +1,15 @@
 """Exact planning of any DAG as a mixed-integer linear program, solved by
 HiGHS through :func:`scipy.optimize.milp`.
 
-Variables: binary ``x[l, s]`` (layer ``l`` runs strategy ``s``; feasible
-pairs only); continuous ``y[e, s, t] in [0, 1]`` for the product
-``x[src, s] x[dst, t]`` on every edge, linearised by the marginal
-constraints ``sum_t y[e, s, t] = x[src, s]`` and ``sum_s y[e, s, t] =
-x[dst, t]`` (exact for binary ``x``, whatever the sign of the costs, and
-the local-polytope LP relaxation); ``z``, the largest workspace, with ``z >=
+Variables: binary ``x[l, o]`` (layer ``l`` runs option ``o``, a strategy
+under a lever setting, :mod:`costmodels.levers`; feasible pairs only);
+continuous ``y[e, s, t] in [0, 1]`` for the product ``X[src, s] X[dst, t]``
+on every edge, where ``X[l, s] = sum_{o of s} x[l, o]`` says that layer
+``l`` runs strategy ``s`` (levers leave the resharding alone, so the edge
+variables stay per strategy pair however many levers the menu has),
+linearised by the marginal constraints ``sum_t y[e, s, t] = X[src, s]`` and
+``sum_s y[e, s, t] = X[dst, t]`` (exact for binary ``x``, whatever the sign
+of the costs, and the local-polytope LP relaxation); ``z``, the largest workspace, with ``z >=
 sum_s W[l, s] x[l, s]`` for every layer; and, when the hardware overlaps
 gradient sync with the backward pass, ``h <= sum grad x`` and ``h <= sum
 backward x`` so that maximising ``overlap * h`` gives ``overlap * min(...)``.
@@ -47,15 +50,18 @@ class MILPResult(NamedTuple):
 
 
 def _model(p: DiscreteProblem, limit: float, tighten: float):
-    n, S = p.layer_time_s.shape
+    n, O = p.layer_time_s.shape
     F = p.feasible
     t0 = max(float(np.sum(np.min(p.layer_time_s, axis=1))), 1e-30)
     m0 = limit if np.isfinite(limit) else 1.0
-    xi = np.full((n, S), -1, dtype=np.int64)
+    xi = np.full((n, O), -1, dtype=np.int64)
     nx = int(F.sum())
     xi[F] = np.arange(nx)
     src, dst = p.edge_src, p.edge_dst
-    Fy = F[src][:, :, None] & F[dst][:, None, :]
+    strat = p.option_strategy  # [O] each option's strategy
+    S = p.strategy_reshard_s.shape[-1]
+    Fs = np.stack([F[:, strat == t].any(axis=1) for t in range(S)], axis=1)  # [n, S] some option of it can run
+    Fy = Fs[src][:, :, None] & Fs[dst][:, None, :]
     yi = np.full(Fy.shape, -1, dtype=np.int64)
     ny = int(Fy.sum())
     yi[Fy] = nx + np.arange(ny)
@@ -68,7 +74,7 @@ def _model(p: DiscreteProblem, limit: float, tighten: float):
 
     c = np.zeros(nvar)
     c[xi[F]] = p.layer_time_s[F] / t0
-    c[yi[Fy]] = p.reshard_s[Fy] / t0
+    c[yi[Fy]] = p.strategy_reshard_s[Fy] / t0
     if hi >= 0:
         c[hi] = -p.gradient_overlap
 
@@ -88,13 +94,14 @@ def _model(p: DiscreteProblem, limit: float, tighten: float):
     r += n
     # edge marginals: source side, then destination side
     for side, layer_of in ((1, src), (2, dst)):
-        ee, s_ = np.nonzero(F[layer_of])  # one row per (edge, strategy of that end)
+        ee, s_ = np.nonzero(Fs[layer_of])  # one row per (edge, strategy of that end)
         row_of = np.full((len(src), S), -1, dtype=np.int64)
         row_of[ee, s_] = r + np.arange(ee.size)
         e3, a3, b3 = np.nonzero(Fy)
         k = a3 if side == 1 else b3
         add(row_of[e3, k], yi[e3, a3, b3], np.ones(e3.size))
-        add(row_of[ee, s_], xi[layer_of[ee], s_], -np.ones(ee.size))
+        eo, o_ = np.nonzero(F[layer_of])  # every option of that end's strategy
+        add(row_of[eo, strat[o_]], xi[layer_of[eo], o_], -np.ones(eo.size))
         lo.append(np.zeros(ee.size))
         up.append(np.zeros(ee.size))
         r += ee.size

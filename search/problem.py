@@ -15,6 +15,13 @@ which is :func:`costmodels.iteration_time` and
 :func:`costmodels.memory_per_device` at one-hot probabilities, summed in
 float64 instead of float32 (the table's values themselves are float32).
 
+A plan's choices are *options*: strategies, each under the table's lever
+settings (:mod:`costmodels.levers`; without levers, options are the
+strategies). Levers leave resharding alone, so the problem holds the
+table's resharding by strategy (``strategy_reshard_s``, what the MILP
+uses) and expanded to every pair of options (``reshard_s``, what the
+other solvers index by plan).
+
 Only real layers are kept (padding rows are dropped; they must come last,
 as :meth:`planner.LayerGraph.padded` puts them) and parallel edges between
 the same two layers are merged by summing their resharding tables.
@@ -27,6 +34,8 @@ from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse
+
+from costmodels.levers import levers_per_strategy, option_strategy
 
 __all__ = [
     "DiscreteProblem",
@@ -43,18 +52,21 @@ __all__ = [
 
 
 class DiscreteProblem(NamedTuple):
-    """One table's costs over its ``n`` real layers and ``e`` distinct edges."""
+    """One table's costs over its ``n`` real layers, ``O`` options and ``e``
+    distinct edges."""
 
-    layer_time_s: np.ndarray  # [n, S] float64, +inf where the strategy cannot run the layer
-    persistent_bytes: np.ndarray  # [n, S] state + activations, +inf where infeasible
-    workspace_bytes: np.ndarray  # [n, S] transient, +inf where infeasible
-    state_bytes: np.ndarray  # [n, S] weights, gradients, optimizer state (for messages)
-    grad_sync_s: np.ndarray  # [n, S] (0 where infeasible)
-    backward_s: np.ndarray  # [n, S] (0 where infeasible)
-    feasible: np.ndarray  # [n, S] bool
+    layer_time_s: np.ndarray  # [n, O] float64, +inf where the option cannot run the layer
+    persistent_bytes: np.ndarray  # [n, O] state + activations, +inf where infeasible
+    workspace_bytes: np.ndarray  # [n, O] transient, +inf where infeasible
+    state_bytes: np.ndarray  # [n, O] weights, gradients, optimizer state (for messages)
+    grad_sync_s: np.ndarray  # [n, O] (0 where infeasible)
+    backward_s: np.ndarray  # [n, O] (0 where infeasible)
+    feasible: np.ndarray  # [n, O] bool
     edge_src: np.ndarray  # [e] int64
     edge_dst: np.ndarray  # [e] int64
-    reshard_s: np.ndarray  # [e, S, S] float64
+    reshard_s: np.ndarray  # [e, O, O] float64, by the two ends' options
+    strategy_reshard_s: np.ndarray  # [e, S, S] float64, by the two ends' strategies
+    option_strategy: np.ndarray  # [O] int64, each option's strategy
     src_incidence: scipy.sparse.csr_matrix  # [n, e]: 1 where layer is the edge's source
     dst_incidence: scipy.sparse.csr_matrix  # [n, e]: 1 where layer is the edge's destination
     neighbor_ptr: np.ndarray  # [n + 1] CSR row pointers of the undirected adjacency
@@ -67,8 +79,12 @@ class DiscreteProblem(NamedTuple):
         return int(self.layer_time_s.shape[0])
 
     @property
-    def num_strategies(self) -> int:
+    def num_options(self) -> int:
         return int(self.layer_time_s.shape[1])
+
+    @property
+    def levers_per_strategy(self) -> int:
+        return levers_per_strategy(self.num_options)
 
     @property
     def num_edges(self) -> int:
@@ -124,6 +140,8 @@ def discrete_problem(table) -> DiscreteProblem:
     src, dst = uniq // max(n, 1), uniq % max(n, 1)
     e = src.size
     ones = np.ones(e)
+    strategy_of = np.asarray(option_strategy(feasible.shape[1]), dtype=np.int64)
+    expanded = merged[:, strategy_of][:, :, strategy_of]  # [e, O, O]
     src_inc = scipy.sparse.csr_matrix((ones, (src, np.arange(e))), shape=(n, e))
     dst_inc = scipy.sparse.csr_matrix((ones, (dst, np.arange(e))), shape=(n, e))
     adj = scipy.sparse.csr_matrix((np.ones(2 * e), (np.r_[src, dst], np.r_[dst, src])), shape=(n, n))
@@ -138,7 +156,9 @@ def discrete_problem(table) -> DiscreteProblem:
         feasible=feasible,
         edge_src=src,
         edge_dst=dst,
-        reshard_s=merged,
+        reshard_s=expanded,
+        strategy_reshard_s=merged,
+        option_strategy=strategy_of,
         src_incidence=src_inc,
         dst_incidence=dst_inc,
         neighbor_ptr=np.asarray(adj.indptr, dtype=np.int64),
@@ -152,7 +172,7 @@ def discrete_problem(table) -> DiscreteProblem:
 
 
 def plan_times(p: DiscreteProblem, choices: np.ndarray) -> np.ndarray:
-    """Iteration seconds of plans ``choices`` [N, n] (``inf`` if any layer is infeasible)."""
+    """Iteration seconds of plans ``choices`` [N, n] (option codes; ``inf`` if any layer is infeasible)."""
     c = np.asarray(choices, dtype=np.int64)
     rows = np.arange(p.num_layers)
     layer = p.layer_time_s[rows, c].sum(axis=-1)

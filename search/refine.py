@@ -34,7 +34,7 @@ from search.segments import (
 )
 
 __all__ = [
-    "MoveScores", "RefineResult", "SegmentCandidates", "Segments", "apply_segment", "chain_segments",
+    "MoveScores", "RefineResult", "SegmentCandidates", "Segments", "apply_segment", "chain_segments", "drop_idle_levers",
     "local_search", "pair_moves", "refine", "repair", "segment_candidates", "segment_moves", "single_moves",
 ]
 
@@ -89,6 +89,33 @@ def repair(p: DiscreteProblem, choice, memory_limit: float, max_rounds: int | No
         k, s, t = np.unravel_index(int(np.argmin(score)), score.shape)
         c[p.edge_src[k]], c[p.edge_dst[k]] = s, t
     return c, plan_memory(p, c) <= limit
+
+
+def drop_idle_levers(p: DiscreteProblem, choice, memory_limit: float, rel_tol: float = 1e-6) -> np.ndarray:
+    """``choice`` with every lever that buys nothing dropped: one layer at a
+    time (the least memory added first), a layer under a memory lever
+    (:mod:`costmodels.levers`) moves to its strategy's plain option wherever
+    the plan stays within ``memory_limit`` and no slower than ``choice`` (to
+    ``rel_tol``, the float32 table's precision). Each remaining lever is then
+    needed for the plan's time or its fit, and an exact solver's optimum
+    stays optimal to that tolerance (ZeRO-1 ties plain data parallelism
+    wherever the all-reduce is a ring: its reduce-scatter and all-gather are
+    the ring's two halves, equal up to float32 rounding)."""
+    c = np.array(choice, dtype=np.int64)
+    K = p.levers_per_strategy
+    levered = np.flatnonzero(c % K)
+    if not levered.size:
+        return c
+    t0 = plan_time(p, c)
+    plain = c - c % K
+    added = p.persistent_bytes[levered, plain[levered]] - p.persistent_bytes[levered, c[levered]]
+    for lay in levered[np.argsort(added, kind="stable")]:
+        old = int(c[lay])
+        c[lay] = old - old % K
+        if not (p.feasible[lay, c[lay]] and plan_time(p, c) <= t0 * (1 + rel_tol)
+                and plan_memory(p, c) <= memory_limit):
+            c[lay] = old
+    return c
 
 
 def _independent_best_moves(p: DiscreteProblem, gain: np.ndarray, best_s: np.ndarray) -> list[tuple[int, int]]:

@@ -39,9 +39,10 @@ from search.problem import (
     chain_order,
     discrete_problem,
     minimum_memory,
+    plan_memory,
     plan_time,
 )
-from search.refine import refine
+from search.refine import drop_idle_levers, refine
 from search.solution import HistoryEntry, SearchEvent, Solution
 
 __all__ = ["AUTO_MILP_TIME_LIMIT_S", "METHODS", "solve", "solve_many", "heuristic_plans"]
@@ -63,11 +64,12 @@ def _limit(memory_limit, p: DiscreteProblem) -> float:
 
 def heuristic_plans(p: DiscreteProblem) -> np.ndarray:
     """Three plans ``[3, n]``: data parallel wherever possible (else
-    replicated, else the fastest), each layer's fastest strategy, and the
-    smallest-memory plan."""
+    replicated, else the fastest), without levers, each layer's fastest
+    option, and the smallest-memory plan."""
     fastest = np.argmin(p.layer_time_s, axis=1)
-    data = np.where(p.feasible[:, Strategy.DATA], int(Strategy.DATA),
-                    np.where(p.feasible[:, Strategy.REPLICATED], int(Strategy.REPLICATED), fastest))
+    K = p.levers_per_strategy  # option s K is strategy s without levers (costmodels.levers)
+    dp, rep = int(Strategy.DATA) * K, int(Strategy.REPLICATED) * K
+    data = np.where(p.feasible[:, dp], dp, np.where(p.feasible[:, rep], rep, fastest))
     return np.stack([data, fastest, minimum_memory(p).choice])
 
 
@@ -148,14 +150,18 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
                 _emit(callback, "milp", f"table {i}: the MILP did not prove an optimum in {auto_limit:g} s; "
                       "the gradient search joins in", i)
                 continue
+        choice, time_s, mem = r.choice, r.time_s, r.memory_bytes
+        if r.feasible:
+            choice = drop_idle_levers(p, r.choice, limits[i])
+            time_s, mem = plan_time(p, choice), plan_memory(p, choice)
         seconds[i] = _time.perf_counter() - t
         out[i] = Solution(
-            choice=tuple(int(s) for s in r.choice), time_s=r.time_s, memory_bytes=r.memory_bytes,
+            choice=tuple(int(s) for s in choice), time_s=time_s, memory_bytes=mem,
             memory_limit_bytes=limits[i], feasible=bool(r.feasible), min_memory_bytes=mins[i].memory_bytes,
-            method=plan_of[i], seed=seed, lower_bound_s=r.lower_bound_s, optimality_gap=_gap(r.time_s, r.lower_bound_s),
+            method=plan_of[i], seed=seed, lower_bound_s=r.lower_bound_s, optimality_gap=_gap(time_s, r.lower_bound_s),
             seconds=seconds[i], history=(HistoryEntry(plan_of[i], r.time_s, r.memory_bytes, bool(r.feasible)),),
         )
-        _emit(callback, plan_of[i], f"{plan_of[i]} done in {seconds[i]:.3f} s", i, r.time_s)
+        _emit(callback, plan_of[i], f"{plan_of[i]} done in {seconds[i]:.3f} s", i, time_s)
 
     # -- gradient search, all remaining tables in one call ---------------------------------
     grad_idx = [i for i in todo if plan_of[i] == "gradient"]
@@ -198,6 +204,9 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
                 bound = m.lower_bound_s
                 if m.feasible and m.time_s < time_s:
                     choice, time_s, mem, used = m.choice, m.time_s, m.memory_bytes, "milp"
+            if mem <= lim:
+                choice = drop_idle_levers(p, choice, lim)
+                time_s, mem = plan_time(p, choice), plan_memory(p, choice)
             seconds[i] += share + _time.perf_counter() - t  # (+ the auto MILP's time)
             out[i] = Solution(
                 choice=tuple(int(s) for s in choice), time_s=float(time_s), memory_bytes=float(mem),

@@ -3,6 +3,8 @@ modules build the same way."""
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +13,7 @@ from flax import nnx
 from costmodels import CostTable
 from costmodels.strategies import NUM_STRATEGIES as S
 from planner.ir.builder import GraphBuilder
+from search.problem import minimum_memory
 
 TINY_CNN_BATCH = 16  # the tiny CNN's global batch; input 16x16x3
 
@@ -94,19 +97,23 @@ L_PAD, E_PAD = 8, 16  # synthetic_table's default padding
 
 
 def synthetic_table(seed: int, n: int, edges, *, overlap: float = 0.0, p_feasible: float = 0.7,
-                    layers: int = L_PAD, edge_rows: int = E_PAD) -> CostTable:
+                    layers: int = L_PAD, edge_rows: int = E_PAD, levers: int = 1) -> CostTable:
     """A random cost table of ``n`` layers with the given edges, padded to
-    ``layers`` rows and ``edge_rows`` edges. Times are positive floats; bytes
-    are integers. Solvers are checked on it against brute force and each other
+    ``layers`` rows and ``edge_rows`` edges, with ``levers`` lever settings
+    per strategy (``S * levers`` options per layer, resharding by strategy:
+    costmodels/levers.py). Times are positive floats; bytes are integers.
+    Solvers are checked on it against brute force and each other
     (tests/test_search.py, tests/test_automl.py)."""
     rng = np.random.default_rng(seed)
-    feas = rng.random((n, S)) < p_feasible
-    feas[np.arange(n), rng.integers(0, S, n)] = True
-    compute = rng.uniform(1e-3, 1e-2, (n, S))
-    grad = rng.uniform(0, 5e-3, (n, S)) if overlap else np.zeros((n, S))
-    state = rng.integers(0, 300, (n, S)).astype(float)
-    act = rng.integers(0, 300, (n, S)).astype(float)
-    work = rng.integers(1, 400, (n, S)).astype(float)
+    O = S * levers
+    feas = rng.random((n, O)) < p_feasible
+    feas[np.arange(n), rng.integers(0, O, n)] = True
+    compute = rng.uniform(1e-3, 1e-2, (n, O))
+    grad = rng.uniform(0, 5e-3, (n, O)) if overlap else np.zeros((n, O))
+    gather = rng.uniform(0, 2e-3, (n, O)) if levers > 1 else np.zeros((n, O))
+    state = rng.integers(0, 300, (n, O)).astype(float)
+    act = rng.integers(0, 300, (n, O)).astype(float)
+    work = rng.integers(1, 400, (n, O)).astype(float)
     e = len(edges)
     reshard = rng.uniform(0, 4e-3, (e, S, S)) * (rng.random((e, S, S)) < 0.8)
 
@@ -122,8 +129,9 @@ def synthetic_table(seed: int, n: int, edges, *, overlap: float = 0.0, p_feasibl
         compute_s=f32(pad(compute, layers)),
         backward_compute_s=f32(pad(compute * 0.6, layers)),
         grad_sync_s=f32(pad(grad, layers)),
-        halo_s=f32(np.zeros((layers, S))),
-        output_s=f32(np.zeros((layers, S))),
+        weight_gather_s=f32(pad(gather, layers)),
+        halo_s=f32(np.zeros((layers, O))),
+        output_s=f32(np.zeros((layers, O))),
         state_bytes=f32(pad(state, layers)),
         activation_bytes=f32(pad(act, layers)),
         workspace_bytes=f32(pad(work, layers)),
@@ -135,3 +143,24 @@ def synthetic_table(seed: int, n: int, edges, *, overlap: float = 0.0, p_feasibl
         gradient_overlap=f32(overlap),
         memory_capacity_bytes=f32(1e12),
     )
+
+
+def chain_edges(n: int, seed: int, shuffle: bool):
+    order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
+    return [(int(order[i]), int(order[i + 1])) for i in range(n - 1)]
+
+
+def dag_edges(n: int, seed: int):
+    rng = np.random.default_rng(seed + 1)
+    pairs = [(i, j) for i, j in itertools.combinations(range(n), 2) if rng.random() < 0.5]
+    rng.shuffle(pairs)
+    return pairs[:E_PAD]
+
+
+def limit_between(p, seed: int) -> float:
+    """A limit between 0.9 x the smallest memory and the largest, half a byte off any integer."""
+    lo = minimum_memory(p).memory_bytes
+    hi = float(np.sum(np.max(np.where(p.feasible, p.persistent_bytes, 0), axis=1)) + np.max(
+        np.where(p.feasible, p.workspace_bytes, 0)))
+    frac = np.random.default_rng(seed + 2).uniform(-0.1, 1.0)
+    return float(np.floor(lo + frac * (hi - lo))) + 0.5

@@ -14,7 +14,14 @@ import itertools
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from builders import E_PAD, L_PAD, synthetic_table
+from builders import (
+    E_PAD,
+    L_PAD,
+    chain_edges,
+    dag_edges,
+    limit_between,
+    synthetic_table,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,27 +56,6 @@ from search.refine import pair_moves, repair, single_moves
 
 S = 5
 FAST = GradientConfig(restarts=8, outer_steps=4, inner_steps=10)
-
-
-def chain_edges(n: int, seed: int, shuffle: bool):
-    order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
-    return [(int(order[i]), int(order[i + 1])) for i in range(n - 1)]
-
-
-def dag_edges(n: int, seed: int):
-    rng = np.random.default_rng(seed + 1)
-    pairs = [(i, j) for i, j in itertools.combinations(range(n), 2) if rng.random() < 0.5]
-    rng.shuffle(pairs)
-    return pairs[:E_PAD]
-
-
-def limit_between(p, seed: int) -> float:
-    """A limit between 0.9 x the smallest memory and the largest, half a byte off any integer."""
-    lo = minimum_memory(p).memory_bytes
-    hi = float(np.sum(np.max(np.where(p.feasible, p.persistent_bytes, 0), axis=1)) + np.max(
-        np.where(p.feasible, p.workspace_bytes, 0)))
-    frac = np.random.default_rng(seed + 2).uniform(-0.1, 1.0)
-    return float(np.floor(lo + frac * (hi - lo))) + 0.5
 
 
 problem_seeds = st.integers(0, 2**31 - 1)

@@ -1,0 +1,379 @@
+"""Memory levers (costmodels/levers.py): ZeRO stages and rematerialisation on
+the menu, checked against hand-computed bytes and collective times, the
+plain-Python reference, and the solvers on the larger menu."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from builders import chain_edges, dag_edges, limit_between, synthetic_table
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodels import (
+    CostSettings,
+    cost_table,
+    hardware_arrays,
+    iteration_time,
+    load_hardware,
+    memory_per_device,
+)
+from costmodels.evaluate import one_hot
+from costmodels.levers import (
+    Lever,
+    lever_menu,
+    levers_per_strategy,
+    menu_of,
+    option_index,
+    option_name,
+    option_strategy,
+)
+from costmodels.reference import reference_iteration_time, reference_memory
+from costmodels.strategies import Strategy
+from planner import GraphBuilder
+from planner.models.zoo import get_model
+from search import (
+    discrete_problem,
+    plan_memory,
+    plan_time,
+    solve,
+    solve_brute,
+    solve_dp,
+    solve_milp,
+)
+
+S = len(Strategy)
+MB = 1e6
+BUCKET = 25 * 2**20  # CostSettings' gradient bucket
+
+
+def _table(graph, hw, batch, d, m, levers="all", **kw):
+    return cost_table(graph.arrays, hardware_arrays(hw), float(batch), float(d), float(m),
+                      CostSettings(levers=levers, **kw))
+
+
+def _dense_graph(f_in: int, f_out: int, name: str = "one-dense"):
+    b = GraphBuilder(name, (f_in,))
+    b.dense("big", b.input, f_out, bias=False)
+    return b.build()
+
+
+# -- the menu -------------------------------------------------------------------------------
+
+
+def test_menu_sizes_codes_and_names():
+    assert [len(lever_menu(x)) for x in ("none", "zero", "remat", "all")] == [1, 4, 2, 8]
+    for choice in ("none", "zero", "remat", "all"):
+        menu = lever_menu(choice)
+        assert menu[0] == Lever(0, False)  # option s K is always the plain strategy
+        assert menu_of(S * len(menu)) == menu
+        for s, lever in itertools.product(range(S), menu):
+            o = option_index(s, lever, menu)
+            assert option_strategy(S * len(menu))[o] == s
+    menu = lever_menu("all")
+    assert option_name(option_index(Strategy.DATA, Lever(3, True), menu), menu) == "data+zero3+remat"
+    assert option_name(option_index(Strategy.FILTER, Lever(0, False), menu), menu) == "filter"
+    assert option_name(option_index(Strategy.CHANNEL, Lever(2, False), menu), menu) == "channel+zero2"
+    with pytest.raises(ValueError, match="unknown levers"):
+        lever_menu("zero4")
+    with pytest.raises(ValueError, match="unknown levers"):
+        CostSettings(levers="fsdp")
+    with pytest.raises(ValueError, match="options is not"):
+        levers_per_strategy(S * 3)
+    with pytest.raises(ValueError, match="not in this menu"):
+        option_index(0, Lever(1, False), lever_menu("remat"))
+
+
+@pytest.mark.parametrize("name", ["vgg16-cifar10", "vit-tiny"])
+def test_the_plain_option_of_every_strategy_is_the_lever_free_table(name):
+    g = get_model(name)
+    hw = load_hardware("dgx-a100")
+    plain = _table(g, hw, 64, 4, 2, levers="none")
+    for levers in ("all",):  # (the other menus are its subsets, built by the same function)
+        t = _table(g, hw, 64, 4, 2, levers=levers)
+        K = len(lever_menu(levers))
+        assert t.feasible.shape == (plain.feasible.shape[0], S * K)
+        assert t.reshard_s.shape == plain.reshard_s.shape  # resharding stays by strategy
+        for field in ("feasible", "compute_s", "backward_compute_s", "grad_sync_s", "weight_gather_s", "halo_s",
+                      "output_s", "state_bytes", "activation_bytes", "workspace_bytes"):
+            np.testing.assert_array_equal(np.asarray(getattr(t, field))[:, ::K], np.asarray(getattr(plain, field)),
+                                          err_msg=field)
+
+
+# -- ZeRO by hand -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_zero_bytes_and_collectives_by_hand(dtype):
+    # One dense layer 256 -> 4096 (1,048,576 weights, no bias) on a 4 x 2 mesh of one
+    # DGX A100 node (NVSwitch: 3 us, 300 GB/s), Adam. Per parameter: weights w and
+    # gradients g (4 B each in fp32, 2 B in bf16), and what ZeRO stage 1 shards: fp32
+    # master weights (bf16 only, 4 B), two Adam slots (8 B) and the update (4 B).
+    g = _dense_graph(256, 4096)
+    hw = load_hardware("dgx-a100")
+    batch, d, m = 512, 4, 2
+    t = _table(g, hw, batch, d, m, dtype=dtype)
+    menu = lever_menu("all")
+    w = gr = 4.0 if dtype == "float32" else 2.0
+    opt = 12.0 if dtype == "float32" else 16.0
+    params = 256.0 * 4096.0
+    alpha, bw = 3e-6, 300e9
+    for s, local, D in ((Strategy.DATA, params, 8), (Strategy.FILTER, params / 2, 4), (Strategy.CHANNEL, params / 2, 4),
+                        (Strategy.REPLICATED, params, 4)):
+        plain = option_index(s, Lever(0, False), menu)
+        rs = (D - 1) * (alpha + BUCKET / D / bw)  # ring reduce-scatter of one bucket over the weights' replicas
+        ag = (D - 1) * (alpha + BUCKET / D / bw)  # ring all-gather of one bucket
+        expected_state = {
+            0: (w + gr + opt) * local,
+            1: (w + gr + opt / D) * local,
+            2: (w + (gr + opt) / D) * local,
+            3: (w + gr + opt) / D * local,
+        }
+        expected_extra = {0: 0.0, 1: 0.0, 2: gr * local, 3: (gr + w) * local}
+        for z in range(4):
+            o = option_index(s, Lever(z, False), menu)
+            assert bool(t.feasible[0, o])
+            assert float(t.state_bytes[0, o]) == pytest.approx(expected_state[z], rel=1e-6)
+            assert float(t.workspace_bytes[0, o] - t.workspace_bytes[0, plain]) == pytest.approx(
+                expected_extra[z], rel=1e-6)
+            assert float(t.activation_bytes[0, o]) == float(t.activation_bytes[0, plain])
+            assert float(t.compute_s[0, o]) == float(t.compute_s[0, plain])
+            if z:
+                assert float(t.grad_sync_s[0, o]) == pytest.approx(rs * gr * local / BUCKET, rel=1e-5)
+                assert float(t.weight_gather_s[0, o]) == pytest.approx((2 if z == 3 else 1) * ag * w * local / BUCKET,
+                                                                      rel=1e-5)
+            else:
+                assert float(t.weight_gather_s[0, o]) == 0.0
+
+
+def test_zero_crossing_nodes_is_hierarchical():
+    # data on 4 x 4 of DGX A100 nodes (8 GPUs each): 16 ranks, 8 per node. Reduce-scatter
+    # inside the node (NVSwitch), then the node's eighth across the 2 nodes (InfiniBand,
+    # 10 us, 25 GB/s); all-gather in reverse: the hierarchical all-reduce's two halves.
+    g = _dense_graph(256, 4096)
+    t = _table(g, load_hardware("dgx-a100"), 512, 4, 4)
+    o = option_index(Strategy.DATA, Lever(1, False), lever_menu("all"))
+    inside = 7 * (3e-6 + BUCKET / 8 / 300e9)
+    across = 1 * (1e-5 + BUCKET / 8 / 2 / 25e9)
+    flat = 15 * (1e-5 + BUCKET / 16 / 25e9)
+    per_bucket = min(flat, inside + across)
+    grad_bytes = 4.0 * 256 * 4096
+    assert float(t.grad_sync_s[0, o]) == pytest.approx(per_bucket * grad_bytes / BUCKET, rel=1e-5)
+    assert float(t.weight_gather_s[0, o]) == pytest.approx(per_bucket * grad_bytes / BUCKET, rel=1e-5)
+
+
+def test_zero_masks():
+    hw = load_hardware("dgx-a100")
+    menu = lever_menu("zero")
+    g = get_model("vgg16-cifar10")
+    names = list(g.names)
+    t = np.asarray(_table(g, hw, 64, 4, 2, levers="zero").feasible)
+    conv, relu, head = names.index("features/0"), names.index("relu"), names.index("classifier/0")
+    z1 = lambda s: option_index(s, Lever(1, False), menu)  # noqa: E731
+    assert t[conv, z1(Strategy.DATA)] and t[conv, z1(Strategy.FILTER)]  # 64 channels, groups of 8 and 4
+    assert not t[relu, z1(Strategy.DATA)]  # no parameters
+    assert not t[head, z1(Strategy.DATA)]  # 10 outputs: 8 does not divide them
+    t2 = np.asarray(_table(g, hw, 64, 2, 1, levers="zero").feasible)
+    assert t2[head, z1(Strategy.DATA)]  # ... 2 does
+    t11 = np.asarray(_table(g, hw, 64, 1, 1, levers="zero").feasible)
+    assert not t11[conv, 1:4].any()  # one device: nothing to shard over
+    v = get_model("vit-tiny")
+    tv = np.asarray(_table(v, hw, 64, 4, 2, levers="zero").feasible)
+    att = list(v.names).index("blocks/0/attn/attention")
+    assert not tv[att, 1:4].any()
+    d = get_model("gpt2-small")  # its output layer is tied to the token embedding
+    td = np.asarray(_table(d, hw, 8, 4, 2, levers="zero").feasible)
+    tied = [i for i in range(d.num_layers) if int(d.arrays.kind[i]) == 2 and float(d.arrays.params[i]) == 0]
+    embeds = [i for i in range(d.num_layers) if int(d.arrays.kind[i]) == 13]
+    assert tied and embeds
+    for i in tied + embeds:
+        assert not td[i, [z1(s) for s in range(S)]].any()
+
+
+# -- rematerialisation by hand --------------------------------------------------------------------
+
+
+def test_remat_by_hand():
+    # Self-attention of 4 heads over 64 tokens of 32 channels: it saves q, k, v and the
+    # 4 x 64 x 64 probabilities (3 x 32 x 64 + 4 x 64 x 64 elements per sample), more
+    # than its input (3 x 32 x 64). Recomputed: it keeps its input, computes its
+    # forward twice, and holds what it saved as a transient of its backward step.
+    b = GraphBuilder("attn", (96, 64))
+    b.attention("att", b.input, heads=4)
+    g = b.build()
+    hw = load_hardware("dgx-a100")
+    batch, d, m = 64, 4, 2
+    t = _table(g, hw, batch, d, m, levers="remat")
+    menu = lever_menu("remat")
+    for s, split in ((Strategy.DATA, m), (Strategy.FILTER, m), (Strategy.REPLICATED, 1)):
+        plain, remat = option_index(s, Lever(0, False), menu), option_index(s, Lever(0, True), menu)
+        assert bool(t.feasible[0, remat])
+        gb = batch / d
+        saved = (3 * 32 * 64 + 4 * 64 * 64) * gb * 4 / split
+        kept = 3 * 32 * 64 * gb * 4 / split
+        assert float(t.activation_bytes[0, plain]) == pytest.approx(saved, rel=1e-6)
+        assert float(t.activation_bytes[0, remat]) == pytest.approx(kept, rel=1e-6)
+        assert float(t.workspace_bytes[0, remat] - t.workspace_bytes[0, plain]) == pytest.approx(saved, rel=1e-6)
+        fwd = float(t.compute_s[0, plain] - t.backward_compute_s[0, plain])
+        assert float(t.compute_s[0, remat]) == pytest.approx(float(t.compute_s[0, plain]) + fwd, rel=1e-6)
+        assert float(t.backward_compute_s[0, remat]) == pytest.approx(
+            float(t.backward_compute_s[0, plain]) + fwd, rel=1e-6)
+    # a layer that saves only its input gains nothing by recomputing: not offered
+    c = GraphBuilder("conv", (8, 16, 16))
+    c.conv("conv", c.input, 8, 3)
+    tc = _table(c.build(), hw, 64, 4, 2, levers="remat")
+    assert not np.asarray(tc.feasible)[0, 1::2].any()
+
+
+# -- the one-hot identity and the plain-Python reference under levers -----------------------------
+
+
+@pytest.mark.parametrize("name,hw_name,batch,mesh,dtype", [
+    ("vgg16-cifar10", "abci-v100", 256, (4, 2), "float32"),
+    ("vgg16-cifar10", "abci-v100", 256, (8, 1), "bfloat16"),
+    ("resnet50", "dgx-a100", 512, (16, 4), "float32"),
+    ("vit-tiny", "dgx-a100", 64, (4, 2), "float32"),
+])
+def test_lever_plans_agree_with_the_reference(name, hw_name, batch, mesh, dtype):
+    g = get_model(name)
+    hw = load_hardware(hw_name)
+    d, m = mesh
+    st_ = CostSettings(levers="all", dtype=dtype)
+    t = cost_table(g.arrays, hardware_arrays(hw), float(batch), float(d), float(m), st_)
+    p = discrete_problem(t)
+    feas = np.asarray(t.feasible)[: g.num_layers]
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        c = np.array([rng.choice(np.flatnonzero(f)) for f in feas])
+        assert any(o % 8 for o in c)  # the random plans use levers
+        probs = one_hot(np.r_[c, np.zeros(t.feasible.shape[0] - g.num_layers, int)], t.feasible.shape[1])
+        assert plan_time(p, c) == pytest.approx(float(iteration_time(t, probs)), rel=1e-5)
+        assert plan_memory(p, c) == pytest.approx(float(memory_per_device(t, probs)), rel=1e-5)
+        if dtype == "float32":  # (the reference's compute is float32's; its bytes are any dtype's)
+            assert plan_time(p, c) == pytest.approx(reference_iteration_time(g, c, hw, float(batch), d, m, st_),
+                                                    rel=1e-4)
+        assert plan_memory(p, c) == pytest.approx(reference_memory(g, c, float(batch), d, m, st_), rel=1e-4)
+
+
+# -- the solvers on the larger menu -----------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 4), levers=st.sampled_from([2, 4]), chain=st.booleans(),
+       overlap=st.sampled_from([0.0, 0.6]))
+def test_exact_solvers_agree_with_brute_force_on_lever_menus(seed, n, levers, chain, overlap):
+    edges = chain_edges(n, seed, True) if chain else dag_edges(n, seed)
+    p = discrete_problem(synthetic_table(seed, n, edges, levers=levers, p_feasible=0.5, overlap=overlap))
+    assert p.num_options == S * levers and p.strategy_reshard_s.shape[1:] == (S, S)
+    limit = limit_between(p, seed)
+    brute = solve_brute(p, limit)
+    milp = solve_milp(p, limit)
+    assert milp.feasible == brute.feasible
+    if brute.feasible:
+        assert milp.time_s == pytest.approx(brute.time_s, rel=1e-6)
+        assert plan_memory(p, milp.choice) <= limit
+        if chain and not overlap:
+            dp = solve_dp(p, limit)
+            assert dp.exact and dp.time_s == pytest.approx(brute.time_s, rel=1e-9)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 4), chain=st.booleans())
+def test_gradient_search_on_lever_menus_fits_and_never_beats_brute_force(seed, n, chain):
+    from search import GradientConfig
+
+    edges = chain_edges(n, seed, True) if chain else dag_edges(n, seed)
+    table = synthetic_table(seed, n, edges, levers=4, p_feasible=0.5)
+    p = discrete_problem(table)
+    limit = limit_between(p, seed)
+    brute = solve_brute(p, limit)
+    sol = solve(table, limit, method="gradient", config=GradientConfig(restarts=4, outer_steps=3, inner_steps=8))
+    assert sol.feasible == brute.feasible
+    if brute.feasible:
+        assert sol.memory_bytes <= limit
+        assert sol.time_s >= brute.time_s * (1 - 1e-9)
+        assert sol.time_s == pytest.approx(plan_time(p, sol.choice), rel=1e-12)
+
+
+def test_elimination_refuses_lever_tables():
+    from search.elimination import best_plan, soft_min_time
+
+    t = synthetic_table(0, 3, [(0, 1), (1, 2)], levers=2)
+    for fn in (lambda: best_plan(t, None), lambda: soft_min_time(t, None, 1e-3)):
+        with pytest.raises(ValueError, match="levers='none'"):
+            fn()  # (refused before the schedule is read)
+
+
+# -- the search weighs ZeRO against model parallelism ------------------------------------------------
+
+
+@pytest.mark.parametrize("batch,winner", [(8192, "zero"), (512, "filter")])
+def test_search_chooses_zero_or_model_parallelism_by_hand(batch, winner):
+    # One dense layer 256 -> 4096 on 4 x 2 GPUs of one DGX A100 node (NVSwitch: 3 us,
+    # 300 GB/s), fp32 Adam: 1,048,576 weights, 20 B each. A memory limit between
+    # the candidates' memory (hand-computed below) and data parallelism's rules out
+    # plain data parallelism. Its two ways out:
+    #   data + ZeRO-1: the same compute; the gradients reduce-scattered and the weights
+    #     all-gathered over the 8 replicas: 2 x 7 (a + B/8 b) per 25 MiB bucket;
+    #   filter: half the weights, all-reduced over the 4 replicas (ring, 6 (a + B/4 b)
+    #     per bucket; the tree, 4a + 2 B b, is slower), plus an all-gather of the output
+    #     features over the model axis for the loss: (a + Y/2 b), Y = batch/4 x 4096 x 4 B.
+    # ZeRO saves 1.0 B b of gradient traffic for Y/2 b of activations: it wins when
+    # batch > 8 x 256 = 2048, filter below.
+    f_in, f_out, d, m = 256, 4096, 4, 2
+    g = _dense_graph(f_in, f_out)
+    hw = load_hardware("dgx-a100")
+    t = _table(g, hw, batch, d, m)
+    menu = lever_menu("all")
+    data, zero1 = option_index(Strategy.DATA, Lever(0, False), menu), option_index(Strategy.DATA, Lever(1, False), menu)
+    filt = option_index(Strategy.FILTER, Lever(0, False), menu)
+    a, b = 3e-6, 1 / 300e9
+    weights = f_in * f_out
+    buckets = 4.0 * weights / BUCKET
+    zero_s = float(t.compute_s[0, zero1]) + 2 * 7 * (a + BUCKET / 8 * b) * buckets
+    y = batch / d * f_out * 4.0
+    filter_s = float(t.compute_s[0, filt]) + 6 * (a + BUCKET / 4 * b) * buckets / 2 + (a + y / 2 * b)
+    p = discrete_problem(t)
+    assert plan_time(p, [zero1]) == pytest.approx(zero_s, rel=1e-5)
+    assert plan_time(p, [filt]) == pytest.approx(filter_s, rel=1e-5)
+    # memory by hand: state, the saved input (filter's input is replicated in the group)
+    # and the backward step's input and output gradients
+    mem_data = 20.0 * weights + 4 * batch / 8 * f_in + 4 * batch / 8 * (f_in + f_out)
+    mem_zero1 = (8 + 12 / 8) * weights + 4 * batch / 8 * f_in + 4 * batch / 8 * (f_in + f_out)
+    mem_filter = 10.0 * weights + 4 * batch / 4 * f_in + 4 * batch / 4 * (f_in + f_out / 2)
+    for o, want in ((data, mem_data), (zero1, mem_zero1), (filt, mem_filter)):
+        assert plan_memory(p, [o]) == pytest.approx(want, rel=1e-6)
+    limit = (max(mem_zero1, mem_filter) + mem_data) / 2
+    assert (zero_s < filter_s) == (winner == "zero")
+    for method in ("auto", "milp", "gradient"):
+        sol = solve(t, limit, method=method)
+        o = sol.choice[0]
+        assert sol.feasible and sol.memory_bytes <= limit
+        s, lever = o // len(menu), menu[o % len(menu)]
+        if winner == "zero":
+            assert s == Strategy.DATA and lever.zero_stage >= 1, option_name(o, menu)
+        else:
+            assert s == Strategy.FILTER, option_name(o, menu)
+        assert sol.time_s == pytest.approx(solve_brute(p, limit).time_s, rel=1e-6)  # (ZeRO-1 and -2 tie in time)
+
+
+def test_levers_that_buy_nothing_are_dropped():
+    # On 4 x 1 GPUs the gradient all-reduce over 4 ranks is a ring (6 (a + B/4 b) per
+    # bucket against the tree's 4a + 2 B b), and ZeRO-1's reduce-scatter and all-gather
+    # are its two halves: data + ZeRO-1 ties plain data parallelism in time and needs
+    # less memory. Without a limit that binds, every method returns the plain plan.
+    g = _dense_graph(256, 4096)
+    t = _table(g, load_hardware("dgx-a100"), 512, 4, 1)
+    menu = lever_menu("all")
+    p = discrete_problem(t)
+    data, zero1 = option_index(Strategy.DATA, Lever(0, False), menu), option_index(Strategy.DATA, Lever(1, False), menu)
+    assert plan_time(p, [zero1]) == pytest.approx(plan_time(p, [data]), rel=1e-6)
+    assert plan_memory(p, [zero1]) < plan_memory(p, [data])
+    for method in ("auto", "milp", "gradient"):
+        sol = solve(t, None, method=method)
+        assert sol.choice[0] % len(menu) == 0, option_name(sol.choice[0], menu)  # (data or, on m = 1, replicated)
+    # where the limit binds, the lever stays
+    sol = solve(t, (plan_memory(p, [zero1]) + plan_memory(p, [data])) / 2, method="auto")
+    assert sol.choice[0] % len(menu) != 0 and sol.choice[0] // len(menu) == Strategy.DATA
