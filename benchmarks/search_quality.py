@@ -47,6 +47,7 @@ from planner.models.zoo import get_model  # noqa: E402
 from planner.planning import mesh_shapes, plan  # noqa: E402
 from search import (  # noqa: E402
     chain_order,
+    compact_options,
     discrete_problem,
     minimum_memory,
     solve_dp,
@@ -116,7 +117,7 @@ def exact_per_mesh(problems, limit, chain: bool):
 
 def without_levers(p):
     """The problem ``p`` with every option but the lever-free ones ruled out."""
-    plain = (np.arange(p.num_options) % p.levers_per_strategy == 0)[None, :]
+    plain = (p.option_lever == 0)[None, :]
     inf = lambda x: np.where(plain, x, np.inf)  # noqa: E731
     return p._replace(feasible=p.feasible & plain, layer_time_s=inf(p.layer_time_s),
                       persistent_bytes=inf(p.persistent_bytes), workspace_bytes=inf(p.workspace_bytes))
@@ -135,6 +136,8 @@ def run(models, devices, hardware, quick: bool, levers: str = "none"):
     rows = []
     header = (f"{'model':14s} {'hardware':9s} {'P':>5s} {'limit':>11s} {'GB':>8s} {'exact':>9s} {'mesh':>6s} "
               f"{'gradient':>9s} {'mesh':>6s} {'ratio':>8s} {'grad s':>7s} {'dp s':>7s} {'milp s':>8s}")
+    if levers != "none":
+        header += f" | {'grad s':>7s} {'dp s':>7s} {'milp s':>8s} (lever-free menu, same limit)"
     print(header)
     print("-" * len(header))
     for name in models:
@@ -144,6 +147,10 @@ def run(models, devices, hardware, quick: bool, levers: str = "none"):
             for P in devices:
                 meshes, tables = tables_for(graph, hw, P, levers)
                 problems = [discrete_problem(t) for t in tables]
+                exact_problems = [compact_options(p)[0] for p in problems]  # what solve gives its exact solvers
+                if levers != "none":  # the lever-free menu beside it, timed on the same limits
+                    _, plain_tables = tables_for(graph, hw, P)
+                    plain_problems = [discrete_problem(t) for t in plain_tables]
                 chain = chain_order(problems[0]) is not None
                 need = min(minimum_memory(p).memory_bytes for p in problems)
                 limits = {
@@ -156,11 +163,18 @@ def run(models, devices, hardware, quick: bool, levers: str = "none"):
                     if need < 0.98 * need_plain:
                         limits["levers-only"] = (need + need_plain) / 2
                 solve_many(tables, limits["loose"], "gradient")  # compile (cached after the first)
+                if levers != "none":
+                    solve_many(plain_tables, limits["loose"], "gradient")
                 for kind, limit in limits.items():
                     t0 = time.perf_counter()
                     grad = solve_many(tables, limit, "gradient")
                     grad_s = time.perf_counter() - t0
-                    ex = exact_per_mesh(problems, limit, chain)
+                    ex = exact_per_mesh(exact_problems, limit, chain)
+                    plain = {}
+                    if levers != "none":
+                        t0 = time.perf_counter()
+                        solve_many(plain_tables, limit, "gradient")
+                        plain = dict(exact_per_mesh(plain_problems, limit, chain), grad_s=time.perf_counter() - t0)
                     ref = ex["dp"] if chain else ex["milp"]
                     b_ex, b_gr = best(ref), best([_R(s) for s in grad])
                     milp_b = best(ex["milp"])
@@ -172,14 +186,16 @@ def run(models, devices, hardware, quick: bool, levers: str = "none"):
                                exact_time=b_ex[0] if b_ex else None, exact_proven=b_ex[2] if b_ex else None,
                                exact_mesh=meshes[b_ex[1]] if b_ex else None,
                                grad_time=b_gr[0] if b_gr else None, grad_mesh=meshes[b_gr[1]] if b_gr else None,
-                               ratio=ratio, grad_s=grad_s, dp_s=ex["dp_s"], milp_s=ex["milp_s"], dag=not chain)
+                               ratio=ratio, grad_s=grad_s, dp_s=ex["dp_s"], milp_s=ex["milp_s"], dag=not chain,
+                               plain_grad_s=plain.get("grad_s"), plain_dp_s=plain.get("dp_s"),
+                               plain_milp_s=plain.get("milp_s"))
                     # every gradient plan must really fit
                     for s, p in zip(grad, problems, strict=True):
                         if s.feasible:
                             assert plan_memory(p, s.choice) <= limit and abs(plan_time(p, s.choice) - s.time_s) < 1e-12
                     if kind == "levers-only":  # every plan that fits uses a lever
                         for s, p in zip(grad, problems, strict=True):
-                            assert not s.feasible or any(c % p.levers_per_strategy for c in s.choice)
+                            assert not s.feasible or any(p.option_lever[list(s.choice)])
                     rows.append(row)
                     fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
                     mesh_txt = lambda m: "-" if m is None else f"{m[0]}x{m[1]}"  # noqa: E731
@@ -187,6 +203,8 @@ def run(models, devices, hardware, quick: bool, levers: str = "none"):
                           f"{fmt(row['exact_time'] and row['exact_time'] * 1e3, '9.3f')} {mesh_txt(row['exact_mesh']):>6s} "
                           f"{fmt(row['grad_time'] and row['grad_time'] * 1e3, '9.3f')} {mesh_txt(row['grad_mesh']):>6s} "
                           f"{fmt(ratio, '8.5f')} {grad_s:7.3f} {fmt(ex['dp_s'], '7.3f')} {ex['milp_s']:8.3f}"
+                          + (f" | {plain['grad_s']:7.3f} {fmt(plain['dp_s'], '7.3f')} {plain['milp_s']:8.3f}"
+                             if plain else "")
                           + ("" if row["exact_proven"] in (None, True) else "  (exact solver not proven optimal)"),
                           flush=True)
     return rows
@@ -224,6 +242,15 @@ def summary(rows, timings):
               + ", ".join(f"{k}: median {np.median(v):.1f}x (min {v.min():.1f}x)" for k, v in by_kind.items()))
     else:
         print("DAG models: none among these instances (chains are solved by the DP)")
+    timed = [r for r in rows if r.get("plain_grad_s")]
+    if timed:
+        ratio_of = lambda a, b: np.array([r[a] / r[b] for r in timed if r[a] is not None and r[b]])  # noqa: E731
+        for label, a, b in (("gradient", "grad_s", "plain_grad_s"), ("DP", "dp_s", "plain_dp_s"),
+                            ("MILP", "milp_s", "plain_milp_s")):
+            x = ratio_of(a, b)
+            if x.size:
+                print(f"search time with levers / lever-free menu, {label}: median {np.median(x):.1f}x, "
+                      f"max {x.max():.1f}x over {x.size} instances")
     for k, v in timings.items():
         print(f"{k}: {v}")
     print("SUMMARY median_ratio={:.5f} worst_ratio={:.5f} feasible_solved={}/{} infeasible_reported={}/{} "

@@ -48,6 +48,8 @@ __all__ = [
     "minimum_memory",
     "memory_by_workspace_cap",
     "chain_order",
+    "compact_options",
+    "plain_options",
 ]
 
 
@@ -67,6 +69,7 @@ class DiscreteProblem(NamedTuple):
     reshard_s: np.ndarray  # [e, O, O] float64, by the two ends' options
     strategy_reshard_s: np.ndarray  # [e, S, S] float64, by the two ends' strategies
     option_strategy: np.ndarray  # [O] int64, each option's strategy
+    option_lever: np.ndarray  # [O] int64, each option's lever in the table's menu (0: none)
     src_incidence: scipy.sparse.csr_matrix  # [n, e]: 1 where layer is the edge's source
     dst_incidence: scipy.sparse.csr_matrix  # [n, e]: 1 where layer is the edge's destination
     neighbor_ptr: np.ndarray  # [n + 1] CSR row pointers of the undirected adjacency
@@ -82,9 +85,6 @@ class DiscreteProblem(NamedTuple):
     def num_options(self) -> int:
         return int(self.layer_time_s.shape[1])
 
-    @property
-    def levers_per_strategy(self) -> int:
-        return levers_per_strategy(self.num_options)
 
     @property
     def num_edges(self) -> int:
@@ -159,6 +159,7 @@ def discrete_problem(table) -> DiscreteProblem:
         reshard_s=expanded,
         strategy_reshard_s=merged,
         option_strategy=strategy_of,
+        option_lever=np.arange(feasible.shape[1], dtype=np.int64) % levers_per_strategy(feasible.shape[1]),
         src_incidence=src_inc,
         dst_incidence=dst_inc,
         neighbor_ptr=np.asarray(adj.indptr, dtype=np.int64),
@@ -166,6 +167,34 @@ def discrete_problem(table) -> DiscreteProblem:
         gradient_overlap=float(np.asarray(table.gradient_overlap)),
         memory_capacity_bytes=float(np.asarray(table.memory_capacity_bytes)),
     )
+
+
+def plain_options(p: DiscreteProblem) -> np.ndarray:
+    """``[S]``: the option of each strategy without levers (``-1`` where the
+    problem has none)."""
+    S = p.strategy_reshard_s.shape[-1]
+    out = np.full(S, -1, dtype=np.int64)
+    plain = np.flatnonzero(p.option_lever == 0)
+    out[p.option_strategy[plain]] = plain
+    return out
+
+
+def compact_options(p: DiscreteProblem) -> tuple[DiscreteProblem, np.ndarray]:
+    """``p`` without the options no layer can run, and the option each kept
+    column was (``[O']``). A lever menu is sparse (ZeRO only on layers with
+    parameters, recomputing only where it saves memory), and the solvers'
+    pair and transition arrays grow with the square of the options: they
+    search the compact problem and map their plans back."""
+    keep = np.flatnonzero(p.feasible.any(axis=0)) if p.num_layers else np.arange(p.num_options)
+    if keep.size == p.num_options:
+        return p, keep
+    cols = lambda x: x[:, keep]  # noqa: E731
+    return p._replace(
+        layer_time_s=cols(p.layer_time_s), persistent_bytes=cols(p.persistent_bytes),
+        workspace_bytes=cols(p.workspace_bytes), state_bytes=cols(p.state_bytes), grad_sync_s=cols(p.grad_sync_s),
+        backward_s=cols(p.backward_s), feasible=cols(p.feasible), reshard_s=p.reshard_s[:, keep][:, :, keep],
+        option_strategy=p.option_strategy[keep], option_lever=p.option_lever[keep],
+    ), keep
 
 
 # -- exact cost of plans ----------------------------------------------------------------

@@ -23,7 +23,13 @@ from search.moves import (
     single_moves,
     with_overlap,
 )
-from search.problem import DiscreteProblem, minimum_memory, plan_memory, plan_time
+from search.problem import (
+    DiscreteProblem,
+    minimum_memory,
+    plain_options,
+    plan_memory,
+    plan_time,
+)
 from search.segments import (
     SegmentCandidates,
     Segments,
@@ -102,16 +108,15 @@ def drop_idle_levers(p: DiscreteProblem, choice, memory_limit: float, rel_tol: f
     wherever the all-reduce is a ring: its reduce-scatter and all-gather are
     the ring's two halves, equal up to float32 rounding)."""
     c = np.array(choice, dtype=np.int64)
-    K = p.levers_per_strategy
-    levered = np.flatnonzero(c % K)
+    plain = plain_options(p)[p.option_strategy[c]]  # [n] each layer's strategy without levers
+    levered = np.flatnonzero((p.option_lever[c] != 0) & (plain >= 0))
     if not levered.size:
         return c
     t0 = plan_time(p, c)
-    plain = c - c % K
     added = p.persistent_bytes[levered, plain[levered]] - p.persistent_bytes[levered, c[levered]]
     for lay in levered[np.argsort(added, kind="stable")]:
         old = int(c[lay])
-        c[lay] = old - old % K
+        c[lay] = plain[lay]
         if not (p.feasible[lay, c[lay]] and plan_time(p, c) <= t0 * (1 + rel_tol)
                 and plan_memory(p, c) <= memory_limit):
             c[lay] = old

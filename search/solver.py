@@ -37,8 +37,10 @@ from search.milp import solve_milp
 from search.problem import (
     DiscreteProblem,
     chain_order,
+    compact_options,
     discrete_problem,
     minimum_memory,
+    plain_options,
     plan_memory,
     plan_time,
 )
@@ -67,9 +69,10 @@ def heuristic_plans(p: DiscreteProblem) -> np.ndarray:
     replicated, else the fastest), without levers, each layer's fastest
     option, and the smallest-memory plan."""
     fastest = np.argmin(p.layer_time_s, axis=1)
-    K = p.levers_per_strategy  # option s K is strategy s without levers (costmodels.levers)
-    dp, rep = int(Strategy.DATA) * K, int(Strategy.REPLICATED) * K
-    data = np.where(p.feasible[:, dp], dp, np.where(p.feasible[:, rep], rep, fastest))
+    plain = plain_options(p)
+    dp, rep = plain[Strategy.DATA], plain[Strategy.REPLICATED]
+    can = lambda o: p.feasible[:, o] if o >= 0 else np.zeros(p.num_layers, bool)  # noqa: E731
+    data = np.where(can(dp), dp, np.where(can(rep), rep, fastest))
     return np.stack([data, fastest, minimum_memory(p).choice])
 
 
@@ -113,7 +116,8 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
     if not tables:
         return []
     start = _time.perf_counter()
-    problems = [discrete_problem(t) for t in tables]
+    # the solvers search each problem without the options no layer can run, and map back
+    problems, option_ids = zip(*(compact_options(discrete_problem(t)) for t in tables), strict=True)
     limits = [_limit(memory_limit, p) for p in problems]
     mins = [minimum_memory(p) for p in problems]
     chains = [chain_order(p) is not None for p in problems]
@@ -126,7 +130,8 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
     for i, (p, lim, mm) in enumerate(zip(problems, limits, mins, strict=True)):
         if mm.memory_bytes > lim:
             out[i] = Solution(
-                choice=tuple(int(s) for s in mm.choice), time_s=plan_time(p, mm.choice), memory_bytes=mm.memory_bytes,
+                choice=tuple(int(s) for s in option_ids[i][mm.choice]), time_s=plan_time(p, mm.choice),
+                memory_bytes=mm.memory_bytes,
                 memory_limit_bytes=lim, feasible=False, min_memory_bytes=mm.memory_bytes, method=method, seed=seed,
                 lower_bound_s=None, optimality_gap=None, seconds=0.0,
                 history=(HistoryEntry("minimum_memory", plan_time(p, mm.choice), mm.memory_bytes, False),),
@@ -156,7 +161,7 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
             time_s, mem = plan_time(p, choice), plan_memory(p, choice)
         seconds[i] = _time.perf_counter() - t
         out[i] = Solution(
-            choice=tuple(int(s) for s in choice), time_s=time_s, memory_bytes=mem,
+            choice=tuple(int(s) for s in option_ids[i][choice]), time_s=time_s, memory_bytes=mem,
             memory_limit_bytes=limits[i], feasible=bool(r.feasible), min_memory_bytes=mins[i].memory_bytes,
             method=plan_of[i], seed=seed, lower_bound_s=r.lower_bound_s, optimality_gap=_gap(time_s, r.lower_bound_s),
             seconds=seconds[i], history=(HistoryEntry(plan_of[i], r.time_s, r.memory_bytes, bool(r.feasible)),),
@@ -185,7 +190,9 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
             t = _time.perf_counter()
             p, lim = problems[i], limits[i]
             n = p.num_layers
-            cands = np.concatenate([res.choice[k][:, :n], heuristic_plans(p)], axis=0)
+            column = np.full(tables[i].feasible.shape[-1], -1, dtype=np.int64)  # table option -> compact column
+            column[option_ids[i]] = np.arange(option_ids[i].size)
+            cands = np.concatenate([column[res.choice[k][:, :n]], heuristic_plans(p)], axis=0)
             ref = refine(p, cands, lim)
             fits_relaxed = res.memory_bytes[k] <= lim
             r_best = int(np.argmin(np.where(fits_relaxed, res.time_s[k], np.inf))) if fits_relaxed.any() else \
@@ -209,7 +216,7 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
                 time_s, mem = plan_time(p, choice), plan_memory(p, choice)
             seconds[i] += share + _time.perf_counter() - t  # (+ the auto MILP's time)
             out[i] = Solution(
-                choice=tuple(int(s) for s in choice), time_s=float(time_s), memory_bytes=float(mem),
+                choice=tuple(int(s) for s in option_ids[i][choice]), time_s=float(time_s), memory_bytes=float(mem),
                 memory_limit_bytes=lim, feasible=bool(mem <= lim), min_memory_bytes=mins[i].memory_bytes,
                 method=used, seed=seed, lower_bound_s=bound, optimality_gap=_gap(time_s, bound),
                 seconds=seconds[i], history=tuple(history),
