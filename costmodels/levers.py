@@ -32,10 +32,15 @@ gradient all-reduce):
   master weights, which ZeRO counts as optimizer state, and here the
   optimizer's update buffer); stage 2 also the gradients; stage 3 (FSDP,
   Zhao et al. 2023) also the weights;
-* stages 1 and 2 replace the gradient all-reduce by a reduce-scatter
-  (issued in the backward pass: it overlaps like the all-reduce) and an
-  all-gather of the updated weights after the optimizer step (exposed):
-  ``2 Psi`` in all, the all-reduce's volume (ZeRO §7.2.1);
+* stage 2 replaces the gradient all-reduce by a reduce-scatter (issued in
+  the backward pass: it overlaps like the all-reduce) and an all-gather of
+  the updated weights after the optimizer step (exposed): ``2 Psi`` in
+  all, the all-reduce's volume (ZeRO §7.2.1);
+* stage 1 keeps the gradients whole, so on JAX's runtime they are
+  all-reduced as without ZeRO (XLA holds no full-size gradient buffer
+  that a reduce-scatter could fill, which is how ZeRO's stage 1 moves only
+  ``2 Psi``), and the updated weights are all-gathered: ``3 Psi``
+  (``planner.runtime.export``; measured, docs/levers.md);
 * stage 3 gathers the weights before the forward and again before the
   backward use (both exposed) and reduce-scatters the gradients: ``3 Psi``
   (ZeRO §7.2.2). Its gathered weights, and under stages 2 and 3 the
@@ -201,9 +206,11 @@ def lever_costs(x: LeverInputs, menu: tuple[Lever, ...], *, weight_bytes: float,
             state, extra = plain_state, jnp.zeros_like(plain_state)
         else:
             feasible = x.feasible & x.zero_ok
-            # ZeRO §7.2: reduce-scatter the gradients; gather the weights once after the
-            # update (stages 1, 2) or before each use, forward and backward (stage 3).
-            grad_sync = x.reduce_scatter_bucket_s[None, :] * gradient_bytes * x.params / bucket_bytes
+            # ZeRO §7.2: reduce-scatter the gradients (stage 1 on JAX: all-reduce them, they
+            # stay whole); gather the weights once after the update (stages 1, 2) or before
+            # each use, forward and backward (stage 3).
+            grad_sync = x.grad_sync_s if z == 1 else \
+                x.reduce_scatter_bucket_s[None, :] * gradient_bytes * x.params / bucket_bytes
             gather = (1.0 if z < 3 else 2.0) * x.all_gather_bucket_s[None, :] * weight_bytes * x.params / bucket_bytes
             # ZeRO §5, Figure 1: stage 1 partitions the optimizer state, 2 also the gradients, 3 also the weights.
             sharded = optimizer_bytes + (gradient_bytes if z >= 2 else 0.0) + (weight_bytes if z >= 3 else 0.0)

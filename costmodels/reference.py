@@ -271,8 +271,9 @@ def reference_iteration_time(
             local = float(a.in_channels[i]) * float(a.out_channels[i])
         gbytes = DTYPE_BYTES[settings.dtype] * local  # the device's own shard of the gradient
         grad = _allreduce(hw, ranks, per_node, bucket) * gbytes / bucket
-        if lever.zero_stage:  # ZeRO: reduce-scatter the gradients, all-gather the weights once or twice
-            grad = _hierarchical(hw, ranks, per_node, bucket, gather=False) * gbytes / bucket
+        if lever.zero_stage:  # ZeRO: reduce-scatter the gradients (stage 1: all-reduce), gather the weights
+            if lever.zero_stage >= 2:
+                grad = _hierarchical(hw, ranks, per_node, bucket, gather=False) * gbytes / bucket
             wbytes = settings.weight_bytes_per_param * local
             uses = 2.0 if lever.zero_stage == 3 else 1.0
             total += uses * _hierarchical(hw, ranks, per_node, bucket, gather=True) * wbytes / bucket

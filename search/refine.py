@@ -104,7 +104,7 @@ def drop_idle_levers(p: DiscreteProblem, choice, memory_limit: float, rel_tol: f
     the plan stays within ``memory_limit`` and no slower than ``choice`` (to
     ``rel_tol``, the float32 table's precision). Each remaining lever is then
     needed for the plan's time or its fit, and an exact solver's optimum
-    stays optimal to that tolerance (ZeRO-1 ties plain data parallelism
+    stays optimal to that tolerance (ZeRO-2 ties plain data parallelism
     wherever the all-reduce is a ring: its reduce-scatter and all-gather are
     the ring's two halves, equal up to float32 rounding)."""
     c = np.array(choice, dtype=np.int64)

@@ -44,23 +44,45 @@ PLANS = {
     # a channel conv: its output gradient pinned replicated, relu_1 after it pinned batch
     "channel-conv": ((2, 4), {"convs/1": "channel"}),
 }
+# ZeRO (costmodels/levers.py) on every layer: optimizer state (1), also gradients (2), also
+# weights (3) sharded over each layer's data-parallel group (8 devices for data, 2 for filter)
+ZERO_PLANS = {
+    "zero1": ((4, 2), {}, 1),
+    "zero2": ((4, 2), {}, 2),
+    "zero3": ((4, 2), {}, 3),
+    "zero3-splitbrain": ((2, 4), {"fcs/0": "filter", "fcs/1": "filter"}, 3),
+}
 
 
 @pytest.fixture(scope="module")
 def runs(devices):
+    return _train(PLANS)
+
+
+@pytest.fixture(scope="module")
+def zero_runs(devices):
+    return _train(ZERO_PLANS)
+
+
+def _train(plans):
+    """Two steps of each plan (mesh, strategies[, ZeRO stage of every layer]):
+    {name: (state, losses, strategies)}; SGD, or Adam under ZeRO."""
     model = Tiny(nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (16, 16, 16, 3))
     y = jax.random.randint(jax.random.key(2), (16,), 0, 16)
     graph = extract(model, x)
     out = {}
-    for name, (mesh_shape, strategies) in PLANS.items():
+    for name, (mesh_shape, strategies, *zero) in plans.items():
+        stage = zero[0] if zero else 0
         full = {p: "data" for p in ("convs/0", "convs/1", "fcs/0", "fcs/1")} | strategies
         every = {n: "data" for n in graph.names} | strategies
         mesh = make_mesh(*mesh_shape)
         # pinned as planner.shard pins: module inputs to their producers' layouts,
         # module outputs read by functional ops to those ops' layouts
-        step, state = shard_training(model, full, mesh, optax.sgd(0.1), input_layouts=producer_layouts(graph, every),
-                                     output_layouts=consumer_layouts(graph, every))
+        step, state = shard_training(model, full, mesh, optax.adam(0.01) if stage else optax.sgd(0.1),
+                                     input_layouts=producer_layouts(graph, every),
+                                     output_layouts=consumer_layouts(graph, every),
+                                     zero_stages={p: stage for p in full} if stage else None)
         losses = []
         for _ in range(2):
             state, loss = step(state, x, y)
@@ -91,6 +113,69 @@ def test_parameters_land_with_planned_shardings(runs):
     assert p["fcs"][0]["kernel"].addressable_shards[0].data.shape == (256, 8)
     state, _, _ = runs["filter-convs"]
     assert state.params["convs"][1]["kernel"].sharding.spec == P(None, None, None, "model")
+
+
+@pytest.mark.slow
+def test_zero_trains_the_same_and_shards_its_state(zero_runs):
+    # the same Adam steps unsharded (one device's plain jit) are the reference
+    model = Tiny(nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (16, 16, 16, 3))
+    y = jax.random.randint(jax.random.key(2), (16,), 0, 16)
+    graphdef, params = nnx.split(model, nnx.Param)
+    tx = optax.adam(0.01)
+    opt = tx.init(params)
+    ref_losses = []
+    for _ in range(2):
+        def loss_of(p):
+            logits = nnx.merge(graphdef, p)(x)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+        loss, g = jax.value_and_grad(loss_of)(params)
+        updates, opt = tx.update(g, opt, params)
+        params = optax.apply_updates(params, updates)
+        ref_losses.append(float(loss))
+    for name in ZERO_PLANS:
+        state, losses, _ = zero_runs[name]
+        np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, err_msg=name)
+        for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(params), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6, err_msg=name)
+    group = ("data", "model")
+    mu = lambda st: st.opt_state[0].mu  # noqa: E731 (adam's first moment, shaped as the parameters)
+    for name, kernel, opt_kernel in (("zero1", P(), P(None, None, None, group)),
+                                     ("zero2", P(), P(None, None, None, group)),
+                                     ("zero3", P(None, None, None, group), P(None, None, None, group))):
+        state = zero_runs[name][0]
+        assert state.params["convs"][1]["kernel"].sharding.spec == kernel, name
+        assert mu(state)["convs"][1]["kernel"].sharding.spec == opt_kernel, name
+        assert mu(state)["fcs"][1]["bias"].sharding.spec == P(group), name
+    state = zero_runs["zero3-splitbrain"][0]  # filter: the output features over model, then over data
+    assert state.params["fcs"][0]["kernel"].sharding.spec == P(None, ("model", "data"))
+    assert state.params["fcs"][0]["kernel"].addressable_shards[0].data.shape == (256, 4)
+    assert state.params["convs"][0]["kernel"].addressable_shards[0].data.shape == (3, 3, 3, 1)
+
+
+def test_zero_specs_by_hand():
+    from planner.plans.specs import zero_group_axes, zero_spec_entries
+
+    assert zero_spec_entries("data", 4) == (None, None, None, ("data", "model"))
+    assert zero_spec_entries("spatial", 1) == (("data", "model"),)
+    assert zero_spec_entries("filter", 2) == (None, ("model", "data"))
+    assert zero_spec_entries("filter", 1) == (("model", "data"),)
+    assert zero_spec_entries("channel", 2) == ("model", "data")
+    assert zero_spec_entries("replicated", 4) == (None, None, None, "data")
+    assert zero_spec_entries("data", 0) == ()
+    assert zero_group_axes("filter") == ("data",) and zero_group_axes("data") == ("data", "model")
+    from planner.plans.specs import shardings
+
+    state = {"fc": {"kernel": jax.ShapeDtypeStruct((4, 3), jnp.float32)}}  # 3 outputs over 8 devices
+    with pytest.raises(ValueError, match="'kernel' of layer 'fc' has a dimension of 3"):
+        shardings(state, {"fc": "data"}, make_mesh(8, 1), frozenset({"fc"}))
+    assert shardings(state, {"fc": "data"}, make_mesh(8, 1))["fc"]["kernel"].spec == P()  # without ZeRO: fine
+    model = nnx.eval_shape(lambda: Tiny(nnx.Rngs(0)))
+    with pytest.raises(ValueError, match="ZeRO stage"):
+        shard_training(model, {"fcs/1": "data"}, make_mesh(8, 1), optax.sgd(0.1), zero_stages={"fcs/1": 4})
+    with pytest.raises(ValueError, match="does not name"):
+        shard_training(model, {"fcs/1": "data"}, make_mesh(8, 1), optax.sgd(0.1), zero_stages={"fcs/0": 1})
 
 
 def test_specs_by_hand():

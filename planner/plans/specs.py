@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax.sharding import PartitionSpec as P
 
@@ -56,6 +57,8 @@ __all__ = [
     "Spec",
     "LayerSpecs",
     "param_spec_entries",
+    "zero_group_axes",
+    "zero_spec_entries",
     "activation_spec_entries",
     "check_strategy",
     "layer_specs",
@@ -246,26 +249,65 @@ def _head_param_spec(strategy: str, direction: str, ndim: int) -> P:
     return P()
 
 
-def partition_specs(state: Any, strategies: Mapping[str, str]) -> Any:
+def zero_group_axes(strategy: str) -> tuple[str, ...]:
+    """The mesh axes of a layer's data-parallel group, over which ZeRO shards
+    its state (``costmodels.levers``): the devices holding replicas of its
+    weights, both axes under ``data`` and ``spatial``, ``data`` otherwise."""
+    return AXIS_NAMES if check_strategy(strategy) in ("data", "spatial") else (DATA_AXIS,)
+
+
+def zero_spec_entries(strategy: str, ndim: int) -> Spec:
+    """Spec of a parameter of rank ``ndim`` (or of its gradient or optimizer
+    state) that ZeRO shards: :func:`param_spec_entries`, with the last dim
+    (the output channels: a kernel's, a bias's, an embedding's features) also
+    split over the layer's data-parallel group (:func:`zero_group_axes`)."""
+    if ndim == 0:
+        return ()
+    base = list(param_spec_entries(strategy, ndim)) + [None] * ndim
+    last = base[ndim - 1]
+    group = zero_group_axes(strategy)
+    base[ndim - 1] = group if last is None else (last, *group)
+    return tuple(e if not (isinstance(e, tuple) and len(e) == 1) else e[0] for e in base[:ndim])
+
+
+def partition_specs(state: Any, strategies: Mapping[str, str], zero: frozenset[str] = frozenset()) -> Any:
     """A pytree of PartitionSpecs matching ``state`` (an nnx ``State`` or a
     linen params dict), from each parameter's layer strategy; parameters of
-    layers the mapping does not name are replicated. The projections of an
-    ``nnx.MultiHeadAttention`` follow the fused layer ``<path>/qkv`` and
-    ``<path>/out``, split along their heads axis."""
+    layers the mapping does not name are replicated, and those of the layers
+    in ``zero`` are sharded by ZeRO as well (:func:`zero_spec_entries`). The
+    projections of an ``nnx.MultiHeadAttention`` follow the fused layer
+    ``<path>/qkv`` and ``<path>/out``, split along their heads axis."""
 
     def spec(path: tuple[Any, ...], leaf: Any) -> P:
-        layer, _ = _path_key(path)
+        layer, name = _path_key(path)
         ndim = len(getattr(leaf, "shape", ()))
         heads = head_projection(layer, strategies)
         # a projection from heads has a rank-3 kernel; an nnx.Linear "out" beside a fused qkv is a dense layer
         if heads is not None and (heads[1] == "to" or ndim == 3):
+            if layer in zero or layer_path(layer.rpartition("/")[0], "qkv") in zero:
+                raise ValueError(f"ZeRO does not shard the projections of a multi-head attention ({layer!r})")
             return _head_param_spec(*heads, ndim)
-        return param_spec(strategies.get(layer, "replicated"), ndim)
+        strategy = strategies.get(layer, "replicated")
+        return P(*zero_spec_entries(strategy, ndim)) if layer in zero else param_spec(strategy, ndim)
 
     return jax.tree_util.tree_map_with_path(spec, state)
 
 
-def shardings(state: Any, strategies: Mapping[str, str], mesh: Mesh) -> Any:
-    """NamedShardings for ``state`` on ``mesh`` (see :func:`partition_specs`)."""
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), partition_specs(state, strategies),
-                        is_leaf=lambda x: isinstance(x, P))
+def shardings(state: Any, strategies: Mapping[str, str], mesh: Mesh, zero: frozenset[str] = frozenset()) -> Any:
+    """NamedShardings for ``state`` on ``mesh`` (see :func:`partition_specs`).
+    A ZeRO-sharded dimension the group's size does not divide is an error
+    naming the parameter."""
+    specs = partition_specs(state, strategies, zero)
+
+    def named(path: tuple[Any, ...], leaf: Any, spec: P) -> NamedSharding:
+        shape = getattr(leaf, "shape", ())
+        for dim, entry in zip(shape, spec, strict=False):
+            axes = (entry,) if isinstance(entry, str) else (entry or ())
+            size = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+            if dim % size:
+                layer, name = _path_key(path)
+                raise ValueError(f"parameter {name!r} of layer {layer!r} has a dimension of {dim}, which its "
+                                 f"sharding over {'+'.join(axes)} ({size} devices) does not divide")
+        return NamedSharding(mesh, spec)
+
+    return jax.tree_util.tree_map_with_path(named, state, specs)

@@ -244,15 +244,18 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
            loss_fn: Callable[[jax.Array, jax.Array], jax.Array], donate: bool,
            input_layouts: Mapping[str, str] | None = None,
            output_layouts: Mapping[str, Mapping[str, str]] | None = None,
-           blocks: Mapping[str, tuple[str | None, str | None]] | None = None) -> tuple[Any, Any, Any, Any, Any]:
+           blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
+           zero_stages: Mapping[str, int] | None = None) -> tuple[Any, Any, Any, Any, Any]:
     """(jitted step, state shardings, params, other, batch sharding)."""
     for s in strategies.values():
         check_strategy(s)
+    zero = _zero_layers(strategies, zero_stages)
     graphdef, params, other = nnx.split(model, nnx.Param, ...)
-    p_sh = shardings(params, strategies, mesh)
+    p_sh = shardings(params, strategies, mesh, zero[3])  # ZeRO-3: the weights themselves sharded (FSDP)
+    g_sh = shardings(params, strategies, mesh, zero[2])  # ZeRO-2: the gradients reduce-scattered
     o_sh = shardings(other, strategies, mesh)
     opt_abs = jax.eval_shape(optimizer.init, params)
-    opt_sh = optax.tree_map_params(optimizer, lambda _, s: s, opt_abs, p_sh,
+    opt_sh = optax.tree_map_params(optimizer, lambda _, s: s, opt_abs, shardings(params, strategies, mesh, zero[1]),
                                    transform_non_params=lambda _: NamedSharding(mesh, P()))
     state_sh = TrainState(p_sh, o_sh, opt_sh)
     batch_sh = NamedSharding(mesh, P(BATCH_AXES))
@@ -274,8 +277,9 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
             return loss_fn(logits, labels), new_other
 
         (loss, new_other), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
-        # Gradients in their parameters' layouts before the optimizer, as the plan reduces them.
-        grads = jax.lax.with_sharding_constraint(grads, p_sh)
+        # Gradients in their parameters' layouts before the optimizer, as the plan reduces them
+        # (sharded over the data-parallel group where ZeRO stage 2 or 3 shards them).
+        grads = jax.lax.with_sharding_constraint(grads, g_sh)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         return TrainState(params, new_other, opt_state), loss
@@ -285,6 +289,19 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
     step = jax.jit(train_step, in_shardings=(state_sh, batch_sh, batch_sh), out_shardings=(state_sh, None),
                    donate_argnums=(0,) if donate else ())
     return step, state_sh, params, other, batch_sh
+
+
+def _zero_layers(strategies: Mapping[str, str], zero_stages: Mapping[str, int] | None) -> dict[int, frozenset[str]]:
+    """For ZeRO stages 1, 2, 3: the layers whose optimizer state (1), also
+    gradients (2) and also weights (3) are sharded over their data-parallel
+    group (``costmodels.levers``)."""
+    zero_stages = {} if zero_stages is None else dict(zero_stages)
+    for layer, z in zero_stages.items():
+        if z not in (0, 1, 2, 3):
+            raise ValueError(f"ZeRO stage of layer {layer!r} must be 0, 1, 2 or 3, got {z!r}")
+        if layer not in strategies:
+            raise ValueError(f"ZeRO stage given for {layer!r}, which the plan does not name")
+    return {k: frozenset(n for n, z in zero_stages.items() if z >= k) for k in (1, 2, 3)}
 
 
 def shard_training(
@@ -297,6 +314,7 @@ def shard_training(
     input_layouts: Mapping[str, str] | None = None,
     output_layouts: Mapping[str, Mapping[str, str]] | None = None,
     blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
+    zero_stages: Mapping[str, int] | None = None,
 ) -> tuple[Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, jax.Array]], TrainState]:
     """A jitted training step ``step(state, x, y) -> (state, loss)`` for ``model``
     with parameters, optimizer state and each planned layer's activations laid
@@ -309,9 +327,13 @@ def shard_training(
     producers' planned layouts first; ``output_layouts`` (from
     :func:`consumer_layouts`) pins module outputs read by functional ops to
     those ops' planned layouts; ``blocks`` (from :func:`block_layouts`) pins
-    the inputs and outputs of blocks of layers (residual blocks)."""
+    the inputs and outputs of blocks of layers (residual blocks). ``zero_stages``
+    (layer -> 0..3) shards a layer's optimizer state (stage 1), also its
+    gradients (2) and also its weights (3) over its data-parallel group
+    (:func:`planner.plans.specs.zero_spec_entries`); XLA inserts the
+    reduce-scatters and all-gathers."""
     step, state_sh, params, other, _ = _build(model, strategies, mesh, optimizer, loss_fn, False, input_layouts,
-                                              output_layouts, blocks)
+                                              output_layouts, blocks, zero_stages)
     init = jax.jit(lambda p, o: TrainState(p, o, optimizer.init(p)), out_shardings=state_sh)
     return step, init(params, other)
 
@@ -328,6 +350,7 @@ def lower_training(
     input_layouts: Mapping[str, str] | None = None,
     output_layouts: Mapping[str, Mapping[str, str]] | None = None,
     blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
+    zero_stages: Mapping[str, int] | None = None,
 ) -> tuple[jax.stages.Lowered, TrainState]:
     """The training step of :func:`shard_training`, lowered for inputs shaped
     like ``x`` (batch first, channels last; integer labels, one per token
@@ -337,7 +360,7 @@ def lower_training(
     their planned shardings). ``donate`` (default) lets the new state reuse
     the old one's buffers, as an in-place training loop would."""
     step, state_sh, params, other, batch_sh = _build(model, strategies, mesh, optimizer, loss_fn, donate,
-                                                     input_layouts, output_layouts, blocks)
+                                                     input_layouts, output_layouts, blocks, zero_stages)
     opt_abs = jax.eval_shape(optimizer.init, params)
 
     def spec(leaf: Any, sh: Any) -> jax.ShapeDtypeStruct:
