@@ -150,7 +150,7 @@ def run(models, devices, hardware, quick: bool, levers: str = "none", milp_time_
             for P in devices:
                 meshes, tables = tables_for(graph, hw, P, levers)
                 problems = [discrete_problem(t) for t in tables]
-                exact_problems = [compact_options(p)[0] for p in problems]  # what solve gives its exact solvers
+                exact_problems = [compact_options(p).problem for p in problems]  # what solve gives its exact solvers
                 if levers != "none":  # the lever-free menu beside it, timed on the same limits
                     _, plain_tables = tables_for(graph, hw, P)
                     plain_problems = [discrete_problem(t) for t in plain_tables]

@@ -66,6 +66,13 @@ def _model(p: DiscreteProblem, limit: float, tighten: float):
     ny = int(Fy.sum())
     yi[Fy] = nx + np.arange(ny)
     nvar = nx + ny
+    # with levers, an explicit binary X[l, s] = sum of strategy s's options: the edges read
+    # it, and the branching can fix a layer's strategy before its lever
+    levered = bool((p.option_lever > 0).any())
+    Xi = np.full((n, S), -1, dtype=np.int64)
+    if levered:
+        Xi[Fs] = nvar + np.arange(int(Fs.sum()))
+        nvar += int(Fs.sum())
     has_limit = np.isfinite(limit)
     zi = nvar if has_limit else -1
     nvar += int(has_limit)
@@ -100,11 +107,23 @@ def _model(p: DiscreteProblem, limit: float, tighten: float):
         e3, a3, b3 = np.nonzero(Fy)
         k = a3 if side == 1 else b3
         add(row_of[e3, k], yi[e3, a3, b3], np.ones(e3.size))
-        eo, o_ = np.nonzero(F[layer_of])  # every option of that end's strategy
-        add(row_of[eo, strat[o_]], xi[layer_of[eo], o_], -np.ones(eo.size))
+        if levered:
+            add(row_of[ee, s_], Xi[layer_of[ee], s_], -np.ones(ee.size))
+        else:
+            eo, o_ = np.nonzero(F[layer_of])  # every option of that end's strategy
+            add(row_of[eo, strat[o_]], xi[layer_of[eo], o_], -np.ones(eo.size))
         lo.append(np.zeros(ee.size))
         up.append(np.zeros(ee.size))
         r += ee.size
+    if levered:  # X[l, s] = sum of s's options at l
+        lx, sx = np.nonzero(Fs)
+        row_x = np.full((n, S), -1, dtype=np.int64)
+        row_x[lx, sx] = r + np.arange(lx.size)
+        add(row_x[lx, sx], Xi[lx, sx], np.ones(lx.size))
+        add(row_x[ll, strat[ss]], xi[ll, ss], -np.ones(ll.size))
+        lo.append(np.zeros(lx.size))
+        up.append(np.zeros(lx.size))
+        r += lx.size
     if has_limit:
         add(np.full(nx, r), xi[F], p.persistent_bytes[F] / m0)
         add([r], [zi], [1.0])
@@ -128,6 +147,8 @@ def _model(p: DiscreteProblem, limit: float, tighten: float):
     )
     integrality = np.zeros(nvar)
     integrality[:nx] = 1
+    if levered:
+        integrality[Xi[Fs]] = 1
     lb = np.zeros(nvar)
     ub = np.ones(nvar)
     if has_limit:

@@ -48,7 +48,9 @@ __all__ = [
     "minimum_memory",
     "memory_by_workspace_cap",
     "chain_order",
+    "CompactProblem",
     "compact_options",
+    "drop_duplicate_options",
     "plain_options",
 ]
 
@@ -179,22 +181,74 @@ def plain_options(p: DiscreteProblem) -> np.ndarray:
     return out
 
 
-def compact_options(p: DiscreteProblem) -> tuple[DiscreteProblem, np.ndarray]:
-    """``p`` without the options no layer can run, and the option each kept
-    column was (``[O']``). A lever menu is sparse (ZeRO only on layers with
-    parameters, recomputing only where it saves memory), and the solvers'
-    pair and transition arrays grow with the square of the options: they
-    search the compact problem and map their plans back."""
+class CompactProblem(NamedTuple):
+    """A problem without duplicate or unrunnable options (:func:`compact_options`)."""
+
+    problem: DiscreteProblem  # [n, O'] columns
+    option_ids: np.ndarray  # [O'] the option each column was
+    representative: np.ndarray  # [n, O] the option that stands for each option at each layer (-1: cannot run)
+
+
+def drop_duplicate_options(p: DiscreteProblem) -> tuple[DiscreteProblem, np.ndarray]:
+    """``p`` with every option that duplicates a lower-numbered one at a layer
+    ruled out there: same time, memory, gradient sync and backward compute,
+    and the same resharding on every edge of the layer. A plan using the
+    duplicate costs what the plan using the original costs, so the optimum is
+    kept; what goes is symmetry the exact solvers would otherwise branch over
+    (on a mesh without a model axis every strategy is data parallelism;
+    ZeRO's stages tie where a layer has nothing to shard). Also returns, per
+    layer, the option kept for each option ``[n, O]`` (itself if kept, ``-1``
+    where it cannot run)."""
+    n, O = p.num_layers, p.num_options
+    rep = np.where(p.feasible, np.arange(O)[None, :], -1)
+    if n == 0 or O < 2:
+        return p, rep
+    per_layer = np.stack([p.layer_time_s, p.persistent_bytes, p.workspace_bytes, p.grad_sync_s, p.backward_s],
+                         axis=-1)  # [n, O, 5]
+    feasible = p.feasible.copy()
+    out_edges = [[] for _ in range(n)]
+    in_edges = [[] for _ in range(n)]
+    for k, (u, v) in enumerate(zip(p.edge_src, p.edge_dst, strict=True)):
+        out_edges[u].append(k)
+        in_edges[v].append(k)
+    for lay in range(n):
+        cols = np.flatnonzero(feasible[lay])
+        if cols.size < 2:
+            continue
+        sig = [per_layer[lay, cols]]  # [c, 5]
+        sig += [p.reshard_s[k][cols, :] for k in out_edges[lay]]  # [c, O] this layer as the source
+        sig += [p.reshard_s[k][:, cols].T for k in in_edges[lay]]  # [c, O] ... as the destination
+        _, first, group = np.unique(np.concatenate(sig, axis=1), axis=0, return_index=True, return_inverse=True)
+        # np.unique's first occurrence of each group is its lowest option: it stands for the group
+        rep[lay, cols] = cols[first[np.ravel(group)]]
+        feasible[lay, cols] = rep[lay, cols] == cols
+    if feasible.sum() == p.feasible.sum():
+        return p, rep
+    inf = lambda x: np.where(feasible, x, np.inf)  # noqa: E731
+    zero = lambda x: np.where(feasible, x, 0.0)  # noqa: E731
+    return p._replace(feasible=feasible, layer_time_s=inf(p.layer_time_s), persistent_bytes=inf(p.persistent_bytes),
+                      workspace_bytes=inf(p.workspace_bytes), grad_sync_s=zero(p.grad_sync_s),
+                      backward_s=zero(p.backward_s)), rep
+
+
+def compact_options(p: DiscreteProblem) -> CompactProblem:
+    """``p`` without duplicate options (:func:`drop_duplicate_options`) and
+    without the options no layer can run, the option each kept column was,
+    and which option stands for each. A lever menu is sparse (ZeRO only on
+    layers with parameters, recomputing only where it saves memory), and the
+    solvers' pair and transition arrays grow with the square of the options:
+    they search the compact problem and map their plans back."""
+    p, rep = drop_duplicate_options(p)
     keep = np.flatnonzero(p.feasible.any(axis=0)) if p.num_layers else np.arange(p.num_options)
     if keep.size == p.num_options:
-        return p, keep
+        return CompactProblem(p, keep, rep)
     cols = lambda x: x[:, keep]  # noqa: E731
-    return p._replace(
+    return CompactProblem(p._replace(
         layer_time_s=cols(p.layer_time_s), persistent_bytes=cols(p.persistent_bytes),
         workspace_bytes=cols(p.workspace_bytes), state_bytes=cols(p.state_bytes), grad_sync_s=cols(p.grad_sync_s),
         backward_s=cols(p.backward_s), feasible=cols(p.feasible), reshard_s=p.reshard_s[:, keep][:, :, keep],
         option_strategy=p.option_strategy[keep], option_lever=p.option_lever[keep],
-    ), keep
+    ), keep, rep)
 
 
 # -- exact cost of plans ----------------------------------------------------------------

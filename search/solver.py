@@ -117,7 +117,9 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
         return []
     start = _time.perf_counter()
     # the solvers search each problem without the options no layer can run, and map back
-    problems, option_ids = zip(*(compact_options(discrete_problem(t)) for t in tables), strict=True)
+    compact = [compact_options(discrete_problem(t)) for t in tables]
+    problems = [c.problem for c in compact]
+    option_ids = [c.option_ids for c in compact]
     limits = [_limit(memory_limit, p) for p in problems]
     mins = [minimum_memory(p) for p in problems]
     chains = [chain_order(p) is not None for p in problems]
@@ -192,7 +194,11 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
             n = p.num_layers
             column = np.full(tables[i].feasible.shape[-1], -1, dtype=np.int64)  # table option -> compact column
             column[option_ids[i]] = np.arange(option_ids[i].size)
-            cands = np.concatenate([column[res.choice[k][:, :n]], heuristic_plans(p)], axis=0)
+            # the rounding picks options the table can run; a duplicate maps to the option kept for it
+            rounded = column[np.take_along_axis(compact[i].representative, res.choice[k][:, :n].T, axis=1).T]
+            if (rounded < 0).any():
+                raise RuntimeError("the gradient search rounded a layer to an option it cannot run")
+            cands = np.concatenate([rounded, heuristic_plans(p)], axis=0)
             ref = refine(p, cands, lim)
             fits_relaxed = res.memory_bytes[k] <= lim
             r_best = int(np.argmin(np.where(fits_relaxed, res.time_s[k], np.inf))) if fits_relaxed.any() else \

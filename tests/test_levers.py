@@ -372,17 +372,26 @@ def test_levers_that_buy_nothing_are_dropped():
     assert sol.choice[0] % len(menu) != 0 and sol.choice[0] // len(menu) == Strategy.DATA
 
 
-def test_compact_options_keeps_what_some_layer_can_run():
+def test_compact_options_keeps_one_of_each_equivalent_option():
     from search import compact_options, plain_options
 
     g = get_model("vgg16-cifar10")  # no layer recomputes (each saves its input): half the menu goes
-    p = discrete_problem(_table(g, load_hardware("dgx-a100"), 64, 4, 2))
-    c, ids = compact_options(p)
-    assert np.array_equal(ids, np.flatnonzero(p.feasible.any(axis=0)))
-    assert not any(lever_menu("all")[k].remat for k in p.option_lever[ids])
-    assert c.num_options == ids.size < p.num_options and c.reshard_s.shape[1:] == (ids.size, ids.size)
-    assert np.array_equal(ids[plain_options(c)], np.arange(S) * 8)  # every strategy's plain option kept
-    rng = np.random.default_rng(1)
-    for _ in range(3):
-        x = np.array([rng.choice(np.flatnonzero(f)) for f in c.feasible])
-        assert plan_time(c, x) == plan_time(p, ids[x]) and plan_memory(c, x) == plan_memory(p, ids[x])
+    hw = load_hardware("dgx-a100")
+    for mesh in ((4, 2), (8, 1)):
+        p = discrete_problem(_table(g, hw, 64, *mesh))
+        c, ids, rep = compact_options(p)
+        assert set(ids) <= set(np.flatnonzero(p.feasible.any(axis=0)))
+        assert not any(lever_menu("all")[k].remat for k in p.option_lever[ids])
+        assert c.reshard_s.shape[1:] == (ids.size, ids.size)
+        assert plain_options(c)[Strategy.DATA] >= 0 and ids[plain_options(c)[Strategy.DATA]] == 0
+        column = {o: k for k, o in enumerate(ids)}
+        rng = np.random.default_rng(1)
+        for _ in range(3):  # any plan costs what the plan of the options standing for its options costs
+            x = np.array([rng.choice(np.flatnonzero(f)) for f in p.feasible])
+            y = rep[np.arange(p.num_layers), x]
+            assert (y >= 0).all() and all(c.feasible[i, column[o]] for i, o in enumerate(y))
+            assert plan_time(p, y) == plan_time(p, x) and plan_memory(p, y) == plan_memory(p, x)
+            assert plan_time(c, [column[o] for o in y]) == plan_time(p, y)
+        if mesh == (8, 1):  # no model axis: filter, channel and replicated are data parallelism
+            for s in (Strategy.FILTER, Strategy.CHANNEL, Strategy.REPLICATED):
+                assert plain_options(c)[s] < 0 or not c.feasible[:, plain_options(c)[s]].any()
