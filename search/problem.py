@@ -200,28 +200,23 @@ def drop_duplicate_options(p: DiscreteProblem) -> tuple[DiscreteProblem, np.ndar
     layer, the option kept for each option ``[n, O]`` (itself if kept, ``-1``
     where it cannot run)."""
     n, O = p.num_layers, p.num_options
-    rep = np.where(p.feasible, np.arange(O)[None, :], -1)
+    F = p.feasible
     if n == 0 or O < 2:
-        return p, rep
+        return p, np.where(F, np.arange(O)[None, :], -1)
     per_layer = np.stack([p.layer_time_s, p.persistent_bytes, p.workspace_bytes, p.grad_sync_s, p.backward_s],
                          axis=-1)  # [n, O, 5]
-    feasible = p.feasible.copy()
-    out_edges = [[] for _ in range(n)]
-    in_edges = [[] for _ in range(n)]
-    for k, (u, v) in enumerate(zip(p.edge_src, p.edge_dst, strict=True)):
-        out_edges[u].append(k)
-        in_edges[v].append(k)
-    for lay in range(n):
-        cols = np.flatnonzero(feasible[lay])
-        if cols.size < 2:
-            continue
-        sig = [per_layer[lay, cols]]  # [c, 5]
-        sig += [p.reshard_s[k][cols, :] for k in out_edges[lay]]  # [c, O] this layer as the source
-        sig += [p.reshard_s[k][:, cols].T for k in in_edges[lay]]  # [c, O] ... as the destination
-        _, first, group = np.unique(np.concatenate(sig, axis=1), axis=0, return_index=True, return_inverse=True)
-        # np.unique's first occurrence of each group is its lowest option: it stands for the group
-        rep[lay, cols] = cols[first[np.ravel(group)]]
-        feasible[lay, cols] = rep[lay, cols] == cols
+    same = np.all(per_layer[:, :, None, :] == per_layer[:, None, :, :], axis=-1)  # [n, O, O]
+    if p.num_edges:
+        R = p.reshard_s  # [e, O, O]
+        rows = np.all(R[:, :, None, :] == R[:, None, :, :], axis=-1)  # [e, O, O]: as the edge's source
+        cols = np.all(R[:, :, :, None] == R[:, :, None, :], axis=1)  # [e, O, O]: as its destination
+        differ = (p.src_incidence @ (~rows).reshape(p.num_edges, -1).astype(np.float64)
+                  + p.dst_incidence @ (~cols).reshape(p.num_edges, -1).astype(np.float64))  # [n, O O]
+        same &= np.asarray(differ).reshape(n, O, O) == 0
+    same &= F[:, :, None] & F[:, None, :]
+    # the lowest equivalent option stands for each (an option is its own equivalent)
+    rep = np.where(F, np.argmax(same, axis=1), -1)  # [n, O]
+    feasible = F & (rep == np.arange(O)[None, :])
     if feasible.sum() == p.feasible.sum():
         return p, rep
     inf = lambda x: np.where(feasible, x, np.inf)  # noqa: E731
@@ -231,24 +226,33 @@ def drop_duplicate_options(p: DiscreteProblem) -> tuple[DiscreteProblem, np.ndar
                       backward_s=zero(p.backward_s)), rep
 
 
-def compact_options(p: DiscreteProblem) -> CompactProblem:
-    """``p`` without duplicate options (:func:`drop_duplicate_options`) and
-    without the options no layer can run, the option each kept column was,
-    and which option stands for each. A lever menu is sparse (ZeRO only on
-    layers with parameters, recomputing only where it saves memory), and the
-    solvers' pair and transition arrays grow with the square of the options:
-    they search the compact problem and map their plans back."""
-    p, rep = drop_duplicate_options(p)
-    keep = np.flatnonzero(p.feasible.any(axis=0)) if p.num_layers else np.arange(p.num_options)
-    if keep.size == p.num_options:
-        return CompactProblem(p, keep, rep)
+def _columns(p: DiscreteProblem, keep: np.ndarray) -> DiscreteProblem:
+    """``p`` with only the option columns ``keep``."""
     cols = lambda x: x[:, keep]  # noqa: E731
-    return CompactProblem(p._replace(
+    return p._replace(
         layer_time_s=cols(p.layer_time_s), persistent_bytes=cols(p.persistent_bytes),
         workspace_bytes=cols(p.workspace_bytes), state_bytes=cols(p.state_bytes), grad_sync_s=cols(p.grad_sync_s),
         backward_s=cols(p.backward_s), feasible=cols(p.feasible), reshard_s=p.reshard_s[:, keep][:, :, keep],
         option_strategy=p.option_strategy[keep], option_lever=p.option_lever[keep],
-    ), keep, rep)
+    )
+
+
+def compact_options(p: DiscreteProblem) -> CompactProblem:
+    """``p`` without the options no layer can run and without duplicate
+    options (:func:`drop_duplicate_options`), the option each kept column
+    was, and which option stands for each. A lever menu is sparse (ZeRO only
+    on layers with parameters, recomputing only where it saves memory), and
+    the solvers' pair and transition arrays grow with the square of the
+    options: they search the compact problem and map their plans back."""
+    n, O = p.num_layers, p.num_options
+    if n == 0:
+        return CompactProblem(p, np.arange(O), np.zeros((0, O), dtype=np.int64))
+    runnable = np.flatnonzero(p.feasible.any(axis=0))
+    q, rep_q = drop_duplicate_options(_columns(p, runnable) if runnable.size < O else p)
+    kept = np.flatnonzero(q.feasible.any(axis=0))
+    rep = np.full((n, O), -1, dtype=np.int64)  # in the table's option codes
+    rep[:, runnable] = np.where(rep_q >= 0, runnable[np.maximum(rep_q, 0)], -1)
+    return CompactProblem(_columns(q, kept) if kept.size < q.num_options else q, runnable[kept], rep)
 
 
 # -- exact cost of plans ----------------------------------------------------------------

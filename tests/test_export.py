@@ -49,7 +49,6 @@ PLANS = {
 ZERO_PLANS = {
     "zero1": ((4, 2), {}, 1),
     "zero2": ((4, 2), {}, 2),
-    "zero3": ((4, 2), {}, 3),
     "zero3-splitbrain": ((2, 4), {"fcs/0": "filter", "fcs/1": "filter"}, 3),
 }
 
@@ -141,13 +140,14 @@ def test_zero_trains_the_same_and_shards_its_state(zero_runs):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6, err_msg=name)
     group = ("data", "model")
     mu = lambda st: st.opt_state[0].mu  # noqa: E731 (adam's first moment, shaped as the parameters)
-    for name, kernel, opt_kernel in (("zero1", P(), P(None, None, None, group)),
-                                     ("zero2", P(), P(None, None, None, group)),
-                                     ("zero3", P(None, None, None, group), P(None, None, None, group))):
+    for name, kernel, opt_kernel, head_bias in (
+            ("zero1", P(), P(None, None, None, group), P(group)),
+            ("zero2", P(), P(None, None, None, group), P(group)),
+            ("zero3-splitbrain", P(None, None, None, group), P(None, None, None, group), P(("model", "data")))):
         state = zero_runs[name][0]
         assert state.params["convs"][1]["kernel"].sharding.spec == kernel, name
         assert mu(state)["convs"][1]["kernel"].sharding.spec == opt_kernel, name
-        assert mu(state)["fcs"][1]["bias"].sharding.spec == P(group), name
+        assert mu(state)["fcs"][1]["bias"].sharding.spec == head_bias, name
     state = zero_runs["zero3-splitbrain"][0]  # filter: the output features over model, then over data
     assert state.params["fcs"][0]["kernel"].sharding.spec == P(None, ("model", "data"))
     assert state.params["fcs"][0]["kernel"].addressable_shards[0].data.shape == (256, 4)

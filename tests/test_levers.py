@@ -218,9 +218,8 @@ def test_remat_by_hand():
 
 
 @pytest.mark.parametrize("name,hw_name,batch,mesh,dtype", [
-    ("vgg16-cifar10", "abci-v100", 256, (4, 2), "float32"),
-    ("resnet50", "dgx-a100", 512, (16, 4), "bfloat16"),
-    ("vit-tiny", "dgx-a100", 64, (4, 2), "float32"),
+    ("resnet50", "dgx-a100", 512, (16, 4), "float32"),  # convs, batch norms, residual adds
+    ("vit-tiny", "dgx-a100", 64, (4, 2), "float32"),  # attention (remat), layer norms
 ])
 def test_lever_plans_agree_with_the_reference(name, hw_name, batch, mesh, dtype):
     g = get_model(name)
