@@ -105,7 +105,7 @@ class CostTable(NamedTuple):
     feasible: jnp.ndarray  # [L, O] bool, the option can run the layer
     compute_s: jnp.ndarray  # [L, O] forward + backward compute (and recompute), seconds per iteration
     backward_compute_s: jnp.ndarray  # [L, O] the backward part of compute_s
-    grad_sync_s: jnp.ndarray  # [L, O] gradient all-reduce (ZeRO: reduce-scatter) share, seconds
+    grad_sync_s: jnp.ndarray  # [L, O] gradient all-reduce (ZeRO stages 2-3: reduce-scatter) share, seconds
     weight_gather_s: jnp.ndarray  # [L, O] ZeRO's weight all-gathers, never overlapped, seconds
     halo_s: jnp.ndarray  # [L, O] spatial exchange inside a layer (halo rows; an attention's keys and values), fwd + bwd, seconds
     output_s: jnp.ndarray  # [L, O] gathering a model output for the loss (sink layers), seconds
@@ -281,7 +281,7 @@ def cost_table(
     workspace = delta * group_batch * (in_el[:, None] / split_of(in_lay) + out_el[:, None] / split_of(out_lay))
 
     # -- memory levers (costmodels/levers.py): ZeRO over the weights' replica group, remat --
-    group = jnp.stack([P, d, d, P, d])  # [S] the ranks of the gradient all-reduce
+    group = ranks  # [S] ZeRO's data-parallel group: the ranks of the gradient all-reduce
     out_local = f32(a.out_channels)[:, None] / jnp.where(strat == Strategy.FILTER, m, 1.0)  # [L, S]
     holds_state = ((kind == LayerKind.CONV) | (kind == LayerKind.DENSE) | (kind == LayerKind.EMBED)
                    | (kind == LayerKind.BATCH_NORM) | (kind == LayerKind.NORM)) & (params > 0)
