@@ -110,16 +110,10 @@ def allreduce_s(net: Network, n, ranks_per_node, nbytes, *, tree: bool = True):
     tier that serves n ranks, and, when the ranks span nodes, the hierarchical
     scheme (reduce-scatter inside the node, all-reduce of 1/g of the buffer
     across the k nodes, all-gather inside the node; ParaDL §4.8 and §10)."""
-    n = jnp.maximum(jnp.asarray(n, jnp.float32), 1.0)
-    g = jnp.clip(jnp.asarray(ranks_per_node, jnp.float32), 1.0, n)
-    crosses = n > g
-    a, b = tier_of(net, n, crosses)
+    n, g, k, crosses, (a, b), (ai, bi), (ao, bo) = _hierarchy(net, n, ranks_per_node)
     flat = ring_allreduce_s(n, nbytes, a, b)
     if tree:
         flat = jnp.minimum(flat, tree_allreduce_s(n, nbytes, a, b))
-    ai, bi = tier_of(net, g, False)
-    k = n / g
-    ao, bo = tier_of(net, k, True)
     inter = ring_allreduce_s(k, nbytes / g, ao, bo)
     if tree:
         inter = jnp.minimum(inter, tree_allreduce_s(k, nbytes / g, ao, bo))
@@ -128,8 +122,10 @@ def allreduce_s(net: Network, n, ranks_per_node, nbytes, *, tree: bool = True):
 
 
 def _hierarchy(net: Network, n, ranks_per_node):
-    """Ranks, ranks per node, node count and the tiers (flat, inside a node,
-    across nodes) of a collective over ``n`` ranks, as :func:`allreduce_s`."""
+    """Ranks, ranks per node, node count, whether the ranks span nodes, and the
+    tiers (flat, inside a node, across nodes) of a collective over ``n``
+    ranks: what :func:`allreduce_s`, :func:`reduce_scatter_group_s` and
+    :func:`allgather_group_s` all choose between."""
     n = jnp.maximum(jnp.asarray(n, jnp.float32), 1.0)
     g = jnp.clip(jnp.asarray(ranks_per_node, jnp.float32), 1.0, n)
     crosses = n > g

@@ -31,7 +31,7 @@ from costmodels.collectives import (
 )
 from costmodels.compute import DTYPE_BYTES, HardwareArrays, shard_compute_s
 from costmodels.layers import ATTENTION_KINDS, LayerKind, is_kind, tied_output
-from costmodels.levers import LEVER_CHOICES, LeverInputs, lever_costs, lever_menu
+from costmodels.levers import LeverInputs, lever_costs, lever_menu
 from costmodels.reshard import conversion_s
 from costmodels.shards import halo_rows, row_padding, shard_shapes
 from costmodels.strategies import Layout, Strategy, strategy_layouts, strategy_mask
@@ -57,8 +57,7 @@ class CostSettings:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose from {', '.join(OPTIMIZER_SLOTS)}")
         if not self.gradient_bucket_bytes > 0:
             raise ValueError("gradient_bucket_bytes must be positive")
-        if self.levers not in LEVER_CHOICES:
-            raise ValueError(f"unknown levers {self.levers!r}; choose from {', '.join(LEVER_CHOICES)}")
+        lever_menu(self.levers)  # raises for an unknown choice
 
     @property
     def activation_bytes(self) -> float:  # bytes per activation element
