@@ -22,6 +22,7 @@ from costmodels.layers import (
     tied_output,
     token_lookups,
 )
+from costmodels.levers import Lever
 from costmodels.reshard import COLLECTIVE_NAMES, CONVERSION, Collective
 from costmodels.shards import row_padding
 from costmodels.strategies import (
@@ -41,16 +42,27 @@ __all__ = ["CollectiveRecord", "auxiliary_collectives", "plan_collectives", "sha
 class CollectiveRecord:
     kind: str  # all-gather | all-to-all | all-reduce | reduce-scatter | collective-permute
     axes: tuple[str, ...]  # mesh axes the collective runs over: ("model",), ("data",), ("data", "model")
-    phase: str  # forward | backward | gradient
+    phase: str  # forward | backward | recompute | gradient | update
     where: str  # "layer" or "src -> dst" for an edge
     bytes_per_device: float
 
 
 def plan_collectives(
-    graph: LayerTable, choice: Sequence[int], batch: float, d: int, m: int, settings: CostSettings | None = None
+    graph: LayerTable, choice: Sequence[int], batch: float, d: int, m: int, settings: CostSettings | None = None,
+    levers: Sequence[Lever] | None = None,
 ) -> tuple[CollectiveRecord, ...]:
     """Every collective of one training iteration of the discrete plan ``choice``
-    on a ``d x m`` mesh, in layer order (gradient all-reduces last)."""
+    (a strategy code per layer, each under ``levers``' lever, default none)
+    on a ``d x m`` mesh, in layer order (gradient collectives last).
+
+    A rematerialised layer (:mod:`costmodels.levers`) issues its forward
+    exchanges again when the backward pass recomputes it (phase
+    ``recompute``). A ZeRO layer's gradients and weights (ZeRO §7.2, over the
+    gradient all-reduce's group): stage 1 all-reduces the whole gradient and
+    all-gathers the updated weights (phase ``update``); stage 2
+    reduce-scatters the gradient and all-gathers the updated weights; stage
+    3 reduce-scatters the gradient and all-gathers the weights before their
+    forward and their backward use."""
     settings = CostSettings() if settings is None else settings
     a = graph.unpadded()
     n = graph.num_layers
@@ -59,6 +71,10 @@ def plan_collectives(
     gb = batch / d
     lay = np.asarray(strategy_layouts(np.asarray(a.kind, dtype=np.int32)))  # [L, S, 4]
     out_el = a.out_channels * a.out_spatial.prod(axis=-1)
+    plain = Lever(0, False)
+    levers = [plain] * n if levers is None else list(levers)[:n]
+    if len(levers) != n:
+        raise ValueError(f"levers gives {len(levers)} layers' levers for a plan of {n} layers")
     recs: list[CollectiveRecord] = []
 
     pad = np.asarray(row_padding(a.out_spatial[:, 0], m))  # [L] a row-split output's padded size
@@ -85,6 +101,7 @@ def plan_collectives(
     attention = is_kind(np.asarray(a.kind), ATTENTION_KINDS)
     for i in range(n):
         s = choice[i]
+        first = len(recs)
         if s == Strategy.SPATIAL and m > 1 and attention[i]:
             # sequence parallelism: the keys and the values gathered, their gradients reduce-scattered
             # the keys (or values): a third of the fused input, split by rows (padded)
@@ -109,6 +126,8 @@ def plan_collectives(
                     # (measured, docs/validation.md).
                     recs.append(CollectiveRecord("collective-permute", (MODEL_AXIS,), "backward",
                                                  f"{name} (weight gradient)", float(rows * x_row)))
+        if levers[i].remat:  # the backward pass runs the layer's forward again, its exchanges too
+            recs.extend(dataclasses.replace(r, phase="recompute") for r in recs[first:] if r.phase == "forward")
         if i not in consumers:  # a model output: the loss runs batch-split, else on the gathered output
             out_l, gout_l = lay[i, s, 1], lay[i, s, 3]
             nbytes = float(out_el[i]) * gb * delta
@@ -124,9 +143,20 @@ def plan_collectives(
             continue
         axes = AXIS_NAMES if s in (Strategy.DATA, Strategy.SPATIAL) and m > 1 else (DATA_AXIS,)
         ranks = d * m if axes == AXIS_NAMES else d
-        if ranks > 1:
-            nbytes = float(local[i]) * settings.gradient_bytes_per_param
-            recs.append(CollectiveRecord("all-reduce", axes, "gradient", graph.names[i], nbytes))
+        if ranks <= 1:
+            continue
+        name, z = graph.names[i], levers[i].zero_stage
+        grad = float(local[i]) * settings.gradient_bytes_per_param
+        weights = float(local[i]) * settings.weight_bytes_per_param
+        if z >= 2:  # ZeRO §7.2.1: each device reduces its shard of the gradient
+            recs.append(CollectiveRecord("reduce-scatter", axes, "gradient", name, grad / ranks))
+        else:
+            recs.append(CollectiveRecord("all-reduce", axes, "gradient", name, grad))
+        if z == 3:  # ZeRO §7.2.2: the weights gathered before the forward and the backward use
+            recs.append(CollectiveRecord("all-gather", axes, "forward", f"{name} (weights)", weights))
+            recs.append(CollectiveRecord("all-gather", axes, "backward", f"{name} (weights)", weights))
+        elif z:  # the updated shards gathered after the optimizer step
+            recs.append(CollectiveRecord("all-gather", axes, "update", f"{name} (weights)", weights))
     return tuple(recs)
 
 

@@ -62,6 +62,7 @@ Recomputing is offered only where the layer saves more than its input.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -80,6 +81,8 @@ __all__ = [
     "option_strategy",
     "option_index",
     "option_name",
+    "parse_option",
+    "menu_covering",
     "strategy_probs",
     "lever_costs",
 ]
@@ -144,6 +147,34 @@ def option_name(option: int, menu: tuple[Lever, ...]) -> str:
     s, k = divmod(int(option), len(menu))
     lever = menu[k]
     return STRATEGY_NAMES[s] if lever == Lever(0, False) else f"{STRATEGY_NAMES[s]}+{lever.name}"
+
+
+def parse_option(name: str) -> tuple[int, Lever]:
+    """The strategy code and lever of an option name (:func:`option_name`'s
+    form: ``data``, ``data+zero2``, ``filter+zero3+remat``, ``spatial+remat``)."""
+    if not isinstance(name, str):
+        raise ValueError(f"an option must be a name such as 'data' or 'data+zero2', got {name!r}")
+    head, *parts = name.strip().lower().split("+")
+    if head not in STRATEGY_NAMES:
+        raise ValueError(f"unknown strategy {head!r} in {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
+    zero, remat = 0, False
+    for part in parts:
+        if part == "remat" and not remat:
+            remat = True
+        elif part in ("zero1", "zero2", "zero3") and not zero:
+            zero = int(part[-1])
+        else:
+            raise ValueError(f"unknown or repeated lever {part!r} in {name!r}; a strategy may carry one of "
+                             "zero1, zero2, zero3 and remat, e.g. 'data+zero3+remat'")
+    return STRATEGY_NAMES.index(head), Lever(zero, remat)
+
+
+def menu_covering(levers: Iterable[Lever]) -> str:
+    """The smallest lever choice (:data:`LEVER_CHOICES`) whose menu holds every lever in ``levers``."""
+    levers = list(levers)
+    zero = any(x.zero_stage for x in levers)
+    remat = any(x.remat for x in levers)
+    return "all" if zero and remat else "zero" if zero else "remat" if remat else "none"
 
 
 def strategy_probs(probs):

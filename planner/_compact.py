@@ -77,6 +77,7 @@ def plain_cost_rows(layers: Sequence[Mapping[str, Any]], base: str, iteration_s:
     notable = NOTABLE_SHARE * iteration_s if iteration_s else float("inf")
     reshard = 0.5e-7 if base == "data" else max(0.5e-7, notable)
     return [r["strategy"] == base and r.get("requested_strategy", r["strategy"]) == r["strategy"]
+            and not r.get("zero_stage") and not r.get("remat")  # a memory lever is shown
             and r["reshard_s"] < reshard and r["comm_s"] < notable for r in layers]
 
 

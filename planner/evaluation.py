@@ -6,7 +6,9 @@ A plan is one strategy per layer, given as a single strategy name for every
 layer (:func:`uniform_choice`: the strategy where the layer can run it,
 ``replicated`` where it cannot, as ParaDL replicates the layers a strategy
 does not apply to, ParaDL §2) or as a mapping from layer names to
-strategy names (every layer named).
+strategy names (every layer named). A mapping's strategy may carry memory
+levers (:mod:`costmodels.levers`): ``data+zero2``, ``filter+zero3+remat``;
+the table is then built with the lever menu that holds them.
 
 Nothing is substituted silently: a layer costed under another strategy
 than the one asked for (``uniform_choice``'s ``replicated``) keeps the
@@ -26,28 +28,35 @@ from typing import Any
 import numpy as np
 
 from costmodels import (
+    LEVER_CHOICES,
     STRATEGY_NAMES,
     CollectiveRecord,
     CostSettings,
     Hardware,
+    Lever,
     Strategy,
     cost_table,
     hardware_arrays,
     iteration_time,
+    lever_menu,
     memory_per_device,
+    menu_covering,
     one_hot,
+    option_index,
+    parse_option,
     parse_strategy,
     plan_collectives,
 )
 from costmodels.calibration import Calibration, calibration_arrays, check_hardware
 from costmodels.evaluate import reshard_per_edge
 from costmodels.layers import ATTENTION_KINDS, CHANNELWISE_KINDS, tied_output
+from costmodels.levers import levers_per_strategy, menu_of
 from planner.ir.graph import LayerGraph, LayerKind
 
 __all__ = [
     "evaluation_of",
-    "LayerCost", "Evaluation", "resolve_batch", "resolve_mesh", "uniform_choice", "unavailable_reason",
-    "substitution_notes", "evaluate",
+    "LayerCost", "Evaluation", "lever_unavailable_reason", "option_label", "plan_levers", "resolve_batch",
+    "resolve_mesh", "uniform_choice", "unavailable_reason", "substitution_notes", "evaluate",
 ]
 
 
@@ -62,10 +71,21 @@ class LayerCost:
     memory_bytes: float  # weights, gradients, optimizer state and saved activations on one device
     requested_strategy: str = ""  # the strategy asked for ("" on construction: the one costed)
     substitution_reason: str | None = None  # why the requested strategy cannot run here; None: not substituted
+    zero_stage: int = 0  # ZeRO stage of the layer's state, 0-3 (costmodels.levers)
+    remat: bool = False  # activations recomputed in the backward pass instead of kept
 
     def __post_init__(self) -> None:
         if not self.requested_strategy:
             object.__setattr__(self, "requested_strategy", self.strategy)
+
+    @property
+    def lever(self) -> Lever:
+        return Lever(self.zero_stage, self.remat)
+
+    @property
+    def option(self) -> str:
+        """The strategy with its levers, e.g. ``data+zero2`` (``data``: none)."""
+        return _with_lever(self.strategy, self.lever)
 
     @property
     def substituted(self) -> bool:
@@ -117,6 +137,18 @@ class Evaluation:
         }
 
 
+def option_label(row: LayerCost | Mapping[str, Any]) -> str:
+    """A layer's strategy with its memory levers, ``data+zero2`` (``data``: none),
+    from a :class:`LayerCost` or its JSON row (rows before levers have none)."""
+    if isinstance(row, LayerCost):
+        return row.option
+    return _with_lever(row["strategy"], Lever(int(row.get("zero_stage", 0) or 0), bool(row.get("remat", False))))
+
+
+def _with_lever(strategy: str, lever: Lever) -> str:  # option_name's form
+    return strategy if lever == Lever(0, False) else f"{strategy}+{lever.name}"
+
+
 def resolve_batch(devices: int, batch: int | None, batch_per_device: int | None) -> int:
     """The global batch from ``batch`` or ``batch_per_device`` (exactly one, or
     neither for 32 per device)."""
@@ -159,10 +191,12 @@ def resolve_mesh(devices: int, mesh: tuple[int, int] | None, hardware: Hardware)
 
 def uniform_choice(feasible: np.ndarray, strategy: str | Strategy) -> np.ndarray:
     """Every layer on ``strategy`` where it can run it, else ``replicated``
-    (:func:`evaluate` marks those layers: ``LayerCost.requested_strategy``)."""
+    (:func:`evaluate` marks those layers: ``LayerCost.requested_strategy``),
+    as option codes of ``feasible``'s table ``[L, O]``, no lever."""
     s = parse_strategy(strategy) if isinstance(strategy, str) else Strategy(strategy)
     feasible = np.asarray(feasible)
-    return np.where(feasible[:, s], int(s), int(Strategy.REPLICATED))
+    K = levers_per_strategy(feasible.shape[1])
+    return np.where(feasible[:, int(s) * K], int(s) * K, int(Strategy.REPLICATED) * K)
 
 
 def _fmt(x: Any) -> str:
@@ -271,7 +305,13 @@ def _check_plan_names(graph: LayerGraph, plan: Mapping[str, str]) -> None:
     for name in graph.names:
         if not isinstance(plan[name], str):
             raise ValueError(f"plan gives layer {name!r} the strategy {plan[name]!r}; expected a strategy name")
-        parse_strategy(plan[name])
+        parse_option(plan[name])
+
+
+def plan_levers(plan: Mapping[str, str]) -> str:
+    """The lever choice (``none``, ``zero``, ``remat``, ``all``) whose menu
+    holds every lever a ``plan`` mapping's options carry."""
+    return menu_covering(parse_option(v)[1] for v in plan.values())
 
 
 def _choice_from_mapping(
@@ -279,15 +319,38 @@ def _choice_from_mapping(
     batch: float | None = None, d: int = 1, m: int = 1,
 ) -> np.ndarray:
     _check_plan_names(graph, plan)
-    choice = np.full(feasible.shape[0], int(Strategy.REPLICATED))
+    menu = menu_of(feasible.shape[1])
+    choice = np.full(feasible.shape[0], int(Strategy.REPLICATED) * len(menu))
     for i, name in enumerate(graph.names):
-        s = parse_strategy(plan[name])
-        if not feasible[i, s]:
-            why = (unavailable_reason(graph, i, s, batch, d, m) if batch is not None else "") or \
-                "the cost model excludes it on this mesh and batch"
-            raise ValueError(f"layer {name!r} cannot run strategy {s.name.lower()} here: {why}; choose another")
-        choice[i] = int(s)
+        code, lever = parse_option(plan[name])
+        s = Strategy(code)
+        if lever not in menu:
+            raise ValueError(f"layer {name!r} asks for {plan[name]!r}, but the cost table has no {lever.name} "
+                             f"(its levers: {', '.join(x.name for x in menu)}); build it with levers "
+                             f"{menu_covering([lever])!r} or more")
+        o = option_index(s, lever, menu)
+        if not feasible[i, o]:
+            if feasible[i, option_index(s, Lever(0, False), menu)]:
+                why = lever_unavailable_reason(lever)
+            else:
+                why = (unavailable_reason(graph, i, s, batch, d, m) if batch is not None else "") or \
+                    "the cost model excludes it on this mesh and batch"
+            raise ValueError(f"layer {name!r} cannot run strategy {plan[name]} here: {why}; choose another")
+        choice[i] = o
     return choice
+
+
+def lever_unavailable_reason(lever: Lever) -> str:
+    """Why a layer that runs a strategy cannot take ``lever`` with it (the masks of
+    :mod:`costmodels.levers`, in words)."""
+    why = []
+    if lever.zero_stage:
+        why.append("ZeRO needs a layer with parameters (not attention, nor a tied embedding or output layer), "
+                   "a data-parallel group of more than one device and the group dividing the output channels "
+                   "each device holds")
+    if lever.remat:
+        why.append("recomputing is offered only where a layer saves more than its input")
+    return "; or ".join(why)
 
 
 def evaluate(
@@ -304,9 +367,15 @@ def evaluate(
     optimizer: str = "adam",
     calibration: Calibration | None = None,
     allow_other_hardware: bool = False,
+    levers: str | None = None,
 ) -> Evaluation:
     """Cost of one plan: ``strategy`` for every layer that can run it, or
-    ``plan`` (layer name -> strategy name)."""
+    ``plan`` (layer name -> strategy name, with its levers: ``data+zero2``).
+    ``levers`` is the lever menu the cost table is built with
+    (:data:`costmodels.LEVER_CHOICES`; default: the smallest that holds the
+    plan's levers); a plan costs the same under every menu that holds its
+    options, up to float32 rounding (``evaluate --plan`` passes the menu the
+    plan was searched on, and reproduces its numbers exactly)."""
     if (strategy is None) == (plan is None):
         raise ValueError("give exactly one of strategy (a name) or plan (layer -> strategy)")
     d, m = resolve_mesh(devices, mesh, hardware)
@@ -324,7 +393,14 @@ def evaluate(
         raise ValueError(f"batch {B} is not divisible by {d * m} devices, which data parallelism needs")
     if plan is not None:
         _check_plan_names(graph, plan)
-    settings = CostSettings(dtype=dtype, optimizer=optimizer)
+    needed = "none" if plan is None else plan_levers(plan)
+    if levers is None:
+        levers = needed
+    elif levers not in LEVER_CHOICES:
+        raise ValueError(f"unknown levers {levers!r}; choose from {', '.join(LEVER_CHOICES)}")
+    elif not set(lever_menu(needed)) <= set(lever_menu(levers)):
+        raise ValueError(f"the plan's levers need the menu {needed!r}, which levers={levers!r} does not hold")
+    settings = CostSettings(dtype=dtype, optimizer=optimizer, levers=levers)
     if calibration is not None and calibration.dtype != dtype:
         raise ValueError(
             f"the calibration was measured in {calibration.dtype}, but the plan computes in {dtype}; "
@@ -347,22 +423,25 @@ def evaluation_of(graph: LayerGraph, hardware: Hardware, devices: int, mesh: tup
     (d, m), B = mesh, batch
     dtype, optimizer = settings.dtype, settings.optimizer
     feasible = np.asarray(table.feasible)
+    menu = menu_of(feasible.shape[1])
     if strategy is not None:
-        choice = uniform_choice(feasible, strategy)
+        options = uniform_choice(feasible, strategy)
     else:
-        choice = _choice_from_mapping(graph, feasible, plan, B, d, m)
+        options = _choice_from_mapping(graph, feasible, plan, B, d, m)
+    choice, lever_of = options // len(menu), [menu[k] for k in options[: graph.num_layers] % len(menu)]
     if B % (d * m) and np.any(choice[: graph.num_layers] == Strategy.DATA):
         raise ValueError(f"batch {B} is not divisible by {d * m} devices, which data-parallel layers need")
-    probs = one_hot(choice, len(Strategy))
+    probs = one_hot(options, feasible.shape[1])
     rows = np.arange(graph.num_layers)
-    c = choice[: graph.num_layers]
-    compute = np.asarray(table.compute_s)[rows, c]
-    comm = np.asarray(table.grad_sync_s + table.halo_s + table.output_s)[rows, c]
-    memory = np.asarray(table.state_bytes + table.activation_bytes)[rows, c]
+    c, o = choice[: graph.num_layers], options[: graph.num_layers]
+    compute = np.asarray(table.compute_s)[rows, o]
+    comm = np.asarray(table.grad_sync_s + table.weight_gather_s + table.halo_s + table.output_s)[rows, o]
+    memory = np.asarray(table.state_bytes + table.activation_bytes)[rows, o]
     per_edge = np.asarray(reshard_per_edge(table, probs))
     reshard = np.zeros(feasible.shape[0])
     np.add.at(reshard, np.asarray(table.edge_dst), per_edge)
-    asked = [strategy.name.lower() if strategy is not None else plan[n] for n in graph.names]
+    asked = [strategy.name.lower() if strategy is not None else STRATEGY_NAMES[parse_option(plan[n])[0]]
+             for n in graph.names]
 
     def reason(i: int) -> str | None:  # why layer i runs another strategy than asked (None: it does not)
         if STRATEGY_NAMES[int(c[i])] == asked[i]:
@@ -374,6 +453,7 @@ def evaluation_of(graph: LayerGraph, hardware: Hardware, devices: int, mesh: tup
             name=n, kind=k, strategy=STRATEGY_NAMES[int(c[i])], compute_s=float(compute[i]),
             comm_s=float(comm[i]), reshard_s=float(reshard[i]), memory_bytes=float(memory[i]),
             requested_strategy=asked[i], substitution_reason=reason(i),
+            zero_stage=lever_of[i].zero_stage, remat=lever_of[i].remat,
         )
         for i, (n, k) in enumerate(zip(graph.names, graph.kind_names, strict=True))
     )
@@ -389,5 +469,5 @@ def evaluation_of(graph: LayerGraph, hardware: Hardware, devices: int, mesh: tup
         memory_bytes_per_device=float(memory_per_device(table, probs)),
         memory_capacity_bytes=hardware.device.memory_bytes,
         layers=layers,
-        collectives=plan_collectives(graph, choice, B, d, m, settings),
+        collectives=plan_collectives(graph, choice, B, d, m, settings, lever_of),
     )

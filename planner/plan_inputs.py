@@ -12,7 +12,7 @@ import numpy as np
 
 from costmodels import Hardware
 
-__all__ = ["MEMORY_MARGIN", "memory_margin_bytes", "mesh_shapes", "parse_memory_limit", "platform_of"]
+__all__ = ["EXCLUDED_ZERO_STAGES", "MEMORY_MARGIN", "memory_margin_bytes", "mesh_shapes", "parse_memory_limit", "platform_of"]
 
 
 # The share of a memory limit the search keeps free, per XLA platform: what
@@ -32,6 +32,17 @@ __all__ = ["MEMORY_MARGIN", "memory_margin_bytes", "mesh_shapes", "parse_memory_
 # predicted at most 0.55 x the limit (1 / 0.55 = 1.82). gpu, tpu: no max-pool expansion;
 # not measured yet (no GPU was at hand), so no margin: validate there first.
 MEMORY_MARGIN: dict[str, float] = {"cpu": 0.45, "gpu": 0.0, "tpu": 0.0}
+
+# The ZeRO stages a plan for each platform may not use: what the platform's
+# compiled program holds beyond the margin above. cpu, measured
+# (benchmarks/zero_xla.py, VGG16-CIFAR-10, batch 64, 4x2, every layer on
+# data; docs/levers.md): compiled / predicted total memory 1.19 under stage
+# 1 and 1.65 under stage 2 (XLA:CPU all-reduces the whole gradient and keeps
+# it, as under stage 1), inside the cpu margin's 1 / 0.55 = 1.82; 2.31
+# under stage 3 (the whole gradients live together in one combined
+# all-reduce, beside the gathered weights), beyond it. gpu, tpu: not
+# measured yet (issue 12).
+EXCLUDED_ZERO_STAGES: dict[str, tuple[int, ...]] = {"cpu": (3,), "gpu": (), "tpu": ()}
 
 _UNITS = {
     "": 1.0, "b": 1.0,

@@ -30,7 +30,9 @@ from costmodels import (
     Strategy,
     cost_table,
     hardware_arrays,
+    lever_menu,
     load_hardware,
+    option_name,
 )
 from costmodels.calibration import Calibration, calibration_arrays, check_hardware
 from costmodels.strategies import AXIS_NAMES
@@ -39,6 +41,7 @@ from planner._version import __version__
 from planner.evaluation import evaluate, evaluation_of, positive_int, resolve_batch
 from planner.ir.graph import LayerGraph
 from planner.plan_inputs import (
+    EXCLUDED_ZERO_STAGES,
     MEMORY_MARGIN,
     memory_margin_bytes,
     mesh_shapes,
@@ -168,6 +171,7 @@ def plan(
     platform: str | None = None,
     simplicity_tolerance: float = 0.01,
     milp_time_limit_s: float | None = MILP_TIME_LIMIT_S,
+    levers: str = "none",
 ) -> Plan:
     """The fastest plan of ``model`` (a zoo name or a :class:`LayerGraph`) on
     ``devices`` devices of ``hardware`` within ``memory_limit`` per device
@@ -183,6 +187,16 @@ def plan(
     (default :data:`MILP_TIME_LIMIT_S`; None: no limit) with the best plan it
     found; ``optimality_gap`` says how far from its lower bound that plan may
     be (None without a bound).
+
+    ``levers`` puts memory levers on each layer's menu beside its strategy
+    (:mod:`costmodels.levers`): ``none`` (the default here; the CLI's is
+    ``all``), ``zero`` (ZeRO stages 1-3 over the layer's data-parallel
+    group), ``remat`` (recompute its activations in the backward pass) or
+    ``all``. The plan records each layer's levers (``LayerCost.zero_stage``,
+    ``LayerCost.remat``); a lever that buys nothing is not kept
+    (:func:`search.drop_idle_levers`). A ``cpu`` plan takes no ZeRO stage 3
+    (:data:`planner.plan_inputs.EXCLUDED_ZERO_STAGES`: XLA:CPU's program
+    holds more memory for it than the margin covers).
 
     Of the plans found (the best on each mesh, and pure data parallelism
     where it fits), the simplest whose predicted time is within
@@ -222,7 +236,11 @@ def plan(
     inputs = graph.input_bytes_per_sample * B / P
     margin = memory_margin_bytes(limit, platform) + inputs
     meshes = mesh_shapes(P, B, hw.devices_per_node, allow_cross_node_model_axis)
-    settings = CostSettings(dtype=dtype, optimizer=optimizer)
+    settings = CostSettings(dtype=dtype, optimizer=optimizer, levers=levers)
+    menu = lever_menu(levers)
+    K = len(menu)
+    # [O] options the platform may not use (EXCLUDED_ZERO_STAGES)
+    excluded = np.tile([x.zero_stage in EXCLUDED_ZERO_STAGES[platform] for x in menu], len(Strategy))
     hwa = hardware_arrays(hw, dtype)
     if calibration is not None:
         check_hardware(calibration, hw.name, allow_other_hardware=allow_other_hardware)
@@ -232,9 +250,11 @@ def plan(
     tables = []
     for d, m in meshes:
         t = cost_table(graph.arrays, hwa, float(B), float(d), float(m), settings, cal)
-        if B % (d * m):  # data parallelism needs whole samples on every device
-            t = t._replace(feasible=t.feasible.at[:, int(Strategy.DATA)].set(t.feasible[:, int(Strategy.DATA)]
-                                                                               & (t.layer_mask <= 0)))
+        if B % (d * m):  # data parallelism (under every lever) needs whole samples on every device
+            data = slice(int(Strategy.DATA) * K, (int(Strategy.DATA) + 1) * K)
+            t = t._replace(feasible=t.feasible.at[:, data].set(t.feasible[:, data] & (t.layer_mask[:, None] <= 0)))
+        if excluded.any():  # the ZeRO stages the platform's program holds more memory for than predicted
+            t = t._replace(feasible=t.feasible & ~excluded)
         tables.append(t)
     # (at least 1 byte: a limit the margin eats whole fits nothing, and says so below). The
     # search sums memory in float32 in its own order; the plan's reported memory is another
@@ -266,10 +286,10 @@ def plan(
                             calibration=calibration, allow_other_hardware=allow_other_hardware)
         dp_time, dp_memory = base.iteration_s, base.memory_bytes_per_device
     # the candidates: (time, simplicity, mesh index or None for pure data parallelism)
-    def off_data(strategies) -> int:  # layers of the graph not on data parallelism
-        return sum(s != "data" for s in list(strategies)[: graph.num_layers])
+    def off_data(sol: Solution) -> int:  # layers of the graph not on plain data parallelism (no lever)
+        return sum(c != int(Strategy.DATA) * K for c in list(sol.choice)[: graph.num_layers])
 
-    candidates = [(solutions[i].time_s, (off_data(solutions[i].strategies), meshes[i][1]), i) for i in fitting]
+    candidates = [(solutions[i].time_s, (off_data(solutions[i]), meshes[i][1]), i) for i in fitting]
     if base is not None and dp_memory <= budget:
         candidates.append((dp_time, (0, 1), None))
     top = min(candidates, key=lambda c: (c[0], c[1]))  # the fastest (the simpler of equals)
@@ -287,7 +307,7 @@ def plan(
         d, m = meshes[best]
         strategies = sol.strategies
         history = sol.history
-        mapping = dict(zip(graph.names, sol.strategies, strict=True))
+        mapping = {n: option_name(c, menu) for n, c in zip(graph.names, sol.choice, strict=True)}
         ev = evaluation_of(graph, hw, P, (d, m), B, settings, tables[best], plan=mapping)
     preferred = simple[0] > fastest_s
     fastest_mesh = ((P, 1) if top[2] is None else meshes[top[2]]) if preferred else None
@@ -319,4 +339,5 @@ def plan(
         fastest_iteration_s=fastest_s if preferred else None,
         on_unsupported=graph.on_unsupported,
         fastest_mesh=fastest_mesh,
+        levers=levers,
     )

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from costmodels.strategies import STRATEGY_NAMES
+from costmodels.levers import Lever, menu_of
+from costmodels.strategies import NUM_STRATEGIES, STRATEGY_NAMES
 
 __all__ = ["HistoryEntry", "SearchEvent", "Solution"]
 
@@ -32,9 +33,11 @@ class SearchEvent:
 
 @dataclasses.dataclass(frozen=True)
 class Solution:
-    """One strategy per real layer of a cost table, with its exact cost."""
+    """One option (a strategy, under a lever where the table has a lever
+    menu: :mod:`costmodels.levers`) per real layer of a cost table, with its
+    exact cost."""
 
-    choice: tuple[int, ...]  # Strategy code per real layer
+    choice: tuple[int, ...]  # option code per real layer (the Strategy code on a lever-free table)
     time_s: float  # exact iteration time of the plan
     memory_bytes: float  # exact peak memory per device of the plan
     memory_limit_bytes: float
@@ -46,7 +49,16 @@ class Solution:
     optimality_gap: float | None  # (time - bound) / bound when a bound is known; 0 = optimal
     seconds: float  # wall time of the search
     history: tuple[HistoryEntry, ...] = ()
+    num_options: int = NUM_STRATEGIES  # options per layer of the table searched (strategies x levers)
 
     @property
     def strategies(self) -> tuple[str, ...]:
-        return tuple(STRATEGY_NAMES[s] for s in self.choice)
+        """The strategy name of each layer's option."""
+        K = len(menu_of(self.num_options))
+        return tuple(STRATEGY_NAMES[s // K] for s in self.choice)
+
+    @property
+    def levers(self) -> tuple[Lever, ...]:
+        """The lever of each layer's option (``Lever(0, False)``: none)."""
+        menu = menu_of(self.num_options)
+        return tuple(menu[s % len(menu)] for s in self.choice)

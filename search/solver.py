@@ -137,6 +137,7 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
                 memory_limit_bytes=lim, feasible=False, min_memory_bytes=mm.memory_bytes, method=method, seed=seed,
                 lower_bound_s=None, optimality_gap=None, seconds=0.0,
                 history=(HistoryEntry("minimum_memory", plan_time(p, mm.choice), mm.memory_bytes, False),),
+                num_options=tables[i].feasible.shape[-1],
             )
     todo = [i for i in range(len(tables)) if out[i] is None]
     plan_of = {i: ("dp" if chains[i] else "milp") if method == "auto" else method for i in todo}
@@ -167,6 +168,7 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
             memory_limit_bytes=limits[i], feasible=bool(r.feasible), min_memory_bytes=mins[i].memory_bytes,
             method=plan_of[i], seed=seed, lower_bound_s=r.lower_bound_s, optimality_gap=_gap(time_s, r.lower_bound_s),
             seconds=seconds[i], history=(HistoryEntry(plan_of[i], r.time_s, r.memory_bytes, bool(r.feasible)),),
+            num_options=tables[i].feasible.shape[-1],
         )
         _emit(callback, plan_of[i], f"{plan_of[i]} done in {seconds[i]:.3f} s", i, time_s)
 
@@ -225,7 +227,7 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
                 choice=tuple(int(s) for s in option_ids[i][choice]), time_s=float(time_s), memory_bytes=float(mem),
                 memory_limit_bytes=lim, feasible=bool(mem <= lim), min_memory_bytes=mins[i].memory_bytes,
                 method=used, seed=seed, lower_bound_s=bound, optimality_gap=_gap(time_s, bound),
-                seconds=seconds[i], history=tuple(history),
+                seconds=seconds[i], history=tuple(history), num_options=tables[i].feasible.shape[-1],
             )
             _emit(callback, "refine", f"table {i}: {time_s * 1e3:.3f} ms/iteration", i, float(time_s))
     _emit(callback, "done", f"searched in {_time.perf_counter() - start:.3f} s")

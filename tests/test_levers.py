@@ -394,3 +394,80 @@ def test_compact_options_keeps_one_of_each_equivalent_option():
         if mesh == (8, 1):  # no model axis: filter, channel and replicated are data parallelism
             for s in (Strategy.FILTER, Strategy.CHANNEL, Strategy.REPLICATED):
                 assert plain_options(c)[s] < 0 or not c.feasible[:, plain_options(c)[s]].any()
+
+
+# -- the planner ----------------------------------------------------------------------------
+
+
+def test_plan_with_levers_fits_where_no_lever_free_plan_does():
+    """VGG16-CIFAR-10, 8 DGX A100s, batch 64, 62 MB: lever-free, the smallest
+    plan needs 65.0 MB; with ZeRO one fits. The plan records its menu and each
+    layer's stage; its collectives are ZeRO's, by hand: a stage-2 or 3 layer
+    reduce-scatters its gradient (one shard of its float32 weights per device)
+    over its data-parallel group, and gathers its weights once (stage 2) or
+    twice (stage 3)."""
+    import planner
+    from planner.planning import InfeasibleMemoryError
+
+    with pytest.raises(InfeasibleMemoryError, match="65.0"):
+        planner.plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=64, memory_limit="62MB")
+    p = planner.plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=64, memory_limit="62MB", levers="zero")
+    assert p.levers == "zero" and p.memory_bytes_per_device <= 62e6 and p.zero_stages
+    g = get_model("vgg16-cifar10")
+    a = g.unpadded()
+    i_of = {n: i for i, n in enumerate(g.names)}
+    d, m = p.mesh
+    for name, z in p.zero_stages.items():
+        s, i = p.strategies[name], i_of[name]
+        params = float(a.params[i])
+        kernel = float(np.prod(a.kernel[i])) * float(a.in_channels[i]) * float(a.out_channels[i])
+        # filter splits kernel and bias, channel the kernel only (ParaDL §4.7: its bias is added once)
+        local = {"filter": params / m, "channel": kernel / m + (params - kernel)}.get(s, params)
+        axes = ("data", "model") if s == "data" and m > 1 else ("data",)
+        ranks = d * m if s == "data" else d
+        mine = [c for c in p.collectives if c.where in (name, f"{name} (weights)")]
+        got = sorted((c.kind, c.axes, c.phase, c.bytes_per_device) for c in mine)
+        grad = [("all-reduce", axes, "gradient", 4 * local)] if z == 1 else \
+            [("reduce-scatter", axes, "gradient", 4 * local / ranks)]
+        gathers = [("all-gather", axes, ph, 4 * local) for ph in (("backward", "forward") if z == 3 else ("update",))]
+        want = sorted(grad + gathers)
+        assert [g[:3] for g in got] == [w[:3] for w in want], name
+        assert [g[3] for g in got] == pytest.approx([w[3] for w in want], rel=1e-6), name
+
+
+def test_a_cpu_plan_takes_no_zero_stage_3():
+    """XLA:CPU holds more than the cpu margin covers under stage 3
+    (planner.plan_inputs.EXCLUDED_ZERO_STAGES): at the same room for the
+    plan, the gpu plan shards weights (stage 3) and the cpu plan does not."""
+    import planner
+    from planner.plan_inputs import MEMORY_MARGIN
+
+    gpu = planner.plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=64, memory_limit="62MB", levers="zero")
+    assert 3 in gpu.zero_stages.values()
+    room = 62e6 / (1 - MEMORY_MARGIN["cpu"])
+    cpu = planner.plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=64, memory_limit=room * 1.1,
+                       levers="zero", platform="cpu")
+    assert cpu.zero_stages and 3 not in cpu.zero_stages.values()
+
+
+def test_evaluate_takes_levers_and_says_why_one_cannot_run():
+    from planner.evaluation import evaluate
+
+    g = get_model("vgg16-cifar10")
+    hw = load_hardware("dgx-a100")
+    plan = {n: "data" for n in g.names}
+    plain = evaluate(g, hw, 8, mesh=(8, 1), plan=plan, batch=64)
+    zero = evaluate(g, hw, 8, mesh=(8, 1), plan=plan | {"features/12": "data+zero2"}, batch=64)
+    row = {r.name: r for r in zero.layers}["features/12"]
+    assert (row.zero_stage, row.remat, row.option) == (2, False, "data+zero2")
+    assert zero.memory_bytes_per_device < plain.memory_bytes_per_device
+    # the same plan on the larger menus costs the same (float32 rounding apart)
+    for levers in ("zero", "all"):
+        again = evaluate(g, hw, 8, mesh=(8, 1), plan=plan | {"features/12": "data+zero2"}, batch=64, levers=levers)
+        assert again.iteration_s == pytest.approx(zero.iteration_s, rel=1e-6)
+    with pytest.raises(ValueError, match="levers need the menu 'zero', which levers='remat' does not hold"):
+        evaluate(g, hw, 8, mesh=(8, 1), plan=plan | {"features/12": "data+zero2"}, batch=64, levers="remat")
+    with pytest.raises(ValueError, match="cannot run strategy data\\+zero1 here: ZeRO needs a layer with parameters"):
+        evaluate(g, hw, 8, mesh=(8, 1), plan=plan | {"relu": "data+zero1"}, batch=64)
+    with pytest.raises(ValueError, match="unknown or repeated lever 'zero4'"):
+        evaluate(g, hw, 8, mesh=(8, 1), plan=plan | {"relu": "data+zero4"}, batch=64)

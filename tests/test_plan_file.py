@@ -21,14 +21,14 @@ def test_round_trip_is_exact(vgg_plan, tmp_path):
     path = tmp_path / "plan.json"
     vgg_plan.write(path)
     assert Plan.read(path) == vgg_plan
-    assert json.loads(text)["schema"] == "shardplan/plan" and json.loads(text)["version"] == 2
+    assert json.loads(text)["schema"] == "shardplan/plan" and json.loads(text)["version"] == 3
 
 
 @pytest.mark.parametrize(
     "mutate, message",
     [
         (lambda d: d.update(schema="shardplan/layer-graph"), "not a plan file"),
-        (lambda d: d.update(version=3), "newer"),
+        (lambda d: d.update(version=4), "newer"),
         (lambda d: d.update(version="1"), "integer"),
         (lambda d: d.pop("mesh"), 'missing "mesh"'),
         (lambda d: d.update(mesh=[3, 5]), "does not hold"),
@@ -137,16 +137,16 @@ def test_version_1_files_upgrade_to_the_same_specs(model):
     p = plan(model, devices=8, hardware="dgx-a100", batch=64, method="auto")
     d = json.loads(p.to_json())
     d["version"] = 1
-    for key in ("package_version", "hardware_spec", "history"):
+    for key in ("package_version", "hardware_spec", "history", "levers"):
         d.pop(key)
     for row in d["layers"]:
-        for key in ("input_spec", "output_spec", "param_specs"):
+        for key in ("input_spec", "output_spec", "param_specs", "zero_stage", "remat"):
             row.pop(key)
     back = Plan.from_dict(d)
     assert back.layer_specs == layer_specs(g, [r.strategy for r in p.layers])
     assert back.hardware_spec == load_hardware("dgx-a100")
     assert back.package_version.startswith("unknown") and back.history == ()
-    assert back.strategies == p.strategies and back.to_dict()["version"] == 2
+    assert back.strategies == p.strategies and back.to_dict()["version"] == 3
 
 
 def test_summary_has_one_row_per_layer(vgg_plan):
@@ -170,6 +170,60 @@ def test_summary_has_one_row_per_layer(vgg_plan):
     ],
 )
 def test_malformed_version_2_fields_rejected(vgg_plan, mutate, message):
+    d = json.loads(vgg_plan.to_json())
+    mutate(d)
+    with pytest.raises(ValueError, match=message):
+        Plan.from_dict(d)
+
+
+# -- version 3: memory levers per layer --------------------------------------------
+
+
+def test_version_2_files_read_with_no_levers(vgg_plan):
+    """A file written before the levers (version 2: no zero_stage or remat on
+    its rows) reads as the same plan, every layer without a lever."""
+    d = json.loads(vgg_plan.to_json())
+    d["version"] = 2
+    assert d.pop("levers") == "none"
+    for row in d["layers"]:
+        assert (row.pop("zero_stage"), row.pop("remat")) == (0, False)
+    back = Plan.from_dict(d)
+    assert back == vgg_plan and back.zero_stages == {} and back.remat_layers == ()
+
+
+@pytest.fixture(scope="module")
+def lever_plan():
+    """VGG16-CIFAR-10 on 8 DGX A100s at batch 64 within 62 MB, which no
+    lever-free plan fits (the smallest needs 65.0 MB): ZeRO shards the state."""
+    return plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=64, memory_limit="62MB", levers="zero")
+
+
+def test_lever_plans_round_trip_with_their_levers(lever_plan, tmp_path):
+    assert lever_plan.zero_stages  # the limit needs ZeRO
+    path = tmp_path / "plan.json"
+    lever_plan.write(path)
+    back = Plan.read(path)
+    assert back == lever_plan and back.zero_stages == lever_plan.zero_stages
+    rows = json.loads(path.read_text())["layers"]
+    assert {r["name"]: r["zero_stage"] for r in rows if r["zero_stage"]} == lever_plan.zero_stages
+    # the table shows each layer's levers beside its strategy
+    for line in lever_plan.summary(full=True).splitlines()[2:-1]:
+        name, _, option = line.split()[:3]
+        z = lever_plan.zero_stages.get(name, 0)
+        assert option == (f"{lever_plan.strategies[name]}+zero{z}" if z else lever_plan.strategies[name])
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d["layers"][0].update(zero_stage=4), "zero_stage must be 0, 1, 2 or 3"),
+        (lambda d: d["layers"][0].update(zero_stage=True), "zero_stage must be an integer"),
+        (lambda d: d["layers"][0].update(remat="yes"), "remat must be true or false"),
+        (lambda d: d["layers"][0].pop("remat"), 'missing "remat"'),
+        (lambda d: d.update(levers="zero3"), "plan.levers must be one of"),
+    ],
+)
+def test_malformed_lever_fields_rejected(vgg_plan, mutate, message):
     d = json.loads(vgg_plan.to_json())
     mutate(d)
     with pytest.raises(ValueError, match=message):

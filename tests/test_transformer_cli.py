@@ -68,10 +68,13 @@ def test_plan_evaluate_validate_and_train_sharded(capsys, tmp_path, user_vit, de
     under a tight limit, the plan re-evaluated, validated against XLA, and one
     planner.shard step with the unsharded loss."""
     path = tmp_path / "plan.json"
+    # planned for the platform it is validated on: XLA:CPU keeps more of a ZeRO layer's gradients than
+    # a gpu plan counts (docs/levers.md), which the cpu margin covers (1.5 MB for the plan, 45% kept free)
     _json(capsys, "plan", model_arg, "--devices", "8", "--hardware", "dgx-a100", "--batch", "8",
-          "--memory-limit", "1.5MB", "-o", str(path))
+          "--memory-limit", "2.7MB", "--platform", "cpu", "-o", str(path))
     plan = planner.Plan.read(path)
-    assert set(plan.strategies.values()) - {"data"}  # the tight limit splits something
+    # the tight limit splits something or shards its state (the CLI's default menu has the levers)
+    assert set(plan.strategies.values()) - {"data"} or plan.zero_stages or plan.remat_layers
     ev = _json(capsys, "evaluate", model_arg, "--devices", "8", "--hardware", "dgx-a100", "--batch", "8",
                "--plan", str(path))
     assert ev["iteration_s"] == pytest.approx(plan.iteration_s, rel=1e-6)  # the plan's own cost, re-evaluated

@@ -6,6 +6,7 @@ state exactly, every collective within 5% per kind and mesh axes)."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 from flax import nnx
@@ -146,3 +147,37 @@ def test_flax_multi_head_attention_trains_sharded(devices):
             assert r.compiled_bytes == r.predicted_bytes + 2 * x_bytes
         else:
             assert r.ok, r
+
+
+@pytest.mark.parametrize("strategy", ["data", "filter"])
+def test_a_recomputed_attention_trains_with_the_unsharded_losses(devices, strategy):
+    """nnx.MultiHeadAttention's attention planned ``+remat``: planner.shard
+    runs it under jax.checkpoint (a remat equation in the step's jaxpr, none
+    without the lever) and two SGD steps give the losses and weights of the
+    same plan without it; validate finds the parameter and optimizer bytes exact."""
+    model = _MHABlock(nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (BATCH, 16, 32))
+    y = jnp.arange(BATCH) % 10
+    spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    heads = {**HEADS, "attn/out": "channel"} if strategy == "filter" else {}
+    out = {}
+    for option in (strategy, f"{strategy}+remat"):
+        plan = fixed_plan(model, spec, (2, 4), strategies={**heads, "attn/attention": option}, batch=BATCH)
+        assert plan.remat_layers == (("attn/attention",) if option.endswith("remat") else ())
+        # SGD: the keys' bias has a zero gradient (softmax ignores a shift), which Adam would turn into
+        # +-lr steps of the rounding noise
+        step, state = planner.shard(model, plan, optax.sgd(0.1))
+        jaxpr = str(jax.make_jaxpr(step)(state, x, y))
+        losses = []
+        for _ in range(2):
+            state, loss = step(state, x, y)
+            losses.append(float(loss))
+        out[option] = ("remat" in jaxpr, losses, state)
+        report = validate(model, plan, memory_rtol=0.5, activation_rtol=0.6)
+        rows = {r.part: r for r in report.memory}
+        assert rows["parameters"].ok and rows["optimizer state"].ok
+    (kept, kept_losses, kept_state), (again, losses, state) = out[strategy], out[f"{strategy}+remat"]
+    assert again and not kept
+    np.testing.assert_allclose(losses, kept_losses, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(kept_state.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)

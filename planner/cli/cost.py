@@ -53,6 +53,8 @@ def _read_plan(path: str, graph: Any) -> tuple[dict[str, str], dict[str, Any]]:
     its ``graph_fingerprint`` (or, without one, its ``model``) must match;
     and the settings it records (devices, mesh, batch, dtype, optimizer,
     hardware), those of them it has."""
+    from planner.evaluation import option_label
+
     data = read_json(path, f"plan file ({_PLAN_ACCEPTED})")
     rows = data.get("layers") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not all(
@@ -69,14 +71,15 @@ def _read_plan(path: str, graph: Any) -> tuple[dict[str, str], dict[str, Any]]:
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"{path}: layers {dup[:3]} appear more than once; give each layer one strategy")
-    settings = {k: data[k] for k in ("devices", "batch", "dtype", "optimizer", "hardware") if k in data}
+    settings = {k: data[k] for k in ("devices", "batch", "dtype", "optimizer", "hardware", "levers") if k in data}
     if isinstance(data.get("mesh"), list) and len(data["mesh"]) == 2:
         settings["mesh"] = tuple(data["mesh"])
     if isinstance(data.get("hardware_spec"), dict):
         from costmodels import hardware_from_dict
 
         settings["hardware_spec"] = hardware_from_dict(data["hardware_spec"], source=f"{path}: hardware_spec")
-    return {r["name"]: r["strategy"] for r in rows}, settings
+    # each layer's strategy with its memory levers (plan files of version 3), e.g. "data+zero2"
+    return {r["name"]: option_label(r) for r in rows}, settings
 
 
 def _plan_settings(args: argparse.Namespace, path: str, recorded: dict[str, Any]) -> dict[str, Any]:
@@ -167,7 +170,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     if (args.strategy is None) == (args.plan is None):
         raise ValueError("give exactly one of --strategy NAME or --plan FILE")
     graph = load_model(args.model, args.on_unsupported)
-    plan = None
+    plan, recorded = None, {}
     settings = {"devices": args.devices, "mesh": parse_mesh(args.mesh) if args.mesh else None,
                 "batch": args.batch, "dtype": args.dtype or "float32", "optimizer": args.optimizer or "adam",
                 "hardware": args.hardware or "abci-v100"}
@@ -189,6 +192,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         dtype=settings["dtype"], optimizer=settings["optimizer"],
         calibration=load_calibration(args.calibration) if args.calibration else None,
         allow_other_hardware=args.allow_other_hardware,
+        levers=recorded.get("levers") if args.plan else None,  # the menu the plan was searched on
     )
     data = ev.to_dict()
     if args.json or not sys.stdout.isatty():
@@ -244,7 +248,7 @@ def layer_cost_table(title: str, layers: list[dict[str, Any]], *, full: bool = T
 
     from planner._compact import group_rows, label_group, plain_cost_rows
     from planner._format import format_bytes
-    from planner.evaluation import substitution_notes
+    from planner.evaluation import option_label, substitution_notes
 
     names = [r["name"] for r in layers]
     if full:
@@ -270,7 +274,7 @@ def layer_cost_table(title: str, layers: list[dict[str, Any]], *, full: bool = T
             continue
         r = layers[span.start]
         mark = "*" if r.get("requested_strategy", r["strategy"]) != r["strategy"] else ""
-        table.add_row(r["name"], r["kind"], r["strategy"] + mark, f"{r['compute_s'] * 1e3:.4f}",
+        table.add_row(r["name"], r["kind"], option_label(r) + mark, f"{r['compute_s'] * 1e3:.4f}",
                       f"{r['comm_s'] * 1e3:.4f}", f"{r['reshard_s'] * 1e3:.4f}", format_bytes(r["memory_bytes"]))
     return table
 

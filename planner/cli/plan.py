@@ -116,6 +116,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             optimizer=args.optimizer, allow_cross_node_model_axis=args.allow_cross_node_model_axis,
             calibration=calibration, allow_other_hardware=args.allow_other_hardware, callback=callback,
             platform=args.platform, milp_time_limit_s=args.milp_time_limit if args.milp_time_limit > 0 else None,
+            levers=args.levers,
         )
     except InfeasibleMemoryError as e:
         print(f"{PROG}: error: {one_line(str(e))}", file=sys.stderr)
@@ -135,6 +136,7 @@ def _run_plan(args: argparse.Namespace) -> int:
 
 def add_plan_commands(sub: Any) -> None:
     """Register ``plan`` on an argparse subparsers object."""
+    from costmodels import LEVER_CHOICES
     from planner._compact import COMPACT_ABOVE
     from search import METHODS
 
@@ -165,6 +167,10 @@ def add_plan_commands(sub: Any) -> None:
     pl.add_argument("--platform", choices=("cpu", "gpu", "tpu"), default=None,
                     help="XLA platform the plan will be compiled on; the search keeps its memory margin free "
                          "(default: the hardware's, cpu for cpu-local, else gpu)")
+    pl.add_argument("--levers", choices=LEVER_CHOICES, default="all",
+                    help="memory levers each layer may take beside its strategy: zero (ZeRO stages 1-3 over its "
+                         "data-parallel group), remat (recompute its activations in the backward pass), all or "
+                         "none (default all; a lever that buys nothing is dropped, docs/levers.md)")
     pl.add_argument("--allow-cross-node-model-axis", action="store_true",
                     help="also try model axes larger than one node")
     pl.add_argument("--json", action="store_true", help="print JSON even on a terminal")

@@ -1,9 +1,12 @@
 """Reading a plan file back: ``Plan.from_json`` / ``Plan.from_dict``, with a
 message naming the first problem. The writer is ``Plan.to_dict``.
 
-Schema ``"shardplan/plan"``, integer ``version``: version 2 is the current
-one. A version-1 file is upgraded on reading: its layers' PartitionSpecs
-are derived from their kinds and strategies
+Schema ``"shardplan/plan"``, integer ``version``: version 3 is the current
+one; it added each layer's memory levers (``zero_stage`` 0-3 and
+``remat``, :mod:`costmodels.levers`) and the lever menu searched
+(``levers``). A version-2 file reads with no levers (stage 0, activations
+kept, menu ``none``). A version-1 file is upgraded on reading: its layers'
+PartitionSpecs are derived from their kinds and strategies
 (:func:`planner.plans.specs.layer_specs_from_kinds`), the hardware is embedded
 from the preset of that name (left out when it names no preset), the
 package version reads ``"unknown (plan file version 1)"`` and the search
@@ -16,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from costmodels import STRATEGY_NAMES, CollectiveRecord
+from costmodels import LEVER_CHOICES, STRATEGY_NAMES, CollectiveRecord
 from costmodels.hardware import hardware_from_dict, load_hardware, preset_names
 from costmodels.strategies import AXIS_NAMES
 from planner.evaluation import LayerCost
@@ -27,7 +30,9 @@ from search import HistoryEntry
 __all__ = ["PLAN_SCHEMA", "PLAN_VERSION", "plan_fields"]
 
 PLAN_SCHEMA = "shardplan/plan"
-PLAN_VERSION = 2  # 2 added layer specs, the embedded hardware, the package version, the search history
+# 2 added layer specs, the embedded hardware, the package version, the search history;
+# 3 the memory levers per layer
+PLAN_VERSION = 3
 
 
 class _Reader:
@@ -137,10 +142,17 @@ def plan_fields(data: Any) -> dict[str, Any]:
         reason = row.get("substitution_reason")
         if reason is not None and not isinstance(reason, str):
             raise ValueError(f"plan.layers[{i}].substitution_reason must be a string or null, got {reason!r}")
+        zero_stage, remat = 0, False
+        if version >= 3:
+            zero_stage = lr.integer("zero_stage")
+            if zero_stage > 3:
+                raise ValueError(f"plan.layers[{i}].zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+            remat = lr.boolean("remat")
         layers.append(LayerCost(
             name=lr.string("name"), kind=lr.string("kind"), strategy=strategy,
             compute_s=lr.number("compute_s"), comm_s=lr.number("comm_s"), reshard_s=lr.number("reshard_s"),
             memory_bytes=lr.number("memory_bytes"), requested_strategy=requested, substitution_reason=reason,
+            zero_stage=zero_stage, remat=remat,
         ))
         if version >= 2:
             specs.append(_layer_specs(lr, i, layers[-1].name))
@@ -207,6 +219,9 @@ def plan_fields(data: Any) -> dict[str, Any]:
     # (LayerGraph.on_unsupported; optional: older files were all made for "error")
     fields["on_unsupported"] = check_on_unsupported(r.get("on_unsupported") if "on_unsupported" in r.data
                                                     else "error", "plan.on_unsupported")
+    fields["levers"] = r.string("levers") if version >= 3 else "none"
+    if fields["levers"] not in LEVER_CHOICES:
+        raise ValueError(f"plan.levers must be one of {', '.join(LEVER_CHOICES)}, got {fields['levers']!r}")
     if version >= 2:
         hw = r.get("hardware_spec")
         fields["hardware_spec"] = None if hw is None else hardware_from_dict(hw, source="plan.hardware_spec")

@@ -73,6 +73,7 @@ class Plan:
     # "replicate": the model's graph keeps unsupported operations as replicated layers
     # (LayerGraph.on_unsupported), so shard and validate extract the model that way too
     on_unsupported: str = "error"
+    levers: str = "none"  # the lever menu searched (costmodels.LEVER_CHOICES; "none" before version 3)
 
     # -- the evaluation's fields, read through -------------------------------------------
 
@@ -129,14 +130,28 @@ class Plan:
         """Layer name -> strategy name."""
         return {r.name: r.strategy for r in self.layers}
 
+    @property
+    def zero_stages(self) -> dict[str, int]:
+        """Layer name -> ZeRO stage (1-3), for the layers that shard their state."""
+        return {r.name: r.zero_stage for r in self.layers if r.zero_stage}
+
+    @property
+    def remat_layers(self) -> tuple[str, ...]:
+        """The layers whose activations the backward pass recomputes."""
+        return tuple(r.name for r in self.layers if r.remat)
+
     def partition_specs(self, params: Any) -> Any:
         """PartitionSpecs for a Flax nnx ``State`` or linen params tree, from each
-        parameter's layer strategy (:func:`planner.plans.specs.partition_specs`)."""
-        return partition_specs(params, self.strategies)
+        parameter's layer strategy (:func:`planner.plans.specs.partition_specs`),
+        split over the data-parallel group as well for the layers on ZeRO stage 3."""
+        return partition_specs(params, self.strategies, self._fsdp())
 
     def shardings(self, params: Any, mesh: Any) -> Any:
         """NamedShardings for ``params`` on ``mesh`` (a ``("data", "model")`` mesh)."""
-        return shardings(params, self.strategies, mesh)
+        return shardings(params, self.strategies, mesh, self._fsdp())
+
+    def _fsdp(self) -> frozenset[str]:  # the layers whose weights are stored sharded (ZeRO stage 3)
+        return frozenset(n for n, z in self.zero_stages.items() if z >= 3)
 
     def activation_specs(self) -> dict[str, tuple[Any, Any]]:
         """Layer name -> (input, output) ``PartitionSpec`` (None: XLA decides)."""
@@ -171,6 +186,7 @@ class Plan:
             "fastest_iteration_s": self.fastest_iteration_s,
             "fastest_mesh": None if self.fastest_mesh is None else list(self.fastest_mesh),
             "on_unsupported": self.on_unsupported,
+            "levers": self.levers,
             "data_parallel_iteration_s": self.data_parallel_iteration_s,
             "data_parallel_memory_bytes": self.data_parallel_memory_bytes,
             "speedup_over_data_parallel": self.speedup_over_data_parallel,

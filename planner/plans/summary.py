@@ -43,7 +43,7 @@ def plan_summary(plan: Any, full: bool = False) -> str:
         spans = tuple(range(i, i + 1) for i in range(len(layers)))
     else:
         facts = [{"strategy": r.strategy, "requested_strategy": r.requested_strategy, "reshard_s": r.reshard_s,
-                  "comm_s": r.comm_s} for r in layers]
+                  "comm_s": r.comm_s, "zero_stage": r.zero_stage, "remat": r.remat} for r in layers]
         spans = group_rows(names, plain_cost_rows(facts, "data", plan.iteration_s))
     rows = []
     for span in spans:
@@ -56,7 +56,7 @@ def plan_summary(plan: Any, full: bool = False) -> str:
         r = layers[span.start]
         s = specs.get(r.name)
         mark = "*" if getattr(r, "substituted", False) else ""  # costed under another strategy than requested
-        rows.append((r.name, r.kind, r.strategy + mark, _ms(r.compute_s), _ms(r.comm_s), _ms(r.reshard_s),
+        rows.append((r.name, r.kind, r.option + mark, _ms(r.compute_s), _ms(r.comm_s), _ms(r.reshard_s),
                      format_bytes(r.memory_bytes),
                      format_spec(s.input_spec) if s else "", format_spec(s.output_spec) if s else ""))
     rows.append(("total", "", "", _ms(sum(r.compute_s for r in plan.layers)), _ms(sum(r.comm_s for r in plan.layers)),

@@ -37,6 +37,7 @@ from planner.plans.specs import (
     partition_specs,
     shardings,
     to_partition_spec,
+    zero_spec_entries,
 )
 
 __all__ = [
@@ -116,7 +117,9 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                        last_layout: list[str] | None = None,
                        input_layouts: Mapping[str, str] | None = None,
                        output_layouts: Mapping[str, Mapping[str, str]] | None = None,
-                       blocks: Mapping[str, tuple[str | None, str | None]] | None = None) -> Iterator[None]:
+                       blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
+                       remat: frozenset[str] = frozenset(), recomputed: set[str] | None = None,
+                       fsdp: frozenset[str] = frozenset()) -> Iterator[None]:
     """While tracing: constrain each planned module call's input and output to
     its strategy's layouts (patched ``__call__``, restored on exit).
 
@@ -139,6 +142,16 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
       layouts given (:func:`block_layouts`; ``None``: left to XLA), so that
       the shortcut and the first layer read one value and the functional ops
       at the block's end run in their planned layout.
+
+    * An ``nnx.MultiHeadAttention`` whose attention layer (``<path>/attention``)
+      is in ``remat`` runs its attention under ``jax.checkpoint``: the
+      backward pass recomputes the scores from the queries, keys and values
+      it keeps (:func:`_recomputing_attention`); the layers so treated are
+      added to ``recomputed``.
+    * A planned module in ``fsdp`` (ZeRO stage 3: its weights stored sharded
+      over its data-parallel group) gathers its weights at its call and
+      again in the backward pass (:func:`_regathering`), instead of keeping
+      the forward's gathered copy until then.
 
     The output layout of the last planned call is appended to ``last_layout``."""
     input_layouts = {} if input_layouts is None else input_layouts
@@ -163,14 +176,21 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                 lout = PARAM_LAYOUTS[to_heads[0]][1]
                 return _constrain_heads(orig(self, x, *args, **kwargs), lout, mesh)
             if name is None or name not in strategies:
+                call = orig
+                if isinstance(self, nnx.MultiHeadAttention) and name is not None:
+                    mine = {r for r in remat if r.rpartition("/")[0] == name}
+                    if mine:
+                        call = _recomputing_attention(orig)
+                        if recomputed is not None:
+                            recomputed.update(mine)
                 if name not in blocks:
-                    return orig(self, x, *args, **kwargs)
+                    return call(self, x, *args, **kwargs)
                 bin_, bout = blocks[name]  # a block of planned layers
                 fused = layer_path(name, "qkv")
                 if isinstance(self, nnx.MultiHeadAttention) and fused in strategies:
                     # its one input feeds three projections: converted once, to the fused layer's input layout
                     bin_ = PARAM_LAYOUTS[strategies[fused]][0]
-                out = orig(self, x if bin_ is None else _constrain(x, bin_, mesh), *args, **kwargs)
+                out = call(self, x if bin_ is None else _constrain(x, bin_, mesh), *args, **kwargs)
                 return out if bout is None else _constrain(out, bout, mesh)
             param = isinstance(self, _PARAM_MODULES)
             lin, lout = (PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS)[strategies[name]]
@@ -183,7 +203,8 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                 else _constrain
             if name in input_layouts:
                 x = pin(x, input_layouts[name], mesh)
-            out = orig(self, pin(x, lin, mesh), *args, **kwargs)
+            call = _regathering(orig, strategies[name], mesh) if name in fsdp else orig
+            out = call(self, pin(x, lin, mesh), *args, **kwargs)
             if lout == "partial" and gout != "partial":
                 out = _pin_cotangent(out, gout, mesh)
             out = _constrain(out, lout, mesh)
@@ -202,6 +223,82 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
     finally:
         for (cls, method), orig in originals.items():
             setattr(cls, method, orig)
+
+
+def _regathering(orig: Callable, strategy: str, mesh: Mesh) -> Callable:
+    """A planned module's ``__call__`` for ZeRO stage 3 (FSDP): its weights,
+    stored sharded, are gathered to the strategy's own layout for the call
+    and gathered again for the backward pass, which keeps only the sharded
+    weights and the layer's input (ZeRO §7.2.2: gathered before the forward
+    and before the backward use, freed after each). A ``jax.custom_vjp``:
+    its backward gathers from the shards tied to the cotangent by an
+    ``optimization_barrier``, so XLA cannot merge the two gathers into one
+    kept from the forward to the backward pass, which it does otherwise
+    (measured: the small CNN of tests/test_export.py and the ResNet of
+    benchmarks/zero_xla.py). The weight gradient leaves in the shards'
+    layout: reduce-scattered."""
+
+    def call(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+        graphdef, state = nnx.split(self)
+
+        def gather(state: Any) -> Any:
+            return jax.tree.map(
+                lambda v: jax.lax.with_sharding_constraint(v, NamedSharding(mesh, param_spec(strategy, v.ndim))), state)
+
+        def apply(x: Any, weights: Any) -> Any:
+            return orig(nnx.merge(graphdef, weights), x, *args, **kwargs)
+
+        @jax.custom_vjp
+        def layer(x: Any, state: Any) -> Any:
+            return apply(x, gather(state))
+
+        def fwd(x: Any, state: Any) -> tuple[Any, Any]:
+            return apply(x, gather(state)), (x, state)
+
+        def bwd(res: Any, dy: Any) -> tuple[Any, Any]:
+            x, state = res
+            state, dy = jax.lax.optimization_barrier((state, dy))
+            _, vjp = jax.vjp(apply, x, gather(state))
+            dx, dw = vjp(dy)
+            return dx, _scatter(dw, strategy, mesh)
+
+        layer.defvjp(fwd, bwd)
+        return layer(x, state)
+
+    return call
+
+
+def _scatter(grads: Any, strategy: str, mesh: Mesh) -> Any:
+    """A ZeRO layer's weight gradients constrained to their shards over the
+    layer's data-parallel group: XLA reduce-scatters them there."""
+    return jax.tree.map(lambda g: jax.lax.with_sharding_constraint(
+        g, NamedSharding(mesh, P(*zero_spec_entries(strategy, g.ndim)))), grads)
+
+
+def _recomputing_attention(orig: Callable) -> Callable:
+    """``nnx.MultiHeadAttention.__call__`` with its ``attention_fn`` under
+    ``jax.checkpoint`` for the call (restored after): the residuals of a
+    checkpointed function are its inputs, and its forward runs again in the
+    backward pass (JAX's ``jax.checkpoint`` documentation), so the
+    attention keeps the queries, keys and values and recomputes the scores
+    and probabilities, as ``costmodels.levers`` costs it."""
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        fn = self.attention_fn
+
+        def recomputed(query: Any, key: Any, value: Any, *, mask: Any = None, dropout_rng: Any = None,
+                       **options: Any) -> Any:
+            # the arrays through the checkpoint, the static options (dtype, flags, module) closed over
+            inner = jax.checkpoint(lambda q, k, v, mk, rng: fn(q, k, v, mask=mk, dropout_rng=rng, **options))
+            return inner(query, key, value, mask, dropout_rng)
+
+        self.attention_fn = recomputed
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            self.attention_fn = fn
+
+    return call
 
 
 def _constrain(x: Any, layout: str, mesh: Mesh) -> Any:
@@ -245,11 +342,21 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
            input_layouts: Mapping[str, str] | None = None,
            output_layouts: Mapping[str, Mapping[str, str]] | None = None,
            blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
-           zero_stages: Mapping[str, int] | None = None) -> tuple[Any, Any, Any, Any, Any]:
+           zero_stages: Mapping[str, int] | None = None,
+           remat_layers: Sequence[str] | None = None) -> tuple[Any, Any, Any, Any, Any]:
     """(jitted step, state shardings, params, other, batch sharding)."""
     for s in strategies.values():
         check_strategy(s)
     zero = _zero_layers(strategies, zero_stages)
+    remat = frozenset(() if remat_layers is None else remat_layers)
+    unknown = sorted(remat - set(strategies))
+    if unknown:
+        raise ValueError(f"remat_layers names {unknown[:3]}, which the plan does not name")
+    attention = {"/".join(map(str, p)) for p, mod in nnx.iter_modules(model) if isinstance(mod, nnx.MultiHeadAttention)}
+    other = sorted(r for r in remat if r.rpartition("/")[0] not in attention)
+    if other:
+        raise ValueError(f"cannot recompute {other[:3]}: recomputing is exported for the attention layer of an "
+                         "nnx.MultiHeadAttention (<path>/attention) only")
     graphdef, params, other = nnx.split(model, nnx.Param, ...)
     p_sh = shardings(params, strategies, mesh, zero[3])  # ZeRO-3: the weights themselves sharded (FSDP)
     g_sh = shardings(params, strategies, mesh, zero[2])  # ZeRO-2: the gradients reduce-scattered
@@ -264,8 +371,13 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
         def loss_of(params: Any) -> tuple[jax.Array, Any]:
             m = nnx.merge(graphdef, params, state.other, copy=True)
             last: list[str] = []
-            with _constrained_calls(m, strategies, mesh, last, input_layouts, output_layouts, blocks):
+            recomputed: set[str] = set()
+            with _constrained_calls(m, strategies, mesh, last, input_layouts, output_layouts, blocks, remat,
+                                    recomputed, zero[3]):
                 logits = m(x)
+            if remat - recomputed:  # (checked above: an attention module that was not called)
+                raise ValueError(f"cannot recompute {sorted(remat - recomputed)[:3]}: their attention module "
+                                 "was not called")
             # The loss runs on the output as the cost model assumes: batch-split
             # where the last layer leaves it so, else gathered over the model axis
             # (costmodels.collective_list, "-> loss" records).
@@ -315,6 +427,7 @@ def shard_training(
     output_layouts: Mapping[str, Mapping[str, str]] | None = None,
     blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
     zero_stages: Mapping[str, int] | None = None,
+    remat_layers: Sequence[str] | None = None,
 ) -> tuple[Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, jax.Array]], TrainState]:
     """A jitted training step ``step(state, x, y) -> (state, loss)`` for ``model``
     with parameters, optimizer state and each planned layer's activations laid
@@ -331,9 +444,11 @@ def shard_training(
     (layer -> 0..3) shards a layer's optimizer state (stage 1), also its
     gradients (2) and also its weights (3) over its data-parallel group
     (:func:`planner.plans.specs.zero_spec_entries`); XLA inserts the
-    reduce-scatters and all-gathers."""
+    reduce-scatters and all-gathers. ``remat_layers`` (attention layers
+    ``<path>/attention`` of ``nnx.MultiHeadAttention`` modules) recompute
+    their attention in the backward pass (``jax.checkpoint``)."""
     step, state_sh, params, other, _ = _build(model, strategies, mesh, optimizer, loss_fn, False, input_layouts,
-                                              output_layouts, blocks, zero_stages)
+                                              output_layouts, blocks, zero_stages, remat_layers)
     init = jax.jit(lambda p, o: TrainState(p, o, optimizer.init(p)), out_shardings=state_sh)
     return step, init(params, other)
 
@@ -351,6 +466,7 @@ def lower_training(
     output_layouts: Mapping[str, Mapping[str, str]] | None = None,
     blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
     zero_stages: Mapping[str, int] | None = None,
+    remat_layers: Sequence[str] | None = None,
 ) -> tuple[jax.stages.Lowered, TrainState]:
     """The training step of :func:`shard_training`, lowered for inputs shaped
     like ``x`` (batch first, channels last; integer labels, one per token
@@ -360,7 +476,8 @@ def lower_training(
     their planned shardings). ``donate`` (default) lets the new state reuse
     the old one's buffers, as an in-place training loop would."""
     step, state_sh, params, other, batch_sh = _build(model, strategies, mesh, optimizer, loss_fn, donate,
-                                                     input_layouts, output_layouts, blocks, zero_stages)
+                                                     input_layouts, output_layouts, blocks, zero_stages,
+                                                     remat_layers)
     opt_abs = jax.eval_shape(optimizer.init, params)
 
     def spec(leaf: Any, sh: Any) -> jax.ShapeDtypeStruct:

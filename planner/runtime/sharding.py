@@ -45,7 +45,11 @@ def shard(
     graph must have the plan's fingerprint. ``mesh`` defaults to the plan's
     ``d x m`` mesh over all devices, with axes ``("data", "model")``; across
     several processes, :func:`planner.runtime.distributed.process_mesh` (the model
-    axis inside a process)."""
+    axis inside a process). Layers the plan puts on ZeRO shard their
+    optimizer state, gradients and weights as their stage says, and the
+    attention layers it recomputes run under ``jax.checkpoint``
+    (:func:`planner.runtime.export.shard_training`'s ``zero_stages`` and
+    ``remat_layers``)."""
     graph = planned_graph(model, plan)
     mesh = plan_mesh(plan, mesh)
     kwargs: dict[str, Any] = {} if loss_fn is None else {"loss_fn": loss_fn}
@@ -56,7 +60,8 @@ def shard(
     return shard_training(model, plan.strategies, mesh, optimizer,
                           input_layouts=producer_layouts(graph, plan.strategies),
                           output_layouts=consumer_layouts(graph, plan.strategies),
-                          blocks=block_layouts(graph, plan.strategies), **kwargs)
+                          blocks=block_layouts(graph, plan.strategies), zero_stages=plan.zero_stages,
+                          remat_layers=plan.remat_layers, **kwargs)
 
 
 def example_input(plan: Plan, batch: int) -> jax.ShapeDtypeStruct:

@@ -62,6 +62,7 @@ from jax.sharding import Mesh
 
 from costmodels import (
     CostSettings,
+    Lever,
     Strategy,
     load_hardware,
     parse_strategy,
@@ -82,7 +83,11 @@ from planner.runtime.export import (
     producer_layouts,
 )
 from planner.runtime.hlo import parse_collectives
-from planner.runtime.sharding import example_input, plan_mesh, planned_graph
+from planner.runtime.sharding import (
+    example_input,
+    plan_mesh,
+    planned_graph,
+)
 
 __all__ = ["CollectiveRow", "MemoryRow", "ValidationReport", "collective_rows", "default_optimizer", "fixed_plan",
            "validate"]
@@ -215,7 +220,8 @@ def validate(
     lowered, abstract = lower_training(model, plan.strategies, mesh, tx, x,
                                        input_layouts=producer_layouts(graph, plan.strategies),
                                        output_layouts=consumer_layouts(graph, plan.strategies),
-                                       blocks=block_layouts(graph, plan.strategies))
+                                       blocks=block_layouts(graph, plan.strategies), zero_stages=plan.zero_stages,
+                                       remat_layers=plan.remat_layers)
     compiled = lowered.compile()
     memory = _memory_rows(graph, plan, compiled, abstract, x, memory_rtol, activation_rtol)
     platform = mesh.devices.flat[0].platform
@@ -229,14 +235,32 @@ def _choice(graph: Any, plan: Plan) -> np.ndarray:
     return np.array([int(parse_strategy(strategies[n])) for n in graph.names])
 
 
+def _levers(graph: Any, plan: Plan) -> list[Lever]:
+    by_name = {r.name: r.lever for r in plan.layers}
+    return [by_name[n] for n in graph.names]
+
+
+def _zero_divisors(graph: Any, plan: Plan, choice: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer ``[L]``: what ZeRO divides its weights (stage 3) and its
+    optimizer state (stages 1-3) by, the size of its data-parallel group
+    (both axes under data and spatial, the data axis otherwise: the gradient
+    all-reduce's ranks, ``costmodels.levers``); 1 where not sharded."""
+    d, m = plan.mesh
+    stage = np.array([x.zero_stage for x in _levers(graph, plan)])
+    group = np.where((choice == Strategy.DATA) | (choice == Strategy.SPATIAL), d * m, d).astype(np.float64)
+    return np.where(stage >= 3, group, 1.0), np.where(stage >= 1, group, 1.0)
+
+
 def _memory_rows(graph: Any, plan: Plan, compiled: Any, abstract: Any, x: Any, rtol: float, act_rtol: float
                  ) -> tuple[MemoryRow, ...]:
     d, m = plan.mesh
     choice = _choice(graph, plan)
     a = graph.unpadded()
     # -- predicted (float32 parameters and state; the layouts of planner.runtime.export)
-    params = float(np.sum(sharded_parameters(graph, choice, m))) * 4.0
-    optim = OPTIMIZER_SLOTS[plan.optimizer] * params + _COUNTER_BYTES[plan.optimizer]
+    local = sharded_parameters(graph, choice, m) * 4.0  # [L] float32 bytes per device, before ZeRO
+    weights_by, optim_by = _zero_divisors(graph, plan, choice)
+    params = float(np.sum(local / weights_by))
+    optim = OPTIMIZER_SLOTS[plan.optimizer] * float(np.sum(local / optim_by)) + _COUNTER_BYTES[plan.optimizer]
     buffers = float(np.sum(np.asarray(a.buffers) / np.where(choice == Strategy.FILTER, m, 1))) * 4.0
     inputs = graph.input_bytes_per_sample * plan.batch / (d * m)  # x float32 or int32 ids, labels int32
     arguments = params + optim + buffers + inputs
@@ -311,7 +335,7 @@ def _collective_rows(graph: Any, plan: Plan, hlo: str, mesh: Mesh, platform: str
     sizes = dict(mesh.shape)
     choice = _choice(graph, plan)
     settings = CostSettings(dtype=plan.dtype, optimizer=plan.optimizer)
-    records = plan_collectives(graph, choice, plan.batch, d, m, settings) + auxiliary_collectives(
+    records = plan_collectives(graph, choice, plan.batch, d, m, settings, _levers(graph, plan)) + auxiliary_collectives(
         graph, choice, plan.batch, d, m, settings)
     predicted: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
     notes: dict[tuple[str, tuple[str, ...]], str] = {}
@@ -362,9 +386,10 @@ def fixed_plan(
     ``strategy`` for every layer that can run it (``replicated`` elsewhere), or
     ``strategies`` for the layers named (``data`` for the rest), evaluated by
     the cost model on a ``d x m`` mesh; for validating single strategies.
+    A strategy may carry memory levers (``data+zero2``, :mod:`costmodels.levers`).
     ``on_unsupported`` is :func:`planner.extract`'s (and recorded in the plan)."""
     from planner._version import __version__
-    from planner.evaluation import evaluate
+    from planner.evaluation import evaluate, plan_levers
     from planner.plans.specs import layer_specs
 
     graph = extract(model, example_input, on_unsupported=on_unsupported)
@@ -386,6 +411,7 @@ def fixed_plan(
         graph_fingerprint=graph.fingerprint, input_shape=tuple(graph.input_shape),
         layer_specs=layer_specs(graph, [r.strategy for r in ev.layers]), hardware_spec=hw,
         package_version=__version__, on_unsupported=graph.on_unsupported,
+        levers=plan_levers(mapping) if strategies is not None else "none",
     )
 
 
