@@ -74,15 +74,23 @@ def _classes(plan) -> int:
     return int(g.unpadded().out_channels[g.num_layers - 1])
 
 
-def shard_kernels(name: str, hardware: str, devices: int, batch_per_device: int, warmup: int, repeats: int) -> dict:
-    """Part 2: each layer at its shard shape under the P-device plan, timed on one device."""
+def shard_kernels(name: str, hardware: str, devices: int, batch_per_device: int, warmup: int, repeats: int,
+                  max_layers: int | None = None) -> dict:
+    """Part 2: each layer at its shard shape under the P-device plan, timed on one device
+    (the first ``max_layers`` profiled layers only, where given)."""
     import planner
     from planner.models.zoo import get_model
 
     plan = planner.plan(name, devices=devices, hardware=hardware, batch_per_device=batch_per_device)
     graph = get_model(name)
+    layers = None
+    if max_layers is not None:
+        from planner.calibrate.profile import PROFILED_KINDS
+
+        kinds = dict(zip(graph.names, graph.unpadded().kind, strict=True))
+        layers = [r.name for r in plan.layers if int(kinds[r.name]) in PROFILED_KINDS][:max_layers]
     prof = planner.profile_layers(graph, plan.batch, max_devices=devices, warmup=warmup, repeats=repeats,
-                                  meshes=[plan.mesh])
+                                  meshes=[plan.mesh], layers=layers)
     chosen = plan.strategies
     measured = {t.layer: t.seconds for t in prof.timings if t.strategy == chosen[t.layer] and t.mesh == plan.mesh}
     rows = [(r.name, r.kind, r.strategy, r.compute_s, measured[r.name]) for r in plan.layers if r.name in measured]
@@ -98,11 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-per-device", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--smoke", action="store_true", help="vgg16-cifar10, batch 8, 8 devices, 1 repeat (CPU check)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="vgg16-cifar10, batch 8, 8 devices, 1 repeat, part 2 on its first 3 layers (CPU check)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.models, args.batch, args.devices, args.batch_per_device = ["vgg16-cifar10"], 8, 8, 2
         args.warmup, args.repeats = 1, 1
+    max_layers = 3 if args.smoke else None
 
     import jax
 
@@ -117,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n2. per-layer shard shapes of the {args.devices}-device plan, timed on this one device "
           "(forward + backward compute only)")
     for name in args.models:
-        r = shard_kernels(name, args.hardware, args.devices, args.batch_per_device, args.warmup, args.repeats)
+        r = shard_kernels(name, args.hardware, args.devices, args.batch_per_device, args.warmup, args.repeats,
+                          max_layers)
         d, m = r["mesh"]
         print(f"{name}: mesh {d}x{m}, global batch {r['batch']}")
         print(f"  {'layer':24s} {'kind':12s} {'strategy':10s} {'predicted ms':>13s} {'measured ms':>12s} {'ratio':>7s}")

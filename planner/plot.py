@@ -1,7 +1,8 @@
 """Plots of a :class:`~planner.planning.Plan` (the ``plot`` extra, matplotlib).
 
 * :func:`plot_plan_time`: per-layer stacked seconds per iteration (compute,
-  communication, resharding), each bar in its layer's strategy colour.
+  communication, resharding), each bar in its layer's strategy colour, a
+  layer's memory levers marked over its bar (``Z1``-``Z3`` for a ZeRO stage, ``R`` recomputed).
 * :func:`plot_plan_memory`: per-layer memory bytes per device in strategy
   colours, their running total, the plan's peak and the memory limit.
 * :func:`plot_history`: the search's objective (predicted seconds per
@@ -116,6 +117,27 @@ def _strategy_handles(strategies: Sequence[str]) -> list[Any]:
     return [Patch(facecolor=STRATEGY_COLORS[s], label=s) for s in used]
 
 
+def _lever_mark(layer: Any) -> str:
+    """The mark a per-layer plot puts over a layer's bar for its memory levers:
+    ``Z1``-``Z3`` (ZeRO stage), ``R`` (recomputed), both as ``Z3R``; "" for none."""
+    z, r = int(getattr(layer, "zero_stage", 0) or 0), bool(getattr(layer, "remat", False))
+    return (f"Z{z}" if z else "") + ("R" if r else "")
+
+
+def _mark_levers(ax: Any, layers: Sequence[Any], heights: Sequence[float]) -> list[Any]:
+    """Each lever layer's :func:`_lever_mark` over its bar (texts with the ``gid``
+    ``lever``), and a legend entry saying what the marks mean (none without levers)."""
+    from matplotlib.lines import Line2D
+
+    marks = [(i, _lever_mark(r)) for i, r in enumerate(layers) if _lever_mark(r)]
+    for i, mark in marks:
+        ax.annotate(mark, (i, heights[i]), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                    fontsize=6, rotation=90, gid="lever")
+    if not marks:
+        return []
+    return [Line2D([], [], linestyle="none", label="Z1-Z3: ZeRO stage, R: recomputed")]
+
+
 def _bytes_formatter() -> Any:
     from matplotlib.ticker import FuncFormatter
 
@@ -151,6 +173,7 @@ def plot_plan_time(plan: Any, ax: Any = None) -> Any:
         title += f" (mesh {mesh[0]}x{mesh[1]}, {total * 1e3:.3f} ms/iteration)"
     ax.set_title(title, fontsize=10)
     parts = [Patch(facecolor="white", edgecolor="black", hatch=h, label=label) for label, _f, h in _TIME_PARTS]
+    parts += _mark_levers(ax, layers, bottom)
     ax.legend(handles=_strategy_handles([r.strategy for r in layers]) + parts, fontsize=7, loc="upper left",
               bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, axis="y", alpha=0.3)
@@ -175,7 +198,7 @@ def plot_plan_memory(plan: Any, ax: Any = None) -> Any:
         running += b
         cumulative.append(running)
     ax.step(x, cumulative, where="mid", color="black", linewidth=1.0, label="cumulative")
-    handles = _strategy_handles([r.strategy for r in layers])
+    handles = _strategy_handles([r.strategy for r in layers]) + _mark_levers(ax, layers, nbytes)
     from matplotlib.lines import Line2D
 
     handles.append(Line2D([], [], color="black", linewidth=1.0, label="cumulative"))

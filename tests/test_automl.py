@@ -237,6 +237,19 @@ def params(w=(1.0, 1.0, 1.0, 1.0), res=1.0, batch=256.0):
     return ArchParams(jnp.asarray(w, jnp.float32), jnp.float32(res), jnp.float32(batch))
 
 
+@pytest.fixture(scope="module")
+def tiny_jacobian(tiny_cost):
+    """The jitted Jacobian of (time, memory) in the stage widths, the batch traced:
+    one compile serves every test and batch."""
+    _, cf = tiny_cost
+
+    def f(w, batch=256.0):
+        c = cf(params(w, batch=batch))
+        return c.time_s, c.memory_bytes_per_device
+
+    return jax.jit(jax.jacrev(f))
+
+
 @pytest.mark.slow
 def test_cost_fn_exact_value_is_the_exact_plan_and_tends_to_it(tiny_cost):
     pg, cf = tiny_cost
@@ -253,7 +266,7 @@ def test_cost_fn_exact_value_is_the_exact_plan_and_tends_to_it(tiny_cost):
 
 
 @pytest.mark.slow
-def test_cost_fn_gradients_match_finite_differences(tiny_cost):
+def test_cost_fn_gradients_match_finite_differences(tiny_cost, tiny_jacobian):
     _, cf = tiny_cost
     w0 = jnp.asarray([1.1, 0.9, 1.05, 0.95], jnp.float32)
     v = jnp.asarray([0.3, -0.2, 0.5, 0.1], jnp.float32)
@@ -262,7 +275,7 @@ def test_cost_fn_gradients_match_finite_differences(tiny_cost):
         c = cf(params(w, batch=batch))
         return c.time_s, c.memory_bytes_per_device
 
-    jac = jax.jit(jax.jacrev(f))  # the batch traced: one compile for both batches
+    jac = tiny_jacobian  # the batch traced: one compile for both batches
     (gt, gm) = jac(w0, 256.0)
     # batch 260: the 8x1 mesh cannot split it (whole samples per device): weight 0, finite gradients
     assert float(cf(params(w0, batch=260.0)).mesh_weights[0]) == 0.0
@@ -307,7 +320,7 @@ def test_cost_fn_refuses_a_batch_no_mesh_can_split():
 
 
 @pytest.mark.slow
-def test_cost_fn_traced_bad_architecture_is_nan_not_zero(tiny_cost):
+def test_cost_fn_traced_bad_architecture_is_nan_not_zero(tiny_cost, tiny_jacobian):
     """Under jit or grad the values are unknown until run time: every number
     of an unplannable architecture is NaN (its gradient too), never 0."""
     _, cf = tiny_cost
@@ -317,10 +330,9 @@ def test_cost_fn_traced_bad_architecture_is_nan_not_zero(tiny_cost):
     assert not bool(bad.valid) and not bool(bad.exact_fits) and int(bad.exact_mesh) == -1
     for x in (bad.time_s, bad.memory_bytes_per_device, bad.objective_s, bad.exact_time_s):
         assert np.isnan(float(x))
-    grad = jax.jit(jax.grad(lambda w, batch: cf(params(w, batch=batch)).time_s))  # one compile, both batches
-    g = grad(jnp.ones(4, jnp.float32), 0.2)
+    g, _ = tiny_jacobian(jnp.ones(4, jnp.float32), 0.2)  # the time's gradient, under jit
     assert bool(jnp.all(jnp.isnan(g)))
-    g_ok = grad(jnp.ones(4, jnp.float32), 256.0)
+    g_ok, _ = tiny_jacobian(jnp.ones(4, jnp.float32), 256.0)
     assert bool(jnp.all(jnp.isfinite(g_ok))) and float(jnp.sum(jnp.abs(g_ok))) > 0
 
 

@@ -47,7 +47,8 @@ def test_train_vgg16_cifar10_example(capsys, tmp_path):
 @pytest.mark.slow
 def test_gpu_steps_script_smoke_runs(capsys):
     """benchmarks/gpu_steps.py (for a session with an accelerator) runs end to end
-    on CPU: both parts print, part 2 has a row per profiled layer of the plan."""
+    on CPU: both parts print, part 2 has a row for each of the plan's first
+    three profiled layers (--smoke times no more)."""
     import planner
     from planner.calibrate.profile import PROFILED_KINDS
     from planner.models.zoo import get_model
@@ -63,4 +64,4 @@ def test_gpu_steps_script_smoke_runs(capsys):
     kinds = dict(zip(g.names, g.unpadded().kind, strict=True))
     profiled = [r.name for r in plan.layers if int(kinds[r.name]) in PROFILED_KINDS]
     rows = [line.split()[0] for line in out.splitlines() if line.startswith("  ") and line.split()[0] in plan.strategies]
-    assert rows == profiled
+    assert rows == profiled[:3]

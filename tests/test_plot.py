@@ -307,3 +307,22 @@ def test_cli_plot_dpi_cap(plan_file, tmp_path, capsys):
     assert main(["plot", str(plan_file), "-o", str(tmp_path / "x.png"), "--dpi", str(MAX_DPI + 1)]) == 2
     _one_error_line(capsys, f"--dpi must be at most {MAX_DPI}", "dpi squared", ".pdf")
     assert not (tmp_path / "x.png").exists()
+
+
+def test_levers_are_marked_over_their_bars():
+    """A plan with ZeRO layers (VGG16-CIFAR-10 within 62 MB, docs/levers.md):
+    both per-layer plots mark each of them ``Z<stage>`` over its bar, and
+    only them; a plan without levers has no marks."""
+    _mpl()
+    p = planner.plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=64, memory_limit="62MB", levers="zero")
+    assert p.zero_stages
+    index = {r.name: i for i, r in enumerate(p.layers)}
+    want = sorted((index[n], f"Z{z}") for n, z in p.zero_stages.items())
+    for plot in (plot_plan_time, plot_plan_memory):
+        ax = plot(p)
+        marks = sorted((round(t.xy[0]), t.get_text()) for t in ax.texts if t.get_gid() == "lever")
+        assert marks == want, plot.__name__
+        assert any("ZeRO stage" in t.get_text() for t in ax.get_legend().get_texts())
+    plain = plot_plan_memory(dataclasses.replace(p, evaluation=dataclasses.replace(
+        p.evaluation, layers=tuple(dataclasses.replace(r, zero_stage=0) for r in p.layers))))
+    assert not [t for t in plain.texts if t.get_gid() == "lever"]
