@@ -33,16 +33,19 @@ __all__ = ["EXCLUDED_ZERO_STAGES", "MEMORY_MARGIN", "memory_margin_bytes", "mesh
 # not measured yet (no GPU was at hand), so no margin: validate there first.
 MEMORY_MARGIN: dict[str, float] = {"cpu": 0.45, "gpu": 0.0, "tpu": 0.0}
 
-# The ZeRO stages a plan for each platform may not use: what the platform's
-# compiled program holds beyond the margin above. cpu, measured
-# (benchmarks/zero_xla.py, VGG16-CIFAR-10, batch 64, 4x2, every layer on
-# data; docs/levers.md): compiled / predicted total memory 1.19 under stage
-# 1 and 1.65 under stage 2 (XLA:CPU all-reduces the whole gradient and keeps
-# it, as under stage 1), inside the cpu margin's 1 / 0.55 = 1.82; 2.31
-# under stage 3 (the whole gradients live together in one combined
-# all-reduce, beside the gathered weights), beyond it. gpu, tpu: not
-# measured yet (issue 12).
-EXCLUDED_ZERO_STAGES: dict[str, tuple[int, ...]] = {"cpu": (3,), "gpu": (), "tpu": ()}
+# The ZeRO stages a plan for each platform may not use: those the platform's
+# compiled program does not give the memory the cost model counts for, beyond
+# the margin above. cpu, measured (benchmarks/zero_xla.py, VGG16-CIFAR-10 and
+# the ResNet-18-sized ResNet, batch 64, 4x2, every layer on data;
+# docs/levers.md): XLA:CPU lowers a reduce-scatter as an all-reduce and a
+# slice and combines every gradient's into one all-reduce at the end of the
+# backward pass, so under stages 2 and 3 the whole gradients are live
+# together, as under stage 1: stage 2 compiles stage 1's program (the same
+# bytes), promising gradient memory it does not save (compiled / predicted
+# total 1.65 and 1.38), and stage 3 holds 2.31x and 1.56x its prediction.
+# Stage 1: 1.19x and 1.05x, inside the cpu margin's 1 / 0.55 = 1.82x.
+# gpu, tpu: not measured yet (issue 12).
+EXCLUDED_ZERO_STAGES: dict[str, tuple[int, ...]] = {"cpu": (2, 3), "gpu": (), "tpu": ()}
 
 _UNITS = {
     "": 1.0, "b": 1.0,

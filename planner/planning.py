@@ -194,9 +194,9 @@ def plan(
     group), ``remat`` (recompute its activations in the backward pass) or
     ``all``. The plan records each layer's levers (``LayerCost.zero_stage``,
     ``LayerCost.remat``); a lever that buys nothing is not kept
-    (:func:`search.drop_idle_levers`). A ``cpu`` plan takes no ZeRO stage 3
-    (:data:`planner.plan_inputs.EXCLUDED_ZERO_STAGES`: XLA:CPU's program
-    holds more memory for it than the margin covers).
+    (:func:`search.drop_idle_levers`). A ``cpu`` plan takes ZeRO stage 1
+    only (:data:`planner.plan_inputs.EXCLUDED_ZERO_STAGES`: XLA:CPU keeps
+    the whole gradients under stages 2 and 3).
 
     Of the plans found (the best on each mesh, and pure data parallelism
     where it fits), the simplest whose predicted time is within
@@ -330,7 +330,7 @@ def plan(
         meshes=results,
         graph_fingerprint=graph.fingerprint,
         input_shape=tuple(graph.input_shape),
-        layer_specs=layer_specs(graph, strategies),
+        layer_specs=layer_specs(graph, strategies, frozenset(r.name for r in ev.layers if r.zero_stage >= 3)),
         hardware_spec=hw,
         package_version=__version__,
         history=history,

@@ -228,3 +228,26 @@ def test_malformed_lever_fields_rejected(vgg_plan, mutate, message):
     mutate(d)
     with pytest.raises(ValueError, match=message):
         Plan.from_dict(d)
+
+
+def test_recorded_param_specs_of_zero_3_layers_are_what_the_plan_applies(lever_plan):
+    """A stage-3 layer stores its weights sharded over its data-parallel group:
+    the file records that spec, and Plan.partition_specs applies it."""
+    import jax
+    from flax import nnx
+
+    from planner.models.flax_zoo import flax_model
+
+    fsdp = {n for n, z in lever_plan.zero_stages.items() if z == 3}
+    assert fsdp
+    model, _ = flax_model("vgg16-cifar10")
+    specs = lever_plan.partition_specs(nnx.state(model))
+    applied = {}
+    for path, spec in jax.tree_util.tree_leaves_with_path(specs, is_leaf=lambda x: isinstance(x, P)):
+        keys = [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)]
+        applied["/".join(keys[:-1]), keys[-1]] = spec
+    recorded = {(s.name, n): P(*spec) for s in lever_plan.layer_specs for n, spec in s.param_specs}
+    assert applied == {k: v for k, v in recorded.items() if k in applied} and set(applied) <= set(recorded)
+    for name in fsdp:
+        kernel = recorded[name, "kernel"]
+        assert "data" in str(kernel), (name, kernel)  # split over the group as well

@@ -147,14 +147,15 @@ class LayerSpecs:
                 "param_specs": {n: js(s) for n, s in self.param_specs}}
 
 
-def _one(name: str, kind: str, strategy: str, in_ndim: int, out_ndim: int) -> LayerSpecs:
+def _one(name: str, kind: str, strategy: str, in_ndim: int, out_ndim: int, fsdp: bool = False) -> LayerSpecs:
     base = "conv" if kind.startswith("conv") else kind
     table = PARAM_LAYOUTS if base in ("conv", "dense", "embed") else CHANNELWISE_LAYOUTS
     lin, lout = table[check_strategy(strategy)]
     params: list[tuple[str, Spec]] = []
+    stored = zero_spec_entries if fsdp else param_spec_entries  # ZeRO stage 3 stores the weights sharded
     for p in _PARAM_NAMES.get(base, ()):
         ndim = (in_ndim if base == "conv" else 2) if p == "kernel" else 1
-        params.append((p, param_spec_entries(strategy, ndim)))
+        params.append((p, stored(strategy, ndim)))
 
     def act(layout: str, ndim: int) -> Spec | None:
         # a spatial strategy on a layer without spatial dims is never chosen (masked); say so if asked
@@ -163,14 +164,16 @@ def _one(name: str, kind: str, strategy: str, in_ndim: int, out_ndim: int) -> La
     return LayerSpecs(name, act(lin, in_ndim), act(lout, out_ndim), tuple(params))
 
 
-def layer_specs(graph: Any, strategies: Sequence[str]) -> tuple[LayerSpecs, ...]:
+def layer_specs(graph: Any, strategies: Sequence[str], fsdp: frozenset[str] = frozenset()) -> tuple[LayerSpecs, ...]:
     """Specs of every layer of a :class:`~planner.ir.graph.LayerGraph` under one
-    strategy per layer (ranks from the graph's spatial ranks)."""
+    strategy per layer (ranks from the graph's spatial ranks); the layers in
+    ``fsdp`` (ZeRO stage 3) store their parameters sharded over their
+    data-parallel group as well (:func:`zero_spec_entries`)."""
     a = graph.unpadded()
     if len(strategies) != graph.num_layers:
         raise ValueError(f"{len(strategies)} strategies for {graph.num_layers} layers")
     return tuple(
-        _one(name, kind, s, int(a.spatial_rank[i]) + 2, int(a.out_spatial_rank[i]) + 2)
+        _one(name, kind, s, int(a.spatial_rank[i]) + 2, int(a.out_spatial_rank[i]) + 2, name in fsdp)
         for i, (name, kind, s) in enumerate(zip(graph.names, graph.kind_names, strategies, strict=True))
     )
 

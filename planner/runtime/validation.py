@@ -409,7 +409,8 @@ def fixed_plan(
         data_parallel_iteration_s=None, data_parallel_memory_bytes=None, speedup_over_data_parallel=None,
         method="fixed", seed=0, seconds=0.0, optimality_gap=None, meshes=(),
         graph_fingerprint=graph.fingerprint, input_shape=tuple(graph.input_shape),
-        layer_specs=layer_specs(graph, [r.strategy for r in ev.layers]), hardware_spec=hw,
+        layer_specs=layer_specs(graph, [r.strategy for r in ev.layers],
+                                frozenset(r.name for r in ev.layers if r.zero_stage >= 3)), hardware_spec=hw,
         package_version=__version__, on_unsupported=graph.on_unsupported,
         levers=plan_levers(mapping) if strategies is not None else "none",
     )
