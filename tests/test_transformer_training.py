@@ -181,3 +181,24 @@ def test_a_recomputed_attention_trains_with_the_unsharded_losses(devices):
     np.testing.assert_allclose(losses, kept_losses, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(kept_state.params), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_a_recomputed_sequence_parallel_attention_gathers_its_keys_and_values_again(devices):
+    """Sequence-parallel attention gathers its keys and values over the model
+    axis; recomputed, its backward pass runs that forward again, gathers
+    included (costmodels.plan_collectives' ``recompute`` records). XLA's
+    compiled program has twice the all-gathers, as predicted."""
+    model = _MHABlock(nnx.Rngs(0))
+    spec = jax.ShapeDtypeStruct((BATCH, 16, 32), jnp.float32)
+    g = planner.extract(model, spec)
+    gathered = {}
+    for option in ("spatial", "spatial+remat"):
+        strategies = {n: "spatial" for n in g.names if n.startswith("attn/") or n == "norm"}
+        plan = fixed_plan(model, spec, (2, 4), strategies={**strategies, "attn/attention": option}, batch=BATCH)
+        report = validate(model, plan, memory_rtol=0.5, activation_rtol=0.6)
+        (row,) = [r for r in report.collectives if (r.kind, r.axes) == ("all-gather", ("model",))]
+        assert row.ok and row.compiled_bytes == row.predicted_bytes, row
+        gathered[option] = (row.compiled_bytes, row.count)
+    (once, n), (twice, n2) = gathered["spatial"], gathered["spatial+remat"]
+    # the keys and the values, each a third of the fused input of one model group's batch, split by rows
+    assert once == 2 * (BATCH / 2) * 16 * 32 * 4.0 and (twice, n2) == (2 * once, 2 * n)

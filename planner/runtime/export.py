@@ -352,11 +352,12 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
     unknown = sorted(remat - set(strategies))
     if unknown:
         raise ValueError(f"remat_layers names {unknown[:3]}, which the plan does not name")
-    attention = {"/".join(map(str, p)) for p, mod in nnx.iter_modules(model) if isinstance(mod, nnx.MultiHeadAttention)}
-    other = sorted(r for r in remat if r.rpartition("/")[0] not in attention)
-    if other:
-        raise ValueError(f"cannot recompute {other[:3]}: recomputing is exported for the attention layer of an "
-                         "nnx.MultiHeadAttention (<path>/attention) only")
+    attention = {"/".join(map(str, p)) for p, mod in nnx.iter_modules(model)
+                 if isinstance(mod, nnx.MultiHeadAttention)}
+    elsewhere = sorted(r for r in remat if r.rpartition("/")[0] not in attention)
+    if elsewhere:
+        raise ValueError(f"cannot recompute {elsewhere[:3]}: recomputing is exported for the attention layer of "
+                         "an nnx.MultiHeadAttention (<path>/attention) only")
     graphdef, params, other = nnx.split(model, nnx.Param, ...)
     p_sh = shardings(params, strategies, mesh, zero[3])  # ZeRO-3: the weights themselves sharded (FSDP)
     g_sh = shardings(params, strategies, mesh, zero[2])  # ZeRO-2: the gradients reduce-scattered
