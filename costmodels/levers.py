@@ -83,6 +83,7 @@ __all__ = [
     "option_name",
     "parse_option",
     "menu_covering",
+    "with_lever",
     "strategy_probs",
     "lever_costs",
 ]
@@ -145,8 +146,13 @@ def option_index(strategy: int, lever: Lever, menu: tuple[Lever, ...]) -> int:
 def option_name(option: int, menu: tuple[Lever, ...]) -> str:
     """``strategy`` or ``strategy+lever``, e.g. ``data+zero3+remat``."""
     s, k = divmod(int(option), len(menu))
-    lever = menu[k]
-    return STRATEGY_NAMES[s] if lever == Lever(0, False) else f"{STRATEGY_NAMES[s]}+{lever.name}"
+    return with_lever(STRATEGY_NAMES[s], menu[k])
+
+
+def with_lever(strategy: str, lever: Lever) -> str:
+    """The option name of ``strategy`` (a name) under ``lever``: the strategy
+    alone without a lever, else ``strategy+lever`` (:func:`parse_option` reads it)."""
+    return strategy if lever == Lever(0, False) else f"{strategy}+{lever.name}"
 
 
 def parse_option(name: str) -> tuple[int, Lever]:
@@ -170,11 +176,10 @@ def parse_option(name: str) -> tuple[int, Lever]:
 
 
 def menu_covering(levers: Iterable[Lever]) -> str:
-    """The smallest lever choice (:data:`LEVER_CHOICES`) whose menu holds every lever in ``levers``."""
-    levers = list(levers)
-    zero = any(x.zero_stage for x in levers)
-    remat = any(x.remat for x in levers)
-    return "all" if zero and remat else "zero" if zero else "remat" if remat else "none"
+    """The smallest lever choice (:data:`LEVER_CHOICES`, smallest first) whose
+    menu (:func:`lever_menu`) holds every lever in ``levers``."""
+    wanted = set(levers)
+    return next(c for c in LEVER_CHOICES if wanted <= set(lever_menu(c)))
 
 
 def strategy_probs(probs):

@@ -50,7 +50,7 @@ from costmodels import (
 from costmodels.calibration import Calibration, calibration_arrays, check_hardware
 from costmodels.evaluate import reshard_per_edge
 from costmodels.layers import ATTENTION_KINDS, CHANNELWISE_KINDS, tied_output
-from costmodels.levers import levers_per_strategy, menu_of
+from costmodels.levers import levers_per_strategy, menu_of, with_lever
 from planner.ir.graph import LayerGraph, LayerKind
 
 __all__ = [
@@ -85,7 +85,7 @@ class LayerCost:
     @property
     def option(self) -> str:
         """The strategy with its levers, e.g. ``data+zero2`` (``data``: none)."""
-        return _with_lever(self.strategy, self.lever)
+        return with_lever(self.strategy, self.lever)
 
     @property
     def substituted(self) -> bool:
@@ -111,6 +111,11 @@ class Evaluation:
     @property
     def fits_memory(self) -> bool:
         return self.memory_bytes_per_device <= self.memory_capacity_bytes
+
+    @property
+    def zero_stages(self) -> dict[str, int]:
+        """Layer name -> ZeRO stage (1-3), for the layers that shard their state."""
+        return {r.name: r.zero_stage for r in self.layers if r.zero_stage}
 
     @property
     def substituted(self) -> tuple[LayerCost, ...]:
@@ -142,11 +147,7 @@ def option_label(row: LayerCost | Mapping[str, Any]) -> str:
     from a :class:`LayerCost` or its JSON row (rows before levers have none)."""
     if isinstance(row, LayerCost):
         return row.option
-    return _with_lever(row["strategy"], Lever(int(row.get("zero_stage", 0) or 0), bool(row.get("remat", False))))
-
-
-def _with_lever(strategy: str, lever: Lever) -> str:  # option_name's form
-    return strategy if lever == Lever(0, False) else f"{strategy}+{lever.name}"
+    return with_lever(row["strategy"], Lever(int(row.get("zero_stage", 0) or 0), bool(row.get("remat", False))))
 
 
 def resolve_batch(devices: int, batch: int | None, batch_per_device: int | None) -> int:

@@ -330,7 +330,7 @@ def plan(
         meshes=results,
         graph_fingerprint=graph.fingerprint,
         input_shape=tuple(graph.input_shape),
-        layer_specs=layer_specs(graph, strategies, frozenset(r.name for r in ev.layers if r.zero_stage >= 3)),
+        layer_specs=layer_specs(graph, strategies, ev.zero_stages),
         hardware_spec=hw,
         package_version=__version__,
         history=history,

@@ -16,6 +16,7 @@ from planner.evaluation import Evaluation, LayerCost
 from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION, plan_fields  # the file format
 from planner.plans.specs import (
     LayerSpecs,
+    fsdp_layers,
     partition_specs,
     shardings,
     to_partition_spec,
@@ -133,7 +134,7 @@ class Plan:
     @property
     def zero_stages(self) -> dict[str, int]:
         """Layer name -> ZeRO stage (1-3), for the layers that shard their state."""
-        return {r.name: r.zero_stage for r in self.layers if r.zero_stage}
+        return self.evaluation.zero_stages
 
     @property
     def remat_layers(self) -> tuple[str, ...]:
@@ -144,14 +145,11 @@ class Plan:
         """PartitionSpecs for a Flax nnx ``State`` or linen params tree, from each
         parameter's layer strategy (:func:`planner.plans.specs.partition_specs`),
         split over the data-parallel group as well for the layers on ZeRO stage 3."""
-        return partition_specs(params, self.strategies, self._fsdp())
+        return partition_specs(params, self.strategies, fsdp_layers(self.zero_stages))
 
     def shardings(self, params: Any, mesh: Any) -> Any:
         """NamedShardings for ``params`` on ``mesh`` (a ``("data", "model")`` mesh)."""
-        return shardings(params, self.strategies, mesh, self._fsdp())
-
-    def _fsdp(self) -> frozenset[str]:  # the layers whose weights are stored sharded (ZeRO stage 3)
-        return frozenset(n for n, z in self.zero_stages.items() if z >= 3)
+        return shardings(params, self.strategies, mesh, fsdp_layers(self.zero_stages))
 
     def activation_specs(self) -> dict[str, tuple[Any, Any]]:
         """Layer name -> (input, output) ``PartitionSpec`` (None: XLA decides)."""

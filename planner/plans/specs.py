@@ -61,6 +61,7 @@ __all__ = [
     "zero_spec_entries",
     "activation_spec_entries",
     "check_strategy",
+    "fsdp_layers",
     "layer_specs",
     "layer_specs_from_kinds",
     "head_projection",
@@ -164,11 +165,19 @@ def _one(name: str, kind: str, strategy: str, in_ndim: int, out_ndim: int, fsdp:
     return LayerSpecs(name, act(lin, in_ndim), act(lout, out_ndim), tuple(params))
 
 
-def layer_specs(graph: Any, strategies: Sequence[str], fsdp: frozenset[str] = frozenset()) -> tuple[LayerSpecs, ...]:
+def fsdp_layers(zero_stages: Mapping[str, int]) -> frozenset[str]:
+    """The layers of ``zero_stages`` (layer -> ZeRO stage) whose weights are
+    stored sharded over their data-parallel group: stage 3 (FSDP)."""
+    return frozenset(n for n, z in zero_stages.items() if z >= 3)
+
+
+def layer_specs(graph: Any, strategies: Sequence[str],
+                zero_stages: Mapping[str, int] | None = None) -> tuple[LayerSpecs, ...]:
     """Specs of every layer of a :class:`~planner.ir.graph.LayerGraph` under one
-    strategy per layer (ranks from the graph's spatial ranks); the layers in
-    ``fsdp`` (ZeRO stage 3) store their parameters sharded over their
-    data-parallel group as well (:func:`zero_spec_entries`)."""
+    strategy per layer (ranks from the graph's spatial ranks); the layers
+    ``zero_stages`` puts on stage 3 store their parameters sharded over
+    their data-parallel group as well (:func:`zero_spec_entries`)."""
+    fsdp = fsdp_layers(zero_stages or {})
     a = graph.unpadded()
     if len(strategies) != graph.num_layers:
         raise ValueError(f"{len(strategies)} strategies for {graph.num_layers} layers")

@@ -76,6 +76,7 @@ from costmodels.strategies import AXIS_NAMES, DATA_AXIS, MODEL_AXIS
 from costmodels.table import OPTIMIZER_SLOTS
 from planner.models.extraction import extract
 from planner.planning import Plan
+from planner.plans.specs import zero_group_axes
 from planner.runtime.export import (
     block_layouts,
     consumer_layouts,
@@ -240,14 +241,14 @@ def _levers(graph: Any, plan: Plan) -> list[Lever]:
     return [by_name[n] for n in graph.names]
 
 
-def _zero_divisors(graph: Any, plan: Plan, choice: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _zero_divisors(graph: Any, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     """Per layer ``[L]``: what ZeRO divides its weights (stage 3) and its
-    optimizer state (stages 1-3) by, the size of its data-parallel group
-    (both axes under data and spatial, the data axis otherwise: the gradient
-    all-reduce's ranks, ``costmodels.levers``); 1 where not sharded."""
-    d, m = plan.mesh
+    optimizer state (stages 1-3) by, the devices of its data-parallel group
+    (:func:`planner.plans.specs.zero_group_axes`); 1 where not sharded."""
+    sizes = dict(zip(AXIS_NAMES, plan.mesh, strict=True))
     stage = np.array([x.zero_stage for x in _levers(graph, plan)])
-    group = np.where((choice == Strategy.DATA) | (choice == Strategy.SPATIAL), d * m, d).astype(np.float64)
+    group = np.array([math.prod(sizes[a] for a in zero_group_axes(plan.strategies[n])) for n in graph.names],
+                     dtype=np.float64)
     return np.where(stage >= 3, group, 1.0), np.where(stage >= 1, group, 1.0)
 
 
@@ -258,7 +259,7 @@ def _memory_rows(graph: Any, plan: Plan, compiled: Any, abstract: Any, x: Any, r
     a = graph.unpadded()
     # -- predicted (float32 parameters and state; the layouts of planner.runtime.export)
     local = sharded_parameters(graph, choice, m) * 4.0  # [L] float32 bytes per device, before ZeRO
-    weights_by, optim_by = _zero_divisors(graph, plan, choice)
+    weights_by, optim_by = _zero_divisors(graph, plan)
     params = float(np.sum(local / weights_by))
     optim = OPTIMIZER_SLOTS[plan.optimizer] * float(np.sum(local / optim_by)) + _COUNTER_BYTES[plan.optimizer]
     buffers = float(np.sum(np.asarray(a.buffers) / np.where(choice == Strategy.FILTER, m, 1))) * 4.0
@@ -409,8 +410,7 @@ def fixed_plan(
         data_parallel_iteration_s=None, data_parallel_memory_bytes=None, speedup_over_data_parallel=None,
         method="fixed", seed=0, seconds=0.0, optimality_gap=None, meshes=(),
         graph_fingerprint=graph.fingerprint, input_shape=tuple(graph.input_shape),
-        layer_specs=layer_specs(graph, [r.strategy for r in ev.layers],
-                                frozenset(r.name for r in ev.layers if r.zero_stage >= 3)), hardware_spec=hw,
+        layer_specs=layer_specs(graph, [r.strategy for r in ev.layers], ev.zero_stages), hardware_spec=hw,
         package_version=__version__, on_unsupported=graph.on_unsupported,
         levers=plan_levers(mapping) if strategies is not None else "none",
     )
