@@ -14,6 +14,11 @@ Two causes, both closed by pinning in the export (docs/validation.md,
   boolean mask). The export now pins a module's output to the layout of the
   functional ops that read it.
 
+A third, XLA:CPU's lowering of a ``channel`` layer's reduce-scatter as an
+all-reduce of the whole output plus a slice, is closed by the export
+reduce-scattering those partial sums itself (``psum_scatter`` in
+``shard_map``).
+
 Oracles are hand-computed byte counts; a mis-pinned program must be flagged.
 """
 
@@ -50,6 +55,29 @@ def test_channel_conv_before_a_data_layer(devices):
     assert by[("all-gather", ("model",))].compiled_bytes == 8 * 8 * 8 * 16 * 4
     assert ("all-gather", ("data", "model")) not in by
     assert ("all-gather", ("data",)) not in by
+    assert all(r.ok for r in report.collectives), [r for r in report.collectives if not r.ok]
+
+
+@pytest.mark.slow
+def test_channel_conv_reduce_scatters_its_partial_sums(devices):
+    # convs/1 channel (8 -> 16, 8x8 maps) feeding a filter relu_1 and max_pool_1 (channels split), 2x4. The
+    # plan reduce-scatters the partial sums over model: each group's 8 samples x 8 x 8 x 16 x 4 B
+    # = 32,768 B, a quarter a device (8,192 B), and all-gathers their gradient back (32,768 B).
+    # The export does it inside shard_map (psum_scatter), so XLA:CPU compiles a reduce-scatter,
+    # not the partitioner's all-reduce of the whole output plus a slice (which kept the whole
+    # all-reduce result for the backward pass). The bias is added once: its gradient, with the
+    # kernel's, all-reduced over data only (convs/1: 3x3x8x16 / 4 + 16, convs/0: (3x3x3x8 + 8) / 4).
+    model, x = tiny()
+    split = {"convs/0": "filter", "relu": "filter", "max_pool": "filter", "convs/1": "channel", "relu_1": "filter",
+             "max_pool_1": "filter"}
+    plan = fixed_plan(model, x, (2, 4), strategies=split, batch=B)
+    report = validate(model, plan, memory_rtol=0.40)
+    by = _by(report.collectives)
+    rs = by[("reduce-scatter", ("model",))]
+    assert rs.compiled_bytes == rs.predicted_bytes == 8 * 8 * 8 * 16 * 4 / 4
+    assert rs.count == 1 and rs.note == ""
+    assert ("all-reduce", ("model",)) not in by
+    assert by[("all-reduce", ("data",))].compiled_bytes == (9 * 8 * 16 // 4 + 16 + (9 * 3 * 8 + 8) // 4) * 4
     assert all(r.ok for r in report.collectives), [r for r in report.collectives if not r.ok]
 
 
@@ -144,7 +172,11 @@ def test_residual_block_input_is_pinned(devices):
     # channels for conv1 (all-to-all over model, 16 samples per group x 16 x 16 x 8 x
     # 4 B / 4 = 32,768 B) and its gradient back (32,768 B); the shortcut's add reads
     # the batch-split input as it is. Without the block pin, XLA fed the add from
-    # conv1's converted copy and converted it back: a third all-to-all.
+    # conv1's converted copy and converted it back: a third all-to-all. Since the export
+    # reduce-scatters conv1's partial sums itself, XLA no longer does that for this plan; it
+    # still does with conv1 `spatial` (the input converted to rows, 32,768 B each way, and
+    # conv1's output back to the batch split for bn1, 32,768 B each way: 131,072 B; unpinned,
+    # a fifth all-to-all, 163,840 B).
     from builders import TinyResNet
 
     from planner import extract
@@ -154,6 +186,7 @@ def test_residual_block_input_is_pinned(devices):
         lower_training,
         make_mesh,
         producer_layouts,
+        scatter_layouts,
     )
 
     model = nnx.eval_shape(lambda: TinyResNet(nnx.Rngs(0)))
@@ -165,10 +198,12 @@ def test_residual_block_input_is_pinned(devices):
     assert by[("all-to-all", ("model",))].predicted_bytes == by[("all-to-all", ("model",))].compiled_bytes == 65_536
 
     graph = extract(model, x)
+    plan = fixed_plan(model, x, (2, 4), strategies={"blocks/0/conv1": "spatial"}, batch=32)
     lowered, _ = lower_training(model, plan.strategies, make_mesh(2, 4), optax.adam(1e-3), x,
                                 input_layouts=producer_layouts(graph, plan.strategies),
                                 output_layouts=consumer_layouts(graph, plan.strategies),
-                                blocks={**block_layouts(graph, plan.strategies), "blocks/0": (None, None)})
+                                blocks={**block_layouts(graph, plan.strategies), "blocks/0": (None, None)},
+                                scatters=scatter_layouts(graph, plan.strategies, 4))
     rows = collective_rows(model, plan, lowered.compile().as_text(), mesh=make_mesh(2, 4))
     bad = [(r.kind, r.axes, r.predicted_bytes, r.compiled_bytes) for r in rows if not r.ok]
-    assert bad == [("all-to-all", ("model",), 65_536.0, 98_304.0)]
+    assert bad == [("all-to-all", ("model",), 131_072.0, 163_840.0)]

@@ -18,6 +18,7 @@ from planner.runtime.export import (
     param_spec,
     partition_specs,
     producer_layouts,
+    scatter_layouts,
     shard_training,
 )
 
@@ -41,8 +42,13 @@ PLANS = {
     "filter-convs": ((1, 8), {"convs/0": "filter", "convs/1": "filter"}),
     "spatial": ((2, 4), {"convs/0": "spatial", "convs/1": "spatial"}),
     "replicated": ((4, 2), {"convs/0": "replicated", "fcs/0": "replicated"}),
-    # a channel conv: its output gradient pinned replicated, relu_1 after it pinned batch
+    # a channel conv: its partial sums reduce-scattered over the batch (relu_1 is data)
     "channel-conv": ((2, 4), {"convs/1": "channel"}),
+    # ... over the channels (relu_1 filter) and over the rows (relu_1 spatial: 8 rows, 2 a device)
+    "channel-to-filter": ((2, 4), {"convs/0": "filter", "relu": "filter", "max_pool": "filter",
+                                   "convs/1": "channel", "relu_1": "filter"}),
+    "channel-to-spatial": ((2, 4), {"convs/0": "filter", "relu": "filter", "max_pool": "filter",
+                                    "convs/1": "channel", "relu_1": "spatial"}),
 }
 # ZeRO (costmodels/levers.py) on every layer: optimizer state (1), also gradients (2), also
 # weights (3) sharded over each layer's data-parallel group (8 devices for data, 2 for filter)
@@ -80,6 +86,7 @@ def _train(plans):
         step, state = shard_training(model, full, mesh, optax.adam(0.01) if stage else optax.sgd(0.1),
                                      input_layouts=producer_layouts(graph, every),
                                      output_layouts=consumer_layouts(graph, every),
+                                     scatters=scatter_layouts(graph, every, mesh_shape[1]),
                                      zero_stages={p: stage for p in full} if stage else None)
         losses = []
         for _ in range(2):
@@ -240,6 +247,27 @@ def test_consumer_layouts_by_hand():
     assert cl["convs/1"] == {"relu_1": "batch"}  # the channel conv's partial sums reduce-scattered to relu_1's batch
     assert cl["fcs/0"] == {"relu_2": "batch"}
     assert "fcs/1" not in cl  # the model output: the loss decides
+
+
+def test_scatter_layouts_by_hand():
+    # The channel layers whose partial sums the export reduce-scatters: into their consumers' one split
+    # layout, on a model axis that divides the split dim (convs/1: 16 channels, 8x8 maps).
+    model = nnx.eval_shape(lambda: Tiny(nnx.Rngs(0)))
+    g = extract(model, jax.ShapeDtypeStruct((16, 16, 16, 3), jnp.float32))
+    base = {n: "data" for n in g.names} | {"convs/0": "filter", "relu": "filter", "max_pool": "filter",
+                                            "convs/1": "channel"}
+    assert scatter_layouts(g, base, 4) == {"convs/1": "batch"}  # relu_1 data: over the batch
+    assert scatter_layouts(g, base | {"relu_1": "filter"}, 4) == {"convs/1": "channel"}
+    assert scatter_layouts(g, base | {"relu_1": "spatial"}, 4) == {"convs/1": "spatial"}  # 8 rows, 2 a device
+    assert scatter_layouts(g, base | {"relu_1": "spatial"}, 3) == {}  # 3 does not divide 8 rows: XLA pads
+    assert scatter_layouts(g, base | {"relu_1": "filter"}, 3) == {}  # nor 16 channels
+    assert scatter_layouts(g, base | {"relu_1": "replicated"}, 4) == {}  # an all-reduce
+    assert scatter_layouts(g, base, 1) == {}  # no model axis, no partial sums
+    # fcs/1 (channel) feeds the loss, which gathers it: left to XLA
+    assert scatter_layouts(g, base | {"fcs/1": "channel"}, 4) == {"convs/1": "batch"}
+    with pytest.raises(ValueError, match="only channel layers"):
+        shard_training(Tiny(nnx.Rngs(0)), {"convs/1": "filter"}, make_mesh(2, 4), optax.sgd(0.1),
+                       scatters={"convs/1": "batch"})
 
 
 def _adam_reference(steps: int = 2):

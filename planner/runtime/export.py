@@ -52,6 +52,7 @@ __all__ = [
     "partition_specs",
     "process_device_grid",
     "producer_layouts",
+    "scatter_layouts",
     "shard_training",
     "shardings",
 ]
@@ -119,7 +120,8 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                        output_layouts: Mapping[str, Mapping[str, str]] | None = None,
                        blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
                        remat: frozenset[str] = frozenset(), recomputed: set[str] | None = None,
-                       fsdp: frozenset[str] = frozenset()) -> Iterator[None]:
+                       fsdp: frozenset[str] = frozenset(),
+                       scatters: Mapping[str, str] | None = None) -> Iterator[None]:
     """While tracing: constrain each planned module call's input and output to
     its strategy's layouts (patched ``__call__``, restored on exit).
 
@@ -136,6 +138,14 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
       the plan gives that gradient (replicated over ``model``): else XLA may
       compute the weight gradient from operands gathered over ``data``
       instead of all-reducing it (measured, docs/validation.md).
+    * Where ``scatters`` names such a module (:func:`scatter_layouts`), the
+      module runs inside ``jax.shard_map`` on its shards and its partial sums
+      are reduce-scattered into the layout given (``psum_scatter``), with the
+      bias added after the reduction (:func:`_reduce_scattering`): without
+      it the SPMD partitioner all-reduces the whole output and slices it,
+      and XLA:CPU, which has no pass turning that pair into a reduce-scatter,
+      fuses the slice into the consumers and keeps the whole all-reduce
+      result for the backward pass (measured, docs/validation.md).
 
     * Where ``blocks`` names a module that holds planned layers without
       being one (a residual block), its input and output are pinned to the
@@ -157,6 +167,7 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
     input_layouts = {} if input_layouts is None else input_layouts
     output_layouts = {} if output_layouts is None else output_layouts
     blocks = {} if blocks is None else blocks
+    scatters = {} if scatters is None else scatters
     paths = {id(m): "/".join(map(str, p)) for p, m in nnx.iter_modules(model)}
     module_names = set(paths.values())
     classes = {type(m) for _, m in nnx.iter_modules(model)}
@@ -203,6 +214,11 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                 else _constrain
             if name in input_layouts:
                 x = pin(x, input_layouts[name], mesh)
+            if name in scatters and name not in fsdp:
+                if not isinstance(self, (nnx.Conv, nnx.Linear)):
+                    raise ValueError(f"scatters names {name!r}, a {type(self).__name__}; the export reduce-scatters "
+                                     "the outputs of nnx.Conv and nnx.Linear modules only")
+                return _reduce_scattering(orig, scatters[name], mesh)(self, pin(x, lin, mesh), *args, **kwargs)
             call = _regathering(orig, strategies[name], mesh) if name in fsdp else orig
             out = call(self, pin(x, lin, mesh), *args, **kwargs)
             if lout == "partial" and gout != "partial":
@@ -266,6 +282,75 @@ def _regathering(orig: Callable, strategy: str, mesh: Mesh) -> Callable:
         return layer(x, state)
 
     return call
+
+
+_SCATTER_DIMS = {"batch": 0, "spatial": 1, "channel": -1}  # the dim a layout splits over the model axis
+
+
+def _reduce_scattering(orig: Callable, layout: str, mesh: Mesh) -> Callable:
+    """A ``channel`` conv's or dense layer's ``__call__`` whose partial sums
+    are reduce-scattered into ``layout`` (``batch``, ``channel`` or
+    ``spatial``): inside ``jax.shard_map`` each device convolves its input
+    channels with its rows of the kernel, and :func:`_scattered_sum` reduces
+    the partial outputs over ``model``, each device keeping its split of the
+    batch, channels or rows (ParaDL §4.7's channel exchange, the bias added
+    once). Backward: the output gradient all-gathered over ``model``, the
+    input gradient local, the kernel's and the bias's gradients all-reduced
+    over ``data``: the plan's collectives (``costmodels.plan_collectives``)."""
+    dim = _SCATTER_DIMS[layout]
+    m = mesh.shape[AXIS_NAMES[1]]
+
+    def call(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+        graphdef, state = nnx.split(self)
+        leaves, treedef = jax.tree.flatten(state)
+        with_bias = getattr(self, "bias", None) is not None
+        if len(leaves) != 1 + with_bias:
+            raise ValueError(f"cannot reduce-scatter a {type(self).__name__} that holds state beside its kernel "
+                             "and bias")
+        # the kernel's input channels split over model (the plan's channel spec); the bias whole
+        specs = [P() if leaf.ndim == 1 else param_spec("channel", leaf.ndim) for leaf in leaves]
+
+        def local(x: Any, *leaves: Any) -> Any:
+            # each device's partial sums, without the bias, which the reduction adds once
+            y = orig(nnx.merge(graphdef, jax.tree.unflatten(
+                treedef, [jax.numpy.zeros_like(v) if v.ndim == 1 else v for v in leaves])), x, *args, **kwargs)
+            if y.shape[dim] % m:
+                raise ValueError(f"cannot reduce-scatter {type(self).__name__}'s output of local shape {y.shape} "
+                                 f"over {m} devices along dim {dim % y.ndim}: {m} does not divide it")
+            bias = next((v for v in leaves if v.ndim == 1), None) if with_bias else None
+            return _scattered_sum(dim % y.ndim, m)(y, jax.numpy.zeros(y.shape[-1], y.dtype) if bias is None
+                                                   else bias.astype(y.dtype))
+
+        return jax.shard_map(local, mesh=mesh, in_specs=(activation_spec("channel", x.ndim), *specs),
+                             out_specs=activation_spec(layout, x.ndim))(x, *leaves)
+
+    return call
+
+
+def _scattered_sum(dim: int, m: int) -> Callable[[Any, Any], Any]:
+    """Inside ``shard_map``: ``(partial sums y, bias b) -> psum_scatter(y + b / m)``
+    over ``model`` along ``dim``, with a ``custom_vjp`` whose backward
+    all-gathers the output gradient as a value every ``model`` device holds
+    alike (``to="invarying"``), so that the bias gradient, summed from it,
+    is all-reduced over ``data`` only, as the plan counts it. Autodiff's own
+    transpose types the gathered gradient as varying and adds an all-reduce
+    over ``model`` (or XLA gathers the bias's shards: measured)."""
+    model, data = AXIS_NAMES[1], AXIS_NAMES[0]
+
+    @jax.custom_vjp
+    def scattered(y: Any, b: Any) -> Any:
+        return jax.lax.psum_scatter(y + b / m, model, scatter_dimension=dim, tiled=True)
+
+    def fwd(y: Any, b: Any) -> tuple[Any, None]:
+        return scattered(y, b), None
+
+    def bwd(_: None, g: Any) -> tuple[Any, Any]:
+        full = jax.lax.all_gather(g, model, axis=dim, tiled=True, to="invarying")
+        db = jax.lax.psum(full.sum(axis=tuple(range(full.ndim - 1))), data)
+        return jax.lax.pcast(full, model, to="varying"), db
+
+    scattered.defvjp(fwd, bwd)
+    return scattered
 
 
 def _scatter(grads: Any, strategy: str, mesh: Mesh) -> Any:
@@ -343,10 +428,15 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
            output_layouts: Mapping[str, Mapping[str, str]] | None = None,
            blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
            zero_stages: Mapping[str, int] | None = None,
-           remat_layers: Sequence[str] | None = None) -> tuple[Any, Any, Any, Any, Any]:
+           remat_layers: Sequence[str] | None = None,
+           scatters: Mapping[str, str] | None = None) -> tuple[Any, Any, Any, Any, Any]:
     """(jitted step, state shardings, params, other, batch sharding)."""
     for s in strategies.values():
         check_strategy(s)
+    for name, layout in ({} if scatters is None else scatters).items():
+        if strategies.get(name) != "channel" or layout not in _SCATTER_DIMS:
+            raise ValueError(f"scatters maps {name!r} to {layout!r}: only channel layers' outputs are "
+                             f"reduce-scattered, into one of {', '.join(_SCATTER_DIMS)}")
     zero = _zero_layers(strategies, zero_stages)
     remat = frozenset(() if remat_layers is None else remat_layers)
     unknown = sorted(remat - set(strategies))
@@ -374,7 +464,7 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
             last: list[str] = []
             recomputed: set[str] = set()
             with _constrained_calls(m, strategies, mesh, last, input_layouts, output_layouts, blocks, remat,
-                                    recomputed, zero[3]):
+                                    recomputed, zero[3], scatters):
                 logits = m(x)
             if remat - recomputed:  # (checked above: an attention module that was not called)
                 raise ValueError(f"cannot recompute {sorted(remat - recomputed)[:3]}: their attention module "
@@ -429,6 +519,7 @@ def shard_training(
     blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
     zero_stages: Mapping[str, int] | None = None,
     remat_layers: Sequence[str] | None = None,
+    scatters: Mapping[str, str] | None = None,
 ) -> tuple[Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, jax.Array]], TrainState]:
     """A jitted training step ``step(state, x, y) -> (state, loss)`` for ``model``
     with parameters, optimizer state and each planned layer's activations laid
@@ -447,9 +538,12 @@ def shard_training(
     (:func:`planner.plans.specs.zero_spec_entries`); XLA inserts the
     reduce-scatters and all-gathers. ``remat_layers`` (attention layers
     ``<path>/attention`` of ``nnx.MultiHeadAttention`` modules) recompute
-    their attention in the backward pass (``jax.checkpoint``)."""
+    their attention in the backward pass (``jax.checkpoint``). ``scatters``
+    (from :func:`scatter_layouts`) reduce-scatters the partial sums of the
+    ``channel`` layers it names into their consumers' layout inside
+    ``jax.shard_map``."""
     step, state_sh, params, other, _ = _build(model, strategies, mesh, optimizer, loss_fn, False, input_layouts,
-                                              output_layouts, blocks, zero_stages, remat_layers)
+                                              output_layouts, blocks, zero_stages, remat_layers, scatters)
     init = jax.jit(lambda p, o: TrainState(p, o, optimizer.init(p)), out_shardings=state_sh)
     return step, init(params, other)
 
@@ -468,6 +562,7 @@ def lower_training(
     blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
     zero_stages: Mapping[str, int] | None = None,
     remat_layers: Sequence[str] | None = None,
+    scatters: Mapping[str, str] | None = None,
 ) -> tuple[jax.stages.Lowered, TrainState]:
     """The training step of :func:`shard_training`, lowered for inputs shaped
     like ``x`` (batch first, channels last; integer labels, one per token
@@ -478,7 +573,7 @@ def lower_training(
     the old one's buffers, as an in-place training loop would."""
     step, state_sh, params, other, batch_sh = _build(model, strategies, mesh, optimizer, loss_fn, donate,
                                                      input_layouts, output_layouts, blocks, zero_stages,
-                                                     remat_layers)
+                                                     remat_layers, scatters)
     opt_abs = jax.eval_shape(optimizer.init, params)
 
     def spec(leaf: Any, sh: Any) -> jax.ShapeDtypeStruct:
@@ -563,4 +658,38 @@ def consumer_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, dic
     out: dict[str, dict[str, str]] = {}
     for u, v in graph.edges:
         out.setdefault(graph.names[u], {})[graph.names[v]] = _io_layouts(graph, strategies, v)[0]
+    return out
+
+
+def scatter_layouts(graph: Any, strategies: Mapping[str, str], m: int) -> dict[str, str]:
+    """For each ``channel`` conv or dense layer of ``graph`` whose consumers
+    all take its output in one split layout (``batch``, ``channel`` or
+    ``spatial``) on a model axis of ``m`` devices: that layout, into which
+    :func:`shard_training` (``scatters``) reduce-scatters the layer's partial
+    sums, the reduce-scatter the cost model puts on those edges. Left out
+    (converted by XLA's partitioner as before): a model output, consumers in
+    different layouts or replicated ones (an all-reduce), a multi-head
+    attention's projections, and splits ``m`` does not divide (channels or
+    rows; XLA pads those)."""
+    if m <= 1:
+        return {}
+    a = graph.unpadded()
+    consumers: dict[int, set[str]] = {}
+    for u, v in graph.edges:
+        consumers.setdefault(u, set()).add(_io_layouts(graph, strategies, v)[0])
+    out: dict[str, str] = {}
+    for u, layouts in consumers.items():
+        name, kind = graph.names[u], graph.kind_names[u]
+        if strategies.get(name) != "channel" or not (kind == "dense" or kind.startswith("conv")):
+            continue
+        if head_projection(name, strategies) is not None or len(layouts) != 1:
+            continue
+        layout = next(iter(layouts))
+        if layout not in _SCATTER_DIMS:
+            continue
+        if layout == "channel" and int(a.out_channels[u]) % m:
+            continue
+        if layout == "spatial" and int(a.out_spatial[u, 0]) % m:
+            continue
+        out[name] = layout
     return out

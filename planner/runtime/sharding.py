@@ -22,6 +22,7 @@ from planner.runtime.export import (
     consumer_layouts,
     make_mesh,
     producer_layouts,
+    scatter_layouts,
     shard_training,
 )
 
@@ -61,7 +62,8 @@ def shard(
                           input_layouts=producer_layouts(graph, plan.strategies),
                           output_layouts=consumer_layouts(graph, plan.strategies),
                           blocks=block_layouts(graph, plan.strategies), zero_stages=plan.zero_stages,
-                          remat_layers=plan.remat_layers, **kwargs)
+                          remat_layers=plan.remat_layers,
+                          scatters=scatter_layouts(graph, plan.strategies, plan.mesh[1]), **kwargs)
 
 
 def example_input(plan: Plan, batch: int) -> jax.ShapeDtypeStruct:

@@ -82,6 +82,7 @@ from planner.runtime.export import (
     consumer_layouts,
     lower_training,
     producer_layouts,
+    scatter_layouts,
 )
 from planner.runtime.hlo import parse_collectives
 from planner.runtime.sharding import (
@@ -222,7 +223,8 @@ def validate(
                                        input_layouts=producer_layouts(graph, plan.strategies),
                                        output_layouts=consumer_layouts(graph, plan.strategies),
                                        blocks=block_layouts(graph, plan.strategies), zero_stages=plan.zero_stages,
-                                       remat_layers=plan.remat_layers)
+                                       remat_layers=plan.remat_layers,
+                                       scatters=scatter_layouts(graph, plan.strategies, plan.mesh[1]))
     compiled = lowered.compile()
     memory = _memory_rows(graph, plan, compiled, abstract, x, memory_rtol, activation_rtol)
     platform = mesh.devices.flat[0].platform
@@ -322,7 +324,9 @@ def collective_rows(model: nnx.Module, plan: Plan, hlo_text: str, *, mesh: Mesh 
     other way: ``hlo_text`` (``compiled.as_text()``) of a training step on
     ``mesh`` (default: the plan's mesh over the local devices) against the
     collectives ``plan`` predicts for ``model``; e.g. a step lowered with
-    layouts other than the plan's, which these rows then flag."""
+    layouts other than the plan's, which these rows then flag. The rows
+    expect the plan's ``channel`` layers reduce-scattered as the export does
+    it (``lower_training(..., scatters=scatter_layouts(...))``)."""
     if not comm_rtol >= 0:
         raise ValueError("comm_rtol must be a non-negative fraction, e.g. 0.05")
     graph = planned_graph(model, plan)
@@ -338,6 +342,8 @@ def _collective_rows(graph: Any, plan: Plan, hlo: str, mesh: Mesh, platform: str
     settings = CostSettings(dtype=plan.dtype, optimizer=plan.optimizer)
     records = plan_collectives(graph, choice, plan.batch, d, m, settings, _levers(graph, plan)) + auxiliary_collectives(
         graph, choice, plan.batch, d, m, settings)
+    # the export reduce-scatters these channel layers' outputs itself (a reduce-scatter on every platform)
+    scattered = scatter_layouts(graph, plan.strategies, m)
     predicted: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
     notes: dict[tuple[str, tuple[str, ...]], str] = {}
     for r in records:
@@ -345,7 +351,8 @@ def _collective_rows(graph: Any, plan: Plan, hlo: str, mesh: Mesh, platform: str
         if not axes:
             continue
         kind, nbytes = r.kind, r.bytes_per_device
-        if platform == "cpu" and kind == "reduce-scatter":
+        if platform == "cpu" and kind == "reduce-scatter" and not (
+                r.phase == "forward" and r.where.split(" -> ")[0] in scattered):
             ranks = math.prod(sizes[a] for a in axes)
             kind, nbytes = "all-reduce", nbytes * ranks
             notes[(kind, axes)] = f"includes reduce-scatters lowered by XLA:CPU as all-reduce + slice (x{ranks})"
