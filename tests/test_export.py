@@ -296,7 +296,8 @@ def test_a_zero_plan_shards_trains_and_validates(devices):
     ``strategy+zeroN`` options): planner.shard trains it with unsharded Adam's
     losses and weights, its state sharded as the stages say, and validate
     finds XLA's parameter and optimizer bytes exact and every collective,
-    the reduce-scatters and weight all-gathers included, within 5%."""
+    the reduce-scatters (compiled as reduce-scatters: the export issues them)
+    and weight all-gathers included, within 5%."""
     import planner
     from planner.runtime.validation import fixed_plan
 
@@ -329,6 +330,11 @@ def test_a_zero_plan_shards_trains_and_validates(devices):
         assert rows[part].ok and rows[part].predicted_bytes == rows[part].compiled_bytes, part
     kinds = {(c.kind, c.axes) for c in report.collectives}
     assert ("all-gather", ("data", "model")) in kinds  # the weights gathered (stages 2 and 3)
+    # The stage-2 and -3 gradients are reduce-scattered by the export itself (psum_scatter), a
+    # reduce-scatter on CPU too: convs/1 (3x3x8x16 + 16) and fcs/1 (32x16 + 16), an eighth each, 4 B
+    rs = {(c.kind, c.axes): c for c in report.collectives}[("reduce-scatter", ("data", "model"))]
+    assert rs.compiled_bytes == rs.predicted_bytes == (9 * 8 * 16 + 16 + 32 * 16 + 16) / 8 * 4
+    assert rs.note == ""
     bad = [c for c in report.collectives if not c.ok]
     assert not bad, bad
 
@@ -351,3 +357,36 @@ def test_recomputing_a_layer_without_attention_is_refused(devices):
         planner.shard(model, plan, optax.adam(0.01))
     with pytest.raises(ValueError, match="cannot recompute"):
         planner.validate(model, plan)
+
+
+@pytest.mark.slow
+def test_zero3_batch_norm_updates_its_statistics(devices):
+    """A batch norm at ZeRO stage 3 gathers its sharded scale and bias on the
+    module itself (planner.runtime.calls.gathering): it trains like the unsharded step and
+    its running statistics are updated as there (not lost in a copy of the
+    module), while a stage-3 conv beside it regathers and reduce-scatters."""
+    from builders import TinyCNN
+
+    model = TinyCNN(nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (16, 16, 16, 3))
+    y = jax.random.randint(jax.random.key(2), (16,), 0, 16)
+    graph = extract(model, x)
+    every = {n: "data" for n in graph.names}
+    pins = {"input_layouts": producer_layouts(graph, every), "output_layouts": consumer_layouts(graph, every)}
+    runs = {}
+    for label, zero in (("plain", None), ("zero3", {"bn": 3, "convs/1": 3})):
+        step, state = shard_training(model, every, make_mesh(8, 1), optax.adam(0.01), zero_stages=zero, **pins)
+        losses = []
+        for _ in range(2):
+            state, loss = step(state, x, y)
+            losses.append(float(loss))
+        runs[label] = (state, losses)
+    (ref, ref_losses), (got, losses) = runs["plain"], runs["zero3"]
+    np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
+    for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(ref.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    stats, ref_stats = jax.tree.leaves(got.other), jax.tree.leaves(ref.other)
+    assert stats and not all(np.allclose(np.asarray(s), 0.0) for s in stats)
+    for a, b in zip(stats, ref_stats, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert got.params["bn"]["scale"].sharding.spec == P(("data", "model"))

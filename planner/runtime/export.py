@@ -37,7 +37,21 @@ from planner.plans.specs import (
     partition_specs,
     shardings,
     to_partition_spec,
-    zero_spec_entries,
+)
+from planner.runtime.calls import (
+    LOCAL_GRADIENT_STRATEGIES,
+    SCATTER_DIMS,
+    gathering,
+    recomputing_attention,
+    reduce_scattering,
+    zero_call,
+)
+from planner.runtime.layouts import (
+    block_layouts,
+    consumer_layouts,
+    local_gradient_layers,
+    producer_layouts,
+    scatter_layouts,
 )
 
 __all__ = [
@@ -47,6 +61,7 @@ __all__ = [
     "block_layouts",
     "consumer_layouts",
     "lower_training",
+    "local_gradient_layers",
     "make_mesh",
     "param_spec",
     "partition_specs",
@@ -121,7 +136,8 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                        blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
                        remat: frozenset[str] = frozenset(), recomputed: set[str] | None = None,
                        fsdp: frozenset[str] = frozenset(),
-                       scatters: Mapping[str, str] | None = None) -> Iterator[None]:
+                       scatters: Mapping[str, str] | None = None,
+                       sharded_grads: frozenset[str] = frozenset()) -> Iterator[None]:
     """While tracing: constrain each planned module call's input and output to
     its strategy's layouts (patched ``__call__``, restored on exit).
 
@@ -141,8 +157,8 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
     * Where ``scatters`` names such a module (:func:`scatter_layouts`), the
       module runs inside ``jax.shard_map`` on its shards and its partial sums
       are reduce-scattered into the layout given (``psum_scatter``), with the
-      bias added after the reduction (:func:`_reduce_scattering`): without
-      it the SPMD partitioner all-reduces the whole output and slices it,
+      bias added once (:func:`planner.runtime.calls.reduce_scattering`):
+      without it the SPMD partitioner all-reduces the whole output and slices it,
       and XLA:CPU, which has no pass turning that pair into a reduce-scatter,
       fuses the slice into the consumers and keeps the whole all-reduce
       result for the backward pass (measured, docs/validation.md).
@@ -156,12 +172,15 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
     * An ``nnx.MultiHeadAttention`` whose attention layer (``<path>/attention``)
       is in ``remat`` runs its attention under ``jax.checkpoint``: the
       backward pass recomputes the scores from the queries, keys and values
-      it keeps (:func:`_recomputing_attention`); the layers so treated are
-      added to ``recomputed``.
+      it keeps (:func:`planner.runtime.calls.recomputing_attention`); the
+      layers so treated are added to ``recomputed``.
     * A planned module in ``fsdp`` (ZeRO stage 3: its weights stored sharded
       over its data-parallel group) gathers its weights at its call and
-      again in the backward pass (:func:`_regathering`), instead of keeping
-      the forward's gathered copy until then.
+      again in the backward pass, instead of keeping the forward's gathered
+      copy until then; a conv or dense layer in ``sharded_grads`` (ZeRO
+      stage 2 or 3) under ``data``, ``filter`` or ``replicated``
+      reduce-scatters its weight gradients itself
+      (:func:`planner.runtime.calls.zero_call`).
 
     The output layout of the last planned call is appended to ``last_layout``."""
     input_layouts = {} if input_layouts is None else input_layouts
@@ -191,7 +210,7 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                 if isinstance(self, nnx.MultiHeadAttention) and name is not None:
                     mine = {r for r in remat if r.rpartition("/")[0] == name}
                     if mine:
-                        call = _recomputing_attention(orig)
+                        call = recomputing_attention(orig)
                         if recomputed is not None:
                             recomputed.update(mine)
                 if name not in blocks:
@@ -214,12 +233,18 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                 else _constrain
             if name in input_layouts:
                 x = pin(x, input_layouts[name], mesh)
-            if name in scatters and name not in fsdp:
+            if name in scatters and name not in sharded_grads:
                 if not isinstance(self, (nnx.Conv, nnx.Linear)):
                     raise ValueError(f"scatters names {name!r}, a {type(self).__name__}; the export reduce-scatters "
                                      "the outputs of nnx.Conv and nnx.Linear modules only")
-                return _reduce_scattering(orig, scatters[name], mesh)(self, pin(x, lin, mesh), *args, **kwargs)
-            call = _regathering(orig, strategies[name], mesh) if name in fsdp else orig
+                return reduce_scattering(orig, scatters[name], mesh)(self, pin(x, lin, mesh), *args, **kwargs)
+            call = orig
+            local = (name in sharded_grads and isinstance(self, (nnx.Conv, nnx.Linear))
+                     and strategies[name] in LOCAL_GRADIENT_STRATEGIES)
+            if local or (name in fsdp and param):  # (other stage-2 layers: the gradients' constraint, in _build)
+                call = zero_call(orig, strategies[name], mesh, gather=name in fsdp, local=local)
+            elif name in fsdp:
+                call = gathering(orig, strategies[name], mesh)
             out = call(self, pin(x, lin, mesh), *args, **kwargs)
             if lout == "partial" and gout != "partial":
                 out = _pin_cotangent(out, gout, mesh)
@@ -239,151 +264,6 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
     finally:
         for (cls, method), orig in originals.items():
             setattr(cls, method, orig)
-
-
-def _regathering(orig: Callable, strategy: str, mesh: Mesh) -> Callable:
-    """A planned module's ``__call__`` for ZeRO stage 3 (FSDP): its weights,
-    stored sharded, are gathered to the strategy's own layout for the call
-    and gathered again for the backward pass, which keeps only the sharded
-    weights and the layer's input (ZeRO §7.2.2: gathered before the forward
-    and before the backward use, freed after each). A ``jax.custom_vjp``:
-    its backward gathers from the shards tied to the cotangent by an
-    ``optimization_barrier``, so XLA cannot merge the two gathers into one
-    kept from the forward to the backward pass, which it does otherwise
-    (measured: the small CNN of tests/test_export.py and the ResNet of
-    benchmarks/zero_xla.py). The weight gradient leaves in the shards'
-    layout: reduce-scattered."""
-
-    def call(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
-        graphdef, state = nnx.split(self)
-
-        def gather(state: Any) -> Any:
-            return jax.tree.map(
-                lambda v: jax.lax.with_sharding_constraint(v, NamedSharding(mesh, param_spec(strategy, v.ndim))), state)
-
-        def apply(x: Any, weights: Any) -> Any:
-            return orig(nnx.merge(graphdef, weights), x, *args, **kwargs)
-
-        @jax.custom_vjp
-        def layer(x: Any, state: Any) -> Any:
-            return apply(x, gather(state))
-
-        def fwd(x: Any, state: Any) -> tuple[Any, Any]:
-            return apply(x, gather(state)), (x, state)
-
-        def bwd(res: Any, dy: Any) -> tuple[Any, Any]:
-            x, state = res
-            state, dy = jax.lax.optimization_barrier((state, dy))
-            _, vjp = jax.vjp(apply, x, gather(state))
-            dx, dw = vjp(dy)
-            return dx, _scatter(dw, strategy, mesh)
-
-        layer.defvjp(fwd, bwd)
-        return layer(x, state)
-
-    return call
-
-
-_SCATTER_DIMS = {"batch": 0, "spatial": 1, "channel": -1}  # the dim a layout splits over the model axis
-
-
-def _reduce_scattering(orig: Callable, layout: str, mesh: Mesh) -> Callable:
-    """A ``channel`` conv's or dense layer's ``__call__`` whose partial sums
-    are reduce-scattered into ``layout`` (``batch``, ``channel`` or
-    ``spatial``): inside ``jax.shard_map`` each device convolves its input
-    channels with its rows of the kernel, and :func:`_scattered_sum` reduces
-    the partial outputs over ``model``, each device keeping its split of the
-    batch, channels or rows (ParaDL §4.7's channel exchange, the bias added
-    once). Backward: the output gradient all-gathered over ``model``, the
-    input gradient local, the kernel's and the bias's gradients all-reduced
-    over ``data``: the plan's collectives (``costmodels.plan_collectives``)."""
-    dim = _SCATTER_DIMS[layout]
-    m = mesh.shape[AXIS_NAMES[1]]
-
-    def call(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
-        graphdef, state = nnx.split(self)
-        leaves, treedef = jax.tree.flatten(state)
-        with_bias = getattr(self, "bias", None) is not None
-        if len(leaves) != 1 + with_bias:
-            raise ValueError(f"cannot reduce-scatter a {type(self).__name__} that holds state beside its kernel "
-                             "and bias")
-        # the kernel's input channels split over model (the plan's channel spec); the bias whole
-        specs = [P() if leaf.ndim == 1 else param_spec("channel", leaf.ndim) for leaf in leaves]
-
-        def local(x: Any, *leaves: Any) -> Any:
-            # each device's partial sums, without the bias, which the reduction adds once
-            y = orig(nnx.merge(graphdef, jax.tree.unflatten(
-                treedef, [jax.numpy.zeros_like(v) if v.ndim == 1 else v for v in leaves])), x, *args, **kwargs)
-            if y.shape[dim] % m:
-                raise ValueError(f"cannot reduce-scatter {type(self).__name__}'s output of local shape {y.shape} "
-                                 f"over {m} devices along dim {dim % y.ndim}: {m} does not divide it")
-            bias = next((v for v in leaves if v.ndim == 1), None) if with_bias else None
-            return _scattered_sum(dim % y.ndim, m)(y, jax.numpy.zeros(y.shape[-1], y.dtype) if bias is None
-                                                   else bias.astype(y.dtype))
-
-        return jax.shard_map(local, mesh=mesh, in_specs=(activation_spec("channel", x.ndim), *specs),
-                             out_specs=activation_spec(layout, x.ndim))(x, *leaves)
-
-    return call
-
-
-def _scattered_sum(dim: int, m: int) -> Callable[[Any, Any], Any]:
-    """Inside ``shard_map``: ``(partial sums y, bias b) -> psum_scatter(y + b / m)``
-    over ``model`` along ``dim``, with a ``custom_vjp`` whose backward
-    all-gathers the output gradient as a value every ``model`` device holds
-    alike (``to="invarying"``), so that the bias gradient, summed from it,
-    is all-reduced over ``data`` only, as the plan counts it. Autodiff's own
-    transpose types the gathered gradient as varying and adds an all-reduce
-    over ``model`` (or XLA gathers the bias's shards: measured)."""
-    model, data = AXIS_NAMES[1], AXIS_NAMES[0]
-
-    @jax.custom_vjp
-    def scattered(y: Any, b: Any) -> Any:
-        return jax.lax.psum_scatter(y + b / m, model, scatter_dimension=dim, tiled=True)
-
-    def fwd(y: Any, b: Any) -> tuple[Any, None]:
-        return scattered(y, b), None
-
-    def bwd(_: None, g: Any) -> tuple[Any, Any]:
-        full = jax.lax.all_gather(g, model, axis=dim, tiled=True, to="invarying")
-        db = jax.lax.psum(full.sum(axis=tuple(range(full.ndim - 1))), data)
-        return jax.lax.pcast(full, model, to="varying"), db
-
-    scattered.defvjp(fwd, bwd)
-    return scattered
-
-
-def _scatter(grads: Any, strategy: str, mesh: Mesh) -> Any:
-    """A ZeRO layer's weight gradients constrained to their shards over the
-    layer's data-parallel group: XLA reduce-scatters them there."""
-    return jax.tree.map(lambda g: jax.lax.with_sharding_constraint(
-        g, NamedSharding(mesh, P(*zero_spec_entries(strategy, g.ndim)))), grads)
-
-
-def _recomputing_attention(orig: Callable) -> Callable:
-    """``nnx.MultiHeadAttention.__call__`` with its ``attention_fn`` under
-    ``jax.checkpoint`` for the call (restored after): the residuals of a
-    checkpointed function are its inputs, and its forward runs again in the
-    backward pass (JAX's ``jax.checkpoint`` documentation), so the
-    attention keeps the queries, keys and values and recomputes the scores
-    and probabilities, as ``costmodels.levers`` costs it."""
-
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        fn = self.attention_fn
-
-        def recomputed(query: Any, key: Any, value: Any, *, mask: Any = None, dropout_rng: Any = None,
-                       **options: Any) -> Any:
-            # the arrays through the checkpoint, the static options (dtype, flags, module) closed over
-            inner = jax.checkpoint(lambda q, k, v, mk, rng: fn(q, k, v, mask=mk, dropout_rng=rng, **options))
-            return inner(query, key, value, mask, dropout_rng)
-
-        self.attention_fn = recomputed
-        try:
-            return orig(self, *args, **kwargs)
-        finally:
-            self.attention_fn = fn
-
-    return call
 
 
 def _constrain(x: Any, layout: str, mesh: Mesh) -> Any:
@@ -434,9 +314,9 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
     for s in strategies.values():
         check_strategy(s)
     for name, layout in ({} if scatters is None else scatters).items():
-        if strategies.get(name) != "channel" or layout not in _SCATTER_DIMS:
+        if strategies.get(name) != "channel" or layout not in SCATTER_DIMS:
             raise ValueError(f"scatters maps {name!r} to {layout!r}: only channel layers' outputs are "
-                             f"reduce-scattered, into one of {', '.join(_SCATTER_DIMS)}")
+                             f"reduce-scattered, into one of {', '.join(SCATTER_DIMS)}")
     zero = _zero_layers(strategies, zero_stages)
     remat = frozenset(() if remat_layers is None else remat_layers)
     unknown = sorted(remat - set(strategies))
@@ -464,7 +344,7 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
             last: list[str] = []
             recomputed: set[str] = set()
             with _constrained_calls(m, strategies, mesh, last, input_layouts, output_layouts, blocks, remat,
-                                    recomputed, zero[3], scatters):
+                                    recomputed, zero[3], scatters, zero[2]):
                 logits = m(x)
             if remat - recomputed:  # (checked above: an attention module that was not called)
                 raise ValueError(f"cannot recompute {sorted(remat - recomputed)[:3]}: their attention module "
@@ -586,110 +466,3 @@ def lower_training(
     ids = jax.numpy.issubdtype(x.dtype, jax.numpy.integer)
     y_spec = jax.ShapeDtypeStruct(tuple(x.shape) if ids else (x.shape[0],), jax.numpy.int32, sharding=batch_sh)
     return step.lower(abstract, x_spec, y_spec), abstract
-
-
-def producer_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, str]:
-    """For each layer of ``graph`` (a :class:`~planner.LayerGraph`) fed by
-    another, the layout its first producer leaves its output in under
-    ``strategies``: what :func:`shard_training` pins module inputs to, so that
-    the functional layers between modules (ReLU, pooling, flatten, which no
-    module call constrains) keep their planned layouts and XLA converts where
-    the cost model does."""
-    out: dict[str, str] = {}
-    for u, v in graph.edges:
-        name = graph.names[v]
-        if name not in out:
-            out[name] = _output_layout(graph, strategies, u)
-    return out
-
-
-def _io_layouts(graph: Any, strategies: Mapping[str, str], i: int) -> tuple[str, str]:
-    """(input, output) layouts of layer ``i`` under ``strategies`` (``replicated`` if unnamed)."""
-    param = graph.kind_names[i] in ("dense", "embed") or graph.kind_names[i].startswith("conv")
-    table = PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS
-    return table[check_strategy(strategies.get(graph.names[i], "replicated"))]
-
-
-def _output_layout(graph: Any, strategies: Mapping[str, str], u: int) -> str:
-    """The layout layer ``u`` leaves its output in under ``strategies``."""
-    return _io_layouts(graph, strategies, u)[1]
-
-
-def block_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, tuple[str | None, str | None]]:
-    """For each block of ``graph`` (a module path above layers that is not a
-    layer itself, such as a residual block ``layer2/1``): the ``(input,
-    output)`` layouts :func:`shard_training` pins the block's input and output
-    to, each ``None`` where the layers concerned disagree. The input's is the
-    layout every layer feeding the block from outside leaves its output in,
-    so that every use of the input inside (the first conv and the shortcut's
-    add) reads that one value; the output's is the layout the block's layers
-    that feed outside leave theirs in, so that the functional ops at the
-    block's end (the add, its ReLU) run in their planned layout. Unpinned,
-    XLA may feed the add from the first conv's converted copy and convert it
-    back, or convert the add's other operand and then its output: all-to-alls
-    the plan does not have (measured on the ResNet, docs/validation.md)."""
-    layers = set(graph.names)
-    entering: dict[str, set[str]] = {}
-    leaving: dict[str, set[str]] = {}
-    for u, v in graph.edges:
-        src, dst = graph.names[u].split("/"), graph.names[v].split("/")
-        layout = _output_layout(graph, strategies, u)
-        for k in range(1, max(len(src), len(dst))):
-            if src[:k] == dst[:k]:
-                continue  # the edge runs inside this block
-            if k < len(dst) and "/".join(dst[:k]) not in layers:
-                entering.setdefault("/".join(dst[:k]), set()).add(layout)
-            if k < len(src) and "/".join(src[:k]) not in layers:
-                leaving.setdefault("/".join(src[:k]), set()).add(layout)
-
-    def agreed(found: set[str] | None) -> str | None:
-        return next(iter(found)) if found is not None and len(found) == 1 else None
-
-    return {b: (agreed(entering.get(b)), agreed(leaving.get(b))) for b in sorted(set(entering) | set(leaving))}
-
-
-def consumer_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    """For each layer of ``graph`` that feeds others: consumer name -> the
-    layout that consumer takes its input in under ``strategies``. Where a
-    module's consumers are all functional ops (no module call of their own)
-    and agree, :func:`shard_training` pins the module's output to that
-    layout, so that the conversion the cost model puts on the edge happens
-    there and the functional ops run in their planned layout."""
-    out: dict[str, dict[str, str]] = {}
-    for u, v in graph.edges:
-        out.setdefault(graph.names[u], {})[graph.names[v]] = _io_layouts(graph, strategies, v)[0]
-    return out
-
-
-def scatter_layouts(graph: Any, strategies: Mapping[str, str], m: int) -> dict[str, str]:
-    """For each ``channel`` conv or dense layer of ``graph`` whose consumers
-    all take its output in one split layout (``batch``, ``channel`` or
-    ``spatial``) on a model axis of ``m`` devices: that layout, into which
-    :func:`shard_training` (``scatters``) reduce-scatters the layer's partial
-    sums, the reduce-scatter the cost model puts on those edges. Left out
-    (converted by XLA's partitioner as before): a model output, consumers in
-    different layouts or replicated ones (an all-reduce), a multi-head
-    attention's projections, and splits ``m`` does not divide (channels or
-    rows; XLA pads those)."""
-    if m <= 1:
-        return {}
-    a = graph.unpadded()
-    consumers: dict[int, set[str]] = {}
-    for u, v in graph.edges:
-        consumers.setdefault(u, set()).add(_io_layouts(graph, strategies, v)[0])
-    out: dict[str, str] = {}
-    for u, layouts in consumers.items():
-        name, kind = graph.names[u], graph.kind_names[u]
-        if strategies.get(name) != "channel" or not (kind == "dense" or kind.startswith("conv")):
-            continue
-        if head_projection(name, strategies) is not None or len(layouts) != 1:
-            continue
-        layout = next(iter(layouts))
-        if layout not in _SCATTER_DIMS:
-            continue
-        if layout == "channel" and int(a.out_channels[u]) % m:
-            continue
-        if layout == "spatial" and int(a.out_spatial[u, 0]) % m:
-            continue
-        out[name] = layout
-    return out

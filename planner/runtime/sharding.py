@@ -18,12 +18,14 @@ from planner.planning import Plan
 from planner.runtime.export import (
     AXIS_NAMES,
     TrainState,
+    make_mesh,
+    shard_training,
+)
+from planner.runtime.layouts import (
     block_layouts,
     consumer_layouts,
-    make_mesh,
     producer_layouts,
     scatter_layouts,
-    shard_training,
 )
 
 __all__ = ["plan_mesh", "planned_graph", "shard"]

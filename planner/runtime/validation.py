@@ -41,7 +41,7 @@ planned layout (:func:`planner.runtime.export.producer_layouts`) and every modul
 output read by functional layers pinned to their planned layout
 (:func:`planner.runtime.export.consumer_layouts`), and every block of layers (a
 residual block) with its input and output pinned
-(:func:`planner.runtime.export.block_layouts`), so that the functional layers
+(:func:`planner.runtime.layouts.block_layouts`), so that the functional layers
 between modules keep the plan's layouts.
 """
 
@@ -77,10 +77,11 @@ from costmodels.table import OPTIMIZER_SLOTS
 from planner.models.extraction import extract
 from planner.planning import Plan
 from planner.plans.specs import zero_group_axes
-from planner.runtime.export import (
+from planner.runtime.export import lower_training
+from planner.runtime.layouts import (
     block_layouts,
     consumer_layouts,
-    lower_training,
+    local_gradient_layers,
     producer_layouts,
     scatter_layouts,
 )
@@ -342,8 +343,10 @@ def _collective_rows(graph: Any, plan: Plan, hlo: str, mesh: Mesh, platform: str
     settings = CostSettings(dtype=plan.dtype, optimizer=plan.optimizer)
     records = plan_collectives(graph, choice, plan.batch, d, m, settings, _levers(graph, plan)) + auxiliary_collectives(
         graph, choice, plan.batch, d, m, settings)
-    # the export reduce-scatters these channel layers' outputs itself (a reduce-scatter on every platform)
+    # the export reduce-scatters these channel layers' outputs and these ZeRO layers' weight gradients itself
+    # (a reduce-scatter on every platform)
     scattered = scatter_layouts(graph, plan.strategies, m)
+    local_grads = local_gradient_layers(graph, plan.strategies, plan.zero_stages)
     predicted: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
     notes: dict[tuple[str, tuple[str, ...]], str] = {}
     for r in records:
@@ -352,7 +355,8 @@ def _collective_rows(graph: Any, plan: Plan, hlo: str, mesh: Mesh, platform: str
             continue
         kind, nbytes = r.kind, r.bytes_per_device
         if platform == "cpu" and kind == "reduce-scatter" and not (
-                r.phase == "forward" and r.where.split(" -> ")[0] in scattered):
+                (r.phase == "forward" and r.where.split(" -> ")[0] in scattered)
+                or (r.phase == "gradient" and r.where in local_grads)):
             ranks = math.prod(sizes[a] for a in axes)
             kind, nbytes = "all-reduce", nbytes * ranks
             notes[(kind, axes)] = f"includes reduce-scatters lowered by XLA:CPU as all-reduce + slice (x{ranks})"

@@ -1,0 +1,255 @@
+"""How one planned layer's call runs under the export
+(:func:`planner.runtime.export.shard_training`) where stating layouts is not
+enough: ZeRO's gathered weights and reduce-scattered gradients, a ``channel``
+layer's reduce-scattered partial sums, a recomputed attention. Each is a
+module ``__call__`` wrapper: a ``jax.custom_vjp`` or a ``jax.shard_map`` on
+the layer's shards, whose collectives are the plan's
+(``costmodels.plan_collectives``); why each exists, measured on XLA:CPU, is
+in docs/validation.md (item 14) and docs/levers.md."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from costmodels.strategies import AXIS_NAMES
+from planner.plans.specs import (
+    PARAM_GRADIENT_LAYOUTS,
+    PARAM_LAYOUTS,
+    activation_spec_entries,
+    param_spec,
+    to_partition_spec,
+    zero_group_axes,
+    zero_spec_entries,
+)
+
+__all__ = [
+    "LOCAL_GRADIENT_STRATEGIES",
+    "SCATTER_DIMS",
+    "gathering",
+    "recomputing_attention",
+    "reduce_scattering",
+    "zero_call",
+]
+
+
+def _activation_spec(layout: str, ndim: int) -> P | None:
+    return to_partition_spec(activation_spec_entries(layout, ndim))
+
+
+LOCAL_GRADIENT_STRATEGIES = ("data", "filter", "replicated")  # a layer's weight gradient from its own shards
+
+
+def zero_call(orig: Callable, strategy: str, mesh: Mesh, *, gather: bool, local: bool) -> Callable:
+    """A planned module's ``__call__`` for ZeRO stage 2 or 3: a
+    ``jax.custom_vjp`` whose backward reduce-scatters the weight gradients
+    over the layer's data-parallel group (:func:`zero_group_axes`).
+
+    * ``gather`` (stage 3, FSDP): the weights, stored sharded, are gathered to
+      the strategy's own layout for the call and gathered again for the
+      backward pass, which keeps only the sharded weights and the layer's
+      input (ZeRO §7.2.2: gathered before the forward and before the
+      backward use, freed after each); the backward gathers from the shards
+      tied to the cotangent by an ``optimization_barrier``, so XLA cannot
+      merge the two gathers into one kept from the forward to the backward
+      pass, which it does otherwise (measured: the small CNN of
+      tests/test_export.py and the ResNet of benchmarks/zero_xla.py).
+    * ``local`` (an ``nnx.Conv`` or ``nnx.Linear`` under ``data``, ``filter``
+      or ``replicated``): the weight gradient is computed inside
+      ``jax.shard_map`` from each device's shards and reduced with
+      ``psum_scatter``, a reduce-scatter on every platform. Otherwise a
+      sharding constraint on the gradient asks XLA's partitioner for it,
+      which XLA:CPU compiles as an all-reduce of the whole gradient and a
+      slice, and combines every layer's into one all-reduce at the end of
+      the backward pass: all the whole gradients live at once (measured,
+      docs/levers.md)."""
+
+    def call(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+        graphdef, state = nnx.split(self)
+
+        def weights(state: Any) -> Any:
+            if not gather:
+                return state
+            return jax.tree.map(
+                lambda v: jax.lax.with_sharding_constraint(v, NamedSharding(mesh, param_spec(strategy, v.ndim))), state)
+
+        def apply(x: Any, weights: Any) -> Any:
+            return orig(nnx.merge(graphdef, weights), x, *args, **kwargs)
+
+        @jax.custom_vjp
+        def layer(x: Any, state: Any) -> Any:
+            return apply(x, weights(state))
+
+        def fwd(x: Any, state: Any) -> tuple[Any, Any]:
+            return apply(x, weights(state)), (x, state)
+
+        def bwd(res: Any, dy: Any) -> tuple[Any, Any]:
+            x, state = res
+            if gather:
+                state, dy = jax.lax.optimization_barrier((state, dy))
+            w = weights(state)
+            if not local:
+                _, vjp = jax.vjp(apply, x, w)
+                dx, dw = vjp(dy)
+                return dx, _scatter(dw, strategy, mesh)
+            _, vjp = jax.vjp(lambda x: apply(x, w), x)
+            (dx,) = vjp(dy)
+            return dx, _local_scattered_gradients(apply, x, w, dy, strategy, mesh)
+
+        layer.defvjp(fwd, bwd)
+        return layer(x, state)
+
+    return call
+
+
+def gathering(orig: Callable, strategy: str, mesh: Mesh) -> Callable:
+    """The ``__call__`` of a per-channel layer (batch norm, a norm) at ZeRO
+    stage 3: its parameters, stored sharded, constrained to the strategy's
+    own layout (XLA gathers them) on the module itself, which then runs and
+    updates its statistics as usual. Its weights are a few vectors, so
+    unlike :func:`zero_call` it does not re-gather them for the backward
+    pass, which would run the layer's forward, statistics all-reduce
+    included, a second time."""
+
+    def call(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+        nnx.update(self, jax.tree.map(
+            lambda v: jax.lax.with_sharding_constraint(v, NamedSharding(mesh, param_spec(strategy, v.ndim))),
+            nnx.state(self, nnx.Param)))
+        return orig(self, x, *args, **kwargs)
+
+    return call
+
+
+def _local_scattered_gradients(apply: Callable, x: Any, weights: Any, dy: Any, strategy: str, mesh: Mesh) -> Any:
+    """The weight gradients of ``apply(x, weights)`` for the output gradient
+    ``dy``, reduce-scattered over the layer's data-parallel group: inside
+    ``jax.shard_map`` each device differentiates its shard of the layer
+    (input in the strategy's layout, output gradient in the one it needs)
+    with respect to its own copy of the weights (cast to varying over the
+    group, so JAX's transpose adds no all-reduce) and ``psum_scatter``
+    reduces each gradient along its last dim into the ZeRO shards
+    (:func:`planner.plans.specs.zero_spec_entries`)."""
+    group = zero_group_axes(strategy)
+    lin = PARAM_LAYOUTS[strategy][0]
+    gout = PARAM_GRADIENT_LAYOUTS[strategy][1]
+    leaves, treedef = jax.tree.flatten(weights)
+
+    def local(x: Any, dy: Any, *leaves: Any) -> tuple[Any, ...]:
+        own = [jax.lax.pcast(v, group, to="varying") for v in leaves]
+        _, vjp = jax.vjp(lambda *ws: apply(x, jax.tree.unflatten(treedef, list(ws))), *own)
+        return tuple(jax.lax.psum_scatter(g, group, scatter_dimension=g.ndim - 1, tiled=True) for g in vjp(dy))
+
+    grads = jax.shard_map(local, mesh=mesh,
+                          in_specs=(_activation_spec(lin, x.ndim), _activation_spec(gout, dy.ndim),
+                                    *[param_spec(strategy, v.ndim) for v in leaves]),
+                          out_specs=tuple(P(*zero_spec_entries(strategy, v.ndim)) for v in leaves))(x, dy, *leaves)
+    return jax.tree.unflatten(treedef, list(grads))
+
+
+def _scatter(grads: Any, strategy: str, mesh: Mesh) -> Any:
+    """A ZeRO layer's weight gradients constrained to their shards over the
+    layer's data-parallel group: XLA reduce-scatters them there."""
+    return jax.tree.map(lambda g: jax.lax.with_sharding_constraint(
+        g, NamedSharding(mesh, P(*zero_spec_entries(strategy, g.ndim)))), grads)
+
+
+SCATTER_DIMS = {"batch": 0, "spatial": 1, "channel": -1}  # the dim a layout splits over the model axis
+
+
+def reduce_scattering(orig: Callable, layout: str, mesh: Mesh) -> Callable:
+    """A ``channel`` conv's or dense layer's ``__call__`` whose partial sums
+    are reduce-scattered into ``layout`` (``batch``, ``channel`` or
+    ``spatial``): inside ``jax.shard_map`` each device convolves its input
+    channels with its rows of the kernel, and :func:`_scattered_sum` reduces
+    the partial outputs over ``model``, each device keeping its split of the
+    batch, channels or rows (ParaDL §4.7's channel exchange, the bias added
+    once). Backward: the output gradient all-gathered over ``model``, the
+    input gradient local, the kernel's and the bias's gradients all-reduced
+    over ``data``: the plan's collectives (``costmodels.plan_collectives``)."""
+    dim = SCATTER_DIMS[layout]
+    m = mesh.shape[AXIS_NAMES[1]]
+
+    def call(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+        graphdef, state = nnx.split(self)
+        leaves, treedef = jax.tree.flatten(state)
+        with_bias = getattr(self, "bias", None) is not None
+        if len(leaves) != 1 + with_bias:
+            raise ValueError(f"cannot reduce-scatter a {type(self).__name__} that holds state beside its kernel "
+                             "and bias")
+        # the kernel's input channels split over model (the plan's channel spec); the bias whole
+        specs = [P() if leaf.ndim == 1 else param_spec("channel", leaf.ndim) for leaf in leaves]
+
+        def local(x: Any, *leaves: Any) -> Any:
+            # each device's partial sums, without the bias, which the reduction adds once
+            y = orig(nnx.merge(graphdef, jax.tree.unflatten(
+                treedef, [jax.numpy.zeros_like(v) if v.ndim == 1 else v for v in leaves])), x, *args, **kwargs)
+            if y.shape[dim] % m:
+                raise ValueError(f"cannot reduce-scatter {type(self).__name__}'s output of local shape {y.shape} "
+                                 f"over {m} devices along dim {dim % y.ndim}: {m} does not divide it")
+            bias = next((v for v in leaves if v.ndim == 1), None) if with_bias else None
+            return _scattered_sum(dim % y.ndim, m)(y, jax.numpy.zeros(y.shape[-1], y.dtype) if bias is None
+                                                   else bias.astype(y.dtype))
+
+        return jax.shard_map(local, mesh=mesh, in_specs=(_activation_spec("channel", x.ndim), *specs),
+                             out_specs=_activation_spec(layout, x.ndim))(x, *leaves)
+
+    return call
+
+
+def _scattered_sum(dim: int, m: int) -> Callable[[Any, Any], Any]:
+    """Inside ``shard_map``: ``(partial sums y, bias b) -> psum_scatter(y + b / m)``
+    over ``model`` along ``dim``, with a ``custom_vjp`` whose backward
+    all-gathers the output gradient as a value every ``model`` device holds
+    alike (``to="invarying"``), so that the bias gradient, summed from it,
+    is all-reduced over ``data`` only, as the plan counts it. Autodiff's own
+    transpose types the gathered gradient as varying and adds an all-reduce
+    over ``model`` (or XLA gathers the bias's shards: measured)."""
+    model, data = AXIS_NAMES[1], AXIS_NAMES[0]
+
+    @jax.custom_vjp
+    def scattered(y: Any, b: Any) -> Any:
+        return jax.lax.psum_scatter(y + b / m, model, scatter_dimension=dim, tiled=True)
+
+    def fwd(y: Any, b: Any) -> tuple[Any, None]:
+        return scattered(y, b), None
+
+    def bwd(_: None, g: Any) -> tuple[Any, Any]:
+        full = jax.lax.all_gather(g, model, axis=dim, tiled=True, to="invarying")
+        db = jax.lax.psum(full.sum(axis=tuple(range(full.ndim - 1))), data)
+        return jax.lax.pcast(full, model, to="varying"), db
+
+    scattered.defvjp(fwd, bwd)
+    return scattered
+
+
+
+
+def recomputing_attention(orig: Callable) -> Callable:
+    """``nnx.MultiHeadAttention.__call__`` with its ``attention_fn`` under
+    ``jax.checkpoint`` for the call (restored after): the residuals of a
+    checkpointed function are its inputs, and its forward runs again in the
+    backward pass (JAX's ``jax.checkpoint`` documentation), so the
+    attention keeps the queries, keys and values and recomputes the scores
+    and probabilities, as ``costmodels.levers`` costs it."""
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        fn = self.attention_fn
+
+        def recomputed(query: Any, key: Any, value: Any, *, mask: Any = None, dropout_rng: Any = None,
+                       **options: Any) -> Any:
+            # the arrays through the checkpoint, the static options (dtype, flags, module) closed over
+            inner = jax.checkpoint(lambda q, k, v, mk, rng: fn(q, k, v, mask=mk, dropout_rng=rng, **options))
+            return inner(query, key, value, mask, dropout_rng)
+
+        self.attention_fn = recomputed
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            self.attention_fn = fn
+
+    return call
