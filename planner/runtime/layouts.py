@@ -105,7 +105,7 @@ def scatter_layouts(graph: Any, strategies: Mapping[str, str], m: int) -> dict[s
     """For each ``channel`` conv or dense layer of ``graph`` whose consumers
     all take its output in one split layout (``batch``, ``channel`` or
     ``spatial``) on a model axis of ``m`` devices: that layout, into which
-    :func:`shard_training` (``scatters``) reduce-scatters the layer's partial
+    :func:`~planner.runtime.export.shard_training` (``scatters``) reduce-scatters the layer's partial
     sums, the reduce-scatter the cost model puts on those edges. Left out
     (converted by XLA's partitioner as before): a model output, consumers in
     different layouts or replicated ones (an all-reduce), a multi-head
@@ -136,7 +136,7 @@ def scatter_layouts(graph: Any, strategies: Mapping[str, str], m: int) -> dict[s
 
 
 def local_gradient_layers(graph: Any, strategies: Mapping[str, str], zero_stages: Mapping[str, int]) -> frozenset[str]:
-    """The layers of ``graph`` whose weight gradients :func:`shard_training`
+    """The layers of ``graph`` whose weight gradients ``shard_training``
     reduce-scatters itself (``psum_scatter`` in ``jax.shard_map``, a
     reduce-scatter on every platform): convs and dense layers (``nnx.Conv``,
     ``nnx.Linear``) at ZeRO stage 2 or 3 under ``data``, ``filter`` or
