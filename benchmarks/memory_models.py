@@ -13,7 +13,8 @@ activations), ``W`` (the largest workspace), and, for XLA:CPU's
 select-and-scatter expansion of each max pool (docs/validation.md, "The
 memory promise"), ``I`` (int32 iotas of the pool input's shape, one per
 dimension) and ``X`` (the index matrix, one int32 per output element and
-dimension). The models, each a formula of those sums:
+dimension) and ``K`` (the conv kernels, one fp32 word per conv parameter
+held). The models, each a formula of those sums:
 
 * ``today``: the cost table's memory, ``args + 2G + A + W`` (what the search uses);
 * ``phases``: the update not live with the activations, ``args + G + max(A + W, G)``;
@@ -22,6 +23,10 @@ dimension). The models, each a formula of those sums:
 * ``phases+pools``: ``args + G + max(A + W + I + X, G)``;
 * ``forward+pools``: a forward phase with every pool's expansion,
   ``args + max(G + A + W + X, I + X + A, 2G)``;
+* ``forward+copies``: the same with the forward phase also holding a copy
+  of every conv kernel (``K``, one fp32 word per conv parameter held: the
+  parameter-only values XLA:CPU's breadth-first schedule computes at the
+  step's start, docs/levers.md), ``args + max(G + A + W + X, K + I + X + A, 2G)``;
 * ``fused``: each layer's optimizer update run as soon as its gradient is
   made (the step has no global dependency between them: adam, no clipping),
   so a gradient and its update live only at their layer's backward step,
@@ -99,6 +104,8 @@ def parts(row: dict, graphs: dict) -> dict[str, np.ndarray | float]:
         "W": np.asarray(t.workspace_bytes, np.float64)[rows, c],
         "I": pool_in * dims,
         "X": pool_in * dims * np.where(in_el > 0, out_el / np.maximum(in_el, 1.0), 0.0),
+        "K": settings.gradient_bytes_per_param * np.maximum(held, 0.0)
+        * np.array([k.startswith("conv") for k in g.kind_names]),
         "today": float(row["predicted_total_bytes"]),
     }
 
@@ -125,6 +132,9 @@ MODELS = {
     "fused+pools": lambda p: p["args"] + _fused(p["A"], p["W"], p["G"], p["I"], p["X"]),
     "forward+pools": lambda p: p["args"] + max(p["G"].sum() + p["A"].sum() + p["W"].max() + p["X"].sum(),
                                                p["I"].sum() + p["X"].sum() + p["A"].sum(), 2 * p["G"].sum()),
+    "forward+copies": lambda p: p["args"] + max(p["G"].sum() + p["A"].sum() + p["W"].max() + p["X"].sum(),
+                                                p["K"].sum() + p["I"].sum() + p["X"].sum() + p["A"].sum(),
+                                                2 * p["G"].sum()),
 }
 
 

@@ -68,7 +68,8 @@ def test_xla_agreement_quick_prints_rows_and_summary(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[2:]}
-    assert set(lines) == {"today", "phases", "liveness", "phases+pools", "forward+pools", "fused", "fused+pools"}
+    assert set(lines) == {"today", "phases", "liveness", "phases+pools", "forward+pools", "forward+copies", "fused",
+                          "fused+pools"}
     err = rows[0]["compiled_total_bytes"] / rows[0]["predicted_total_bytes"] - 1
     assert lines["today"][4] == lines["today"][5] == f"{err:+.1%}"
     assert lines["today"][1] == str(int(abs(err) <= 0.10)) and lines["today"][3] == "1"
