@@ -94,16 +94,13 @@ def tight_tiny(devices):
 @pytest.mark.slow
 def test_a_tight_plan_fits_once_compiled(tight_tiny):
     from planner.runtime.export import lower_training, make_mesh
-    from planner.runtime.layouts import block_layouts, consumer_layouts, producer_layouts, scatter_layouts
+    from planner.runtime.sharding import export_options
 
     model, x, graph, p = tight_tiny
     d, m = p.mesh
-    # pinned as planner.shard pins it: what a user's step compiles to
+    # compiled as planner.shard compiles it: what a user's step needs
     lowered, _ = lower_training(model, p.strategies, make_mesh(d, m), optax.adam(1e-3), x,
-                                input_layouts=producer_layouts(graph, p.strategies),
-                                output_layouts=consumer_layouts(graph, p.strategies),
-                                blocks=block_layouts(graph, p.strategies),
-                                scatters=scatter_layouts(graph, p.strategies, m))
+                                **export_options(graph, p))
     ma = lowered.compile().memory_analysis()
     compiled = ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes + ma.temp_size_in_bytes
     assert compiled <= p.memory_limit_bytes, (compiled, p.memory_limit_bytes)

@@ -227,8 +227,6 @@ def _scattered_sum(dim: int, m: int) -> Callable[[Any, Any], Any]:
     return scattered
 
 
-
-
 def recomputing_attention(orig: Callable) -> Callable:
     """``nnx.MultiHeadAttention.__call__`` with its ``attention_fn`` under
     ``jax.checkpoint`` for the call (restored after): the residuals of a

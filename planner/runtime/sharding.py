@@ -28,7 +28,7 @@ from planner.runtime.layouts import (
     scatter_layouts,
 )
 
-__all__ = ["plan_mesh", "planned_graph", "shard"]
+__all__ = ["export_options", "plan_mesh", "planned_graph", "shard"]
 
 
 def shard(
@@ -60,12 +60,24 @@ def shard(
     # ops to theirs, and each residual block's input and output to its layers', so the functional ops between
     # modules (activations, pooling, flatten, the shortcut's add) run where the plan costs them
     # (docs/validation.md, items 2 and 12)
-    return shard_training(model, plan.strategies, mesh, optimizer,
-                          input_layouts=producer_layouts(graph, plan.strategies),
-                          output_layouts=consumer_layouts(graph, plan.strategies),
-                          blocks=block_layouts(graph, plan.strategies), zero_stages=plan.zero_stages,
-                          remat_layers=plan.remat_layers,
-                          scatters=scatter_layouts(graph, plan.strategies, plan.mesh[1]), **kwargs)
+    return shard_training(model, plan.strategies, mesh, optimizer, **export_options(graph, plan), **kwargs)
+
+
+def export_options(graph: LayerGraph, plan: Plan) -> dict[str, Any]:
+    """The keyword arguments of :func:`~planner.runtime.export.shard_training`
+    (and ``lower_training``) that apply ``plan`` to ``graph``'s model beyond
+    its strategies: the pins of module inputs, module outputs and residual
+    blocks, the ``channel`` layers the export reduce-scatters itself, the
+    ZeRO stages and the recomputed layers. ``shard`` and ``validate`` both
+    compile with these, so what validate checks is what shard trains."""
+    return {
+        "input_layouts": producer_layouts(graph, plan.strategies),
+        "output_layouts": consumer_layouts(graph, plan.strategies),
+        "blocks": block_layouts(graph, plan.strategies),
+        "scatters": scatter_layouts(graph, plan.strategies, plan.mesh[1]),
+        "zero_stages": plan.zero_stages,
+        "remat_layers": plan.remat_layers,
+    }
 
 
 def example_input(plan: Plan, batch: int) -> jax.ShapeDtypeStruct:

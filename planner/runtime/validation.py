@@ -78,16 +78,11 @@ from planner.models.extraction import extract
 from planner.planning import Plan
 from planner.plans.specs import zero_group_axes
 from planner.runtime.export import lower_training
-from planner.runtime.layouts import (
-    block_layouts,
-    consumer_layouts,
-    local_gradient_layers,
-    producer_layouts,
-    scatter_layouts,
-)
+from planner.runtime.layouts import local_gradient_layers, scatter_layouts
 from planner.runtime.hlo import parse_collectives
 from planner.runtime.sharding import (
     example_input,
+    export_options,
     plan_mesh,
     planned_graph,
 )
@@ -220,12 +215,7 @@ def validate(
     tx = default_optimizer(plan.optimizer) if optimizer is None else optimizer
 
     x = example_input(plan, plan.batch)
-    lowered, abstract = lower_training(model, plan.strategies, mesh, tx, x,
-                                       input_layouts=producer_layouts(graph, plan.strategies),
-                                       output_layouts=consumer_layouts(graph, plan.strategies),
-                                       blocks=block_layouts(graph, plan.strategies), zero_stages=plan.zero_stages,
-                                       remat_layers=plan.remat_layers,
-                                       scatters=scatter_layouts(graph, plan.strategies, plan.mesh[1]))
+    lowered, abstract = lower_training(model, plan.strategies, mesh, tx, x, **export_options(graph, plan))
     compiled = lowered.compile()
     memory = _memory_rows(graph, plan, compiled, abstract, x, memory_rtol, activation_rtol)
     platform = mesh.devices.flat[0].platform
@@ -326,8 +316,9 @@ def collective_rows(model: nnx.Module, plan: Plan, hlo_text: str, *, mesh: Mesh 
     ``mesh`` (default: the plan's mesh over the local devices) against the
     collectives ``plan`` predicts for ``model``; e.g. a step lowered with
     layouts other than the plan's, which these rows then flag. The rows
-    expect the plan's ``channel`` layers reduce-scattered as the export does
-    it (``lower_training(..., scatters=scatter_layouts(...))``)."""
+    expect the reduce-scatters the export issues itself (a ``channel``
+    layer's partial sums, a ZeRO layer's gradients) as it issues them: lower
+    with ``**planner.runtime.sharding.export_options(graph, plan)``."""
     if not comm_rtol >= 0:
         raise ValueError("comm_rtol must be a non-negative fraction, e.g. 0.05")
     graph = planned_graph(model, plan)
