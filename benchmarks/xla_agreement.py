@@ -34,7 +34,8 @@ summary to stdout.
 
 ``--quick``: vgg16-cifar10, batch 64, meshes 4x2 and 2x4, limits none and
 tight (the selection options override it). The header names the XLA:CPU
-scheduler the programs were compiled with (:func:`cpu_scheduler`); XLA
+scheduler the programs were compiled with
+(:func:`planner.runtime.validation.cpu_scheduler`); XLA
 reads it from ``XLA_FLAGS`` once per process, so the other one is a second
 run:
 
@@ -165,20 +166,6 @@ def _mb(nbytes: float) -> str:
     return f"{nbytes / 1e6:,.1f}"
 
 
-def cpu_scheduler(xla_flags: str) -> str:
-    """Which XLA:CPU scheduler orders the step, from ``XLA_FLAGS``:
-    ``concurrency`` (XLA's default, ``--xla_cpu_enable_concurrency_optimized_scheduler``:
-    its breadth-first ``BFSMemoryScheduler``, which trades memory for concurrency)
-    or ``memory`` (that flag false: the depth-first ``DFSMemoryScheduler``;
-    XLA's cpu_compiler.cc; docs/validation.md, "The memory promise")."""
-    value = "true"
-    for flag in xla_flags.split():
-        name, _, v = flag.lstrip("-").partition("=")
-        if name == "xla_cpu_enable_concurrency_optimized_scheduler":
-            value = v.lower() or "true"
-    return "memory" if value in ("false", "0") else "concurrency"
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="vgg16-cifar10, batch 64, meshes 4x2 and 2x4, limits none, tight")
@@ -217,7 +204,9 @@ def main(argv=None) -> int:
     from planner.runtime.validation import validate
 
     device_memory = load_hardware(HARDWARE).device.memory_bytes
-    scheduler = cpu_scheduler(os.environ.get("XLA_FLAGS", ""))
+    from planner.runtime.validation import cpu_scheduler
+
+    scheduler = cpu_scheduler()
     print(f"jax {jax.__version__}, {jax.device_count()} x {jax.devices()[0].platform} ({scheduler} scheduler); plans: "
           f"planner.plan on one mesh, {HARDWARE} (device memory {device_memory:,.0f} B), {OPTIMIZER}, float32")
     print(f"memory per device in MB (1e6 B); limits: none = device memory, tight = smallest feasible x "

@@ -11,22 +11,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_cpu_scheduler_is_read_from_xla_flags():
-    """The last setting of the flag wins, as in XLA's own flag parsing; absent, XLA's default."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from xla_agreement import cpu_scheduler
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    flag = "--xla_cpu_enable_concurrency_optimized_scheduler"
-    assert cpu_scheduler("") == "concurrency"
-    assert cpu_scheduler("--xla_force_host_platform_device_count=8") == "concurrency"
-    assert cpu_scheduler(f"--xla_force_host_platform_device_count=8 {flag}=false") == "memory"
-    assert cpu_scheduler(f"{flag}=false {flag}=true") == "concurrency"
-    assert cpu_scheduler(f"{flag}=true {flag}=0") == "memory"
-    assert cpu_scheduler(flag) == "concurrency"
-
-
 @pytest.mark.slow
 def test_xla_agreement_quick_prints_rows_and_summary(tmp_path):
     """benchmarks/xla_agreement.py (the memory-promise grid) on its smallest case, and

@@ -11,7 +11,7 @@ from builders import TINY_CNN_BATCH, TinyCNN, tiny_cnn  # noqa: E402
 from flax import nnx
 
 from costmodels.collective_list import auxiliary_collectives, sharded_parameters
-from planner.runtime.validation import fixed_plan, validate
+from planner.runtime.validation import cpu_scheduler, fixed_plan, validate
 
 B = TINY_CNN_BATCH  # global batch; input 16x16x3
 
@@ -63,6 +63,19 @@ def test_every_case_validates(reports):
         bad = [r for r in (*report.memory, *report.collectives) if not r.ok]
         assert report.ok, f"{name}: {bad}"
         assert not any(r.crosses_processes for r in report.collectives)  # one process
+        # this process's XLA:CPU scheduler (parsing tested below), in the report and its JSON
+        assert report.scheduler == cpu_scheduler() and report.to_dict()["scheduler"] == report.scheduler
+
+
+def test_cpu_scheduler_is_read_from_xla_flags():
+    """The last setting of the flag wins, as in XLA's own flag parsing; absent, XLA's default."""
+    flag = "--xla_cpu_enable_concurrency_optimized_scheduler"
+    assert cpu_scheduler("") == "concurrency"
+    assert cpu_scheduler("--xla_force_host_platform_device_count=8") == "concurrency"
+    assert cpu_scheduler(f"--xla_force_host_platform_device_count=8 {flag}=false") == "memory"
+    assert cpu_scheduler(f"{flag}=false {flag}=true") == "concurrency"
+    assert cpu_scheduler(f"{flag}=true {flag}=0") == "memory"
+    assert cpu_scheduler(flag) == "concurrency"
 
 
 @pytest.mark.slow
@@ -221,4 +234,5 @@ def test_table_rendering(reports, capsys, monkeypatch):
     _render(reports["megatron"][1])
     out = capsys.readouterr().out
     assert "optimizer state" in out and "reduce-scatters lowered" in out
+    assert f"cpu ({cpu_scheduler()} scheduler)" in out
     assert "all figures within tolerance" in out

@@ -53,7 +53,8 @@ def _render(report: Any) -> None:
 
     d, m = report.mesh
     console = Console()
-    mem = Table(title=f"{report.model}, mesh {d}x{m}, batch {report.batch}, {report.optimizer}, {report.platform}: "
+    where = report.platform + (f" ({report.scheduler} scheduler)" if report.scheduler else "")
+    mem = Table(title=f"{report.model}, mesh {d}x{m}, batch {report.batch}, {report.optimizer}, {where}: "
                       "memory per device", box=box.SIMPLE_HEAD)
     for col, justify in (("part", "left"), ("predicted", "right"), ("compiled", "right"), ("error", "right"),
                          ("tolerance", "right"), ("", "left"), ("note", "left")):

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
@@ -87,8 +88,8 @@ from planner.runtime.sharding import (
     planned_graph,
 )
 
-__all__ = ["CollectiveRow", "MemoryRow", "ValidationReport", "collective_rows", "default_optimizer", "fixed_plan",
-           "validate"]
+__all__ = ["CollectiveRow", "MemoryRow", "ValidationReport", "collective_rows", "cpu_scheduler", "default_optimizer",
+           "fixed_plan", "validate"]
 
 _COUNTER_BYTES = {"sgd": 0, "momentum": 0, "adam": 4}  # optax's int32 step count (ScaleByAdamState.count)
 
@@ -127,6 +128,8 @@ class ValidationReport:
     comm_rtol: float  # collective bytes per (kind, axes)
     memory: tuple[MemoryRow, ...]
     collectives: tuple[CollectiveRow, ...]
+    # on CPU, the XLA:CPU scheduler the step was ordered by (cpu_scheduler): compiled memory depends on it
+    scheduler: str = ""
 
     @property
     def ok(self) -> bool:
@@ -144,6 +147,7 @@ class ValidationReport:
             "batch": self.batch,
             "optimizer": self.optimizer,
             "platform": self.platform,
+            "scheduler": self.scheduler,
             "memory_rtol": self.memory_rtol,
             "activation_rtol": self.activation_rtol,
             "comm_rtol": self.comm_rtol,
@@ -151,6 +155,25 @@ class ValidationReport:
             "memory": [dataclasses.asdict(r) for r in self.memory],
             "collectives": [{**dataclasses.asdict(r), "axes": list(r.axes)} for r in self.collectives],
         }
+
+
+def cpu_scheduler(xla_flags: str | None = None) -> str:
+    """Which XLA:CPU scheduler orders a step compiled in this process, from
+    ``xla_flags`` (default: the ``XLA_FLAGS`` environment variable, which XLA
+    reads once, when the process starts): ``concurrency`` (XLA's default,
+    ``--xla_cpu_enable_concurrency_optimized_scheduler``: its breadth-first
+    ``BFSMemoryScheduler``, which trades memory for concurrency) or
+    ``memory`` (that flag false: the depth-first ``DFSMemoryScheduler``;
+    XLA's cpu_compiler.cc). The last setting of the flag wins, as in XLA's
+    flag parsing. A CPU step's compiled memory depends on it
+    (docs/validation.md, "The memory promise")."""
+    flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+    value = "true"
+    for flag in flags.split():
+        name, _, v = flag.lstrip("-").partition("=")
+        if name == "xla_cpu_enable_concurrency_optimized_scheduler":
+            value = v.lower() or "true"
+    return "memory" if value in ("false", "0") else "concurrency"
 
 
 def default_optimizer(name: str) -> optax.GradientTransformation:
@@ -221,7 +244,7 @@ def validate(
     platform = mesh.devices.flat[0].platform
     colls = _collective_rows(graph, plan, compiled.as_text(), mesh, platform, comm_rtol)
     return ValidationReport(plan.model, (d, m), plan.batch, plan.optimizer, platform, memory_rtol, activation_rtol,
-                            comm_rtol, memory, colls)
+                            comm_rtol, memory, colls, cpu_scheduler() if platform == "cpu" else "")
 
 
 def _choice(graph: Any, plan: Plan) -> np.ndarray:
