@@ -192,7 +192,7 @@ def reduce_scattering(orig: Callable, layout: str, mesh: Mesh) -> Callable:
                 raise ValueError(f"cannot reduce-scatter {type(self).__name__}'s output of local shape {y.shape} "
                                  f"over {m} devices along dim {dim % y.ndim}: {m} does not divide it")
             bias = next((v for v in leaves if v.ndim == 1), None) if with_bias else None
-            return _scattered_sum(dim % y.ndim, m)(y, jax.numpy.zeros(y.shape[-1], y.dtype) if bias is None
+            return _scattered_sum(dim % y.ndim)(y, jax.numpy.zeros(y.shape[-1], y.dtype) if bias is None
                                                    else bias.astype(y.dtype))
 
         return jax.shard_map(local, mesh=mesh, in_specs=(_activation_spec("channel", x.ndim), *specs),
@@ -201,10 +201,11 @@ def reduce_scattering(orig: Callable, layout: str, mesh: Mesh) -> Callable:
     return call
 
 
-def _scattered_sum(dim: int, m: int) -> Callable[[Any, Any], Any]:
-    """Inside ``shard_map``: ``(partial sums y, bias b) -> psum_scatter(y + b / m)``
-    over ``model`` along ``dim``, with a ``custom_vjp`` whose backward
-    all-gathers the output gradient as a value every ``model`` device holds
+def _scattered_sum(dim: int) -> Callable[[Any, Any], Any]:
+    """Inside ``shard_map``: ``(partial sums y, bias b) -> psum_scatter(y + b)``
+    over ``model`` along ``dim``, the bias added on one ``model`` device,
+    with a ``custom_vjp`` whose backward all-gathers the output gradient as
+    a value every ``model`` device holds
     alike (``to="invarying"``), so that the bias gradient, summed from it,
     is all-reduced over ``data`` only, as the plan counts it. Autodiff's own
     transpose types the gathered gradient as varying and adds an all-reduce
@@ -213,7 +214,9 @@ def _scattered_sum(dim: int, m: int) -> Callable[[Any, Any], Any]:
 
     @jax.custom_vjp
     def scattered(y: Any, b: Any) -> Any:
-        return jax.lax.psum_scatter(y + b / m, model, scatter_dimension=dim, tiled=True)
+        # the bias joins one device's partial sums, so the sum holds it once, exactly
+        once = jax.numpy.where(jax.lax.axis_index(model) == 0, b, jax.numpy.zeros_like(b))
+        return jax.lax.psum_scatter(y + once, model, scatter_dimension=dim, tiled=True)
 
     def fwd(y: Any, b: Any) -> tuple[Any, None]:
         return scattered(y, b), None
