@@ -265,6 +265,12 @@ def test_scatter_layouts_by_hand():
     assert scatter_layouts(g, base, 1) == {}  # no model axis, no partial sums
     # fcs/1 (channel) feeds the loss, which gathers it: left to XLA
     assert scatter_layouts(g, base | {"fcs/1": "channel"}, 4) == {"convs/1": "batch"}
+    # a channel layer at ZeRO stage 3 gathers its weights in its own call: left to XLA
+    assert scatter_layouts(g, base, 4, {"convs/1": 3}) == {}
+    assert scatter_layouts(g, base, 4, {"convs/1": 2}) == {"convs/1": "batch"}
+    with pytest.raises(ValueError, match="which ZeRO stage 3 shards"):
+        shard_training(Tiny(nnx.Rngs(0)), base, make_mesh(2, 4), optax.sgd(0.1), zero_stages={"convs/1": 3},
+                       scatters={"convs/1": "batch"})
     with pytest.raises(ValueError, match="only channel layers"):
         shard_training(Tiny(nnx.Rngs(0)), {"convs/1": "filter"}, make_mesh(2, 4), optax.sgd(0.1),
                        scatters={"convs/1": "batch"})

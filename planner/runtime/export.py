@@ -233,7 +233,7 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                 else _constrain
             if name in input_layouts:
                 x = pin(x, input_layouts[name], mesh)
-            if name in scatters and name not in sharded_grads:
+            if name in scatters:
                 if not isinstance(self, (nnx.Conv, nnx.Linear)):
                     raise ValueError(f"scatters names {name!r}, a {type(self).__name__}; the export reduce-scatters "
                                      "the outputs of nnx.Conv and nnx.Linear modules only")
@@ -313,11 +313,14 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
     """(jitted step, state shardings, params, other, batch sharding)."""
     for s in strategies.values():
         check_strategy(s)
+    zero = _zero_layers(strategies, zero_stages)
     for name, layout in ({} if scatters is None else scatters).items():
         if strategies.get(name) != "channel" or layout not in SCATTER_DIMS:
             raise ValueError(f"scatters maps {name!r} to {layout!r}: only channel layers' outputs are "
                              f"reduce-scattered, into one of {', '.join(SCATTER_DIMS)}")
-    zero = _zero_layers(strategies, zero_stages)
+        if name in zero[3]:
+            raise ValueError(f"scatters names {name!r}, which ZeRO stage 3 shards: its call gathers its weights "
+                             "itself (scatter_layouts(..., zero_stages) leaves such layers out)")
     remat = frozenset(() if remat_layers is None else remat_layers)
     unknown = sorted(remat - set(strategies))
     if unknown:

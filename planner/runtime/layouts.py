@@ -101,7 +101,8 @@ def consumer_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, dic
     return out
 
 
-def scatter_layouts(graph: Any, strategies: Mapping[str, str], m: int) -> dict[str, str]:
+def scatter_layouts(graph: Any, strategies: Mapping[str, str], m: int,
+                    zero_stages: Mapping[str, int] | None = None) -> dict[str, str]:
     """For each ``channel`` conv or dense layer of ``graph`` whose consumers
     all take its output in one split layout (``batch``, ``channel`` or
     ``spatial``) on a model axis of ``m`` devices: that layout, into which
@@ -109,8 +110,9 @@ def scatter_layouts(graph: Any, strategies: Mapping[str, str], m: int) -> dict[s
     sums, the reduce-scatter the cost model puts on those edges. Left out
     (converted by XLA's partitioner as before): a model output, consumers in
     different layouts or replicated ones (an all-reduce), a multi-head
-    attention's projections, and splits ``m`` does not divide (channels or
-    rows; XLA pads those)."""
+    attention's projections, splits ``m`` does not divide (channels or
+    rows; XLA pads those), and layers at ZeRO stage 3 in ``zero_stages``
+    (their weights are gathered and gathered again by the ZeRO call)."""
     if m <= 1:
         return {}
     a = graph.unpadded()
@@ -121,6 +123,8 @@ def scatter_layouts(graph: Any, strategies: Mapping[str, str], m: int) -> dict[s
     for u, layouts in consumers.items():
         name, kind = graph.names[u], graph.kind_names[u]
         if strategies.get(name) != "channel" or not (kind == "dense" or kind.startswith("conv")):
+            continue
+        if zero_stages is not None and zero_stages.get(name, 0) >= 3:
             continue
         if head_projection(name, strategies) is not None or len(layouts) != 1:
             continue

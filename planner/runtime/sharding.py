@@ -74,7 +74,7 @@ def export_options(graph: LayerGraph, plan: Plan) -> dict[str, Any]:
         "input_layouts": producer_layouts(graph, plan.strategies),
         "output_layouts": consumer_layouts(graph, plan.strategies),
         "blocks": block_layouts(graph, plan.strategies),
-        "scatters": scatter_layouts(graph, plan.strategies, plan.mesh[1]),
+        "scatters": scatter_layouts(graph, plan.strategies, plan.mesh[1], plan.zero_stages),
         "zero_stages": plan.zero_stages,
         "remat_layers": plan.remat_layers,
     }

@@ -359,7 +359,7 @@ def _collective_rows(graph: Any, plan: Plan, hlo: str, mesh: Mesh, platform: str
         graph, choice, plan.batch, d, m, settings)
     # the export reduce-scatters these channel layers' outputs and these ZeRO layers' weight gradients itself
     # (a reduce-scatter on every platform)
-    scattered = scatter_layouts(graph, plan.strategies, m)
+    scattered = scatter_layouts(graph, plan.strategies, m, plan.zero_stages)
     local_grads = local_gradient_layers(graph, plan.strategies, plan.zero_stages)
     predicted: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
     notes: dict[tuple[str, tuple[str, ...]], str] = {}
