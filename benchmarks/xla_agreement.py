@@ -201,11 +201,9 @@ def main(argv=None) -> int:
         InfeasibleMemoryError,
         memory_margin_bytes,
     )
-    from planner.runtime.validation import validate
+    from planner.runtime.validation import cpu_scheduler, validate
 
     device_memory = load_hardware(HARDWARE).device.memory_bytes
-    from planner.runtime.validation import cpu_scheduler
-
     scheduler = cpu_scheduler()
     print(f"jax {jax.__version__}, {jax.device_count()} x {jax.devices()[0].platform} ({scheduler} scheduler); plans: "
           f"planner.plan on one mesh, {HARDWARE} (device memory {device_memory:,.0f} B), {OPTIMIZER}, float32")

@@ -59,6 +59,7 @@ __all__ = [
     "param_spec_entries",
     "zero_group_axes",
     "zero_spec_entries",
+    "activation_spec",
     "activation_spec_entries",
     "check_strategy",
     "fsdp_layers",
@@ -129,6 +130,13 @@ def activation_spec_entries(layout: str, ndim: int) -> Spec | None:
 def to_partition_spec(spec: Spec | None) -> PartitionSpec | None:
     """The ``jax.sharding.PartitionSpec`` of a spec (None stays None)."""
     return None if spec is None else PartitionSpec(*spec)
+
+
+def activation_spec(layout: str, ndim: int) -> PartitionSpec | None:
+    """PartitionSpec of a batch-first, channels-last activation in a layout
+    (``batch``, ``replicated``, ``channel``, ``spatial``); None where XLA
+    should decide (``partial``). See :func:`activation_spec_entries`."""
+    return to_partition_spec(activation_spec_entries(layout, ndim))
 
 
 @dataclasses.dataclass(frozen=True)

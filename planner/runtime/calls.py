@@ -21,9 +21,8 @@ from costmodels.strategies import AXIS_NAMES
 from planner.plans.specs import (
     PARAM_GRADIENT_LAYOUTS,
     PARAM_LAYOUTS,
-    activation_spec_entries,
+    activation_spec,
     param_spec,
-    to_partition_spec,
     zero_group_axes,
     zero_spec_entries,
 )
@@ -36,10 +35,6 @@ __all__ = [
     "reduce_scattering",
     "zero_call",
 ]
-
-
-def _activation_spec(layout: str, ndim: int) -> P | None:
-    return to_partition_spec(activation_spec_entries(layout, ndim))
 
 
 LOCAL_GRADIENT_STRATEGIES = ("data", "filter", "replicated")  # a layer's weight gradient from its own shards
@@ -145,7 +140,7 @@ def _local_scattered_gradients(apply: Callable, x: Any, weights: Any, dy: Any, s
         return tuple(jax.lax.psum_scatter(g, group, scatter_dimension=g.ndim - 1, tiled=True) for g in vjp(dy))
 
     grads = jax.shard_map(local, mesh=mesh,
-                          in_specs=(_activation_spec(lin, x.ndim), _activation_spec(gout, dy.ndim),
+                          in_specs=(activation_spec(lin, x.ndim), activation_spec(gout, dy.ndim),
                                     *[param_spec(strategy, v.ndim) for v in leaves]),
                           out_specs=tuple(P(*zero_spec_entries(strategy, v.ndim)) for v in leaves))(x, dy, *leaves)
     return jax.tree.unflatten(treedef, list(grads))
@@ -195,8 +190,8 @@ def reduce_scattering(orig: Callable, layout: str, mesh: Mesh) -> Callable:
             return _scattered_sum(dim % y.ndim)(y, jax.numpy.zeros(y.shape[-1], y.dtype) if bias is None
                                                    else bias.astype(y.dtype))
 
-        return jax.shard_map(local, mesh=mesh, in_specs=(_activation_spec("channel", x.ndim), *specs),
-                             out_specs=_activation_spec(layout, x.ndim))(x, *leaves)
+        return jax.shard_map(local, mesh=mesh, in_specs=(activation_spec("channel", x.ndim), *specs),
+                             out_specs=activation_spec(layout, x.ndim))(x, *leaves)
 
     return call
 

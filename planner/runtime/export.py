@@ -30,13 +30,12 @@ from planner.plans.specs import (
     CHANNELWISE_LAYOUTS,
     PARAM_GRADIENT_LAYOUTS,
     PARAM_LAYOUTS,
-    activation_spec_entries,
+    activation_spec,
     check_strategy,
     head_projection,
     param_spec,
     partition_specs,
     shardings,
-    to_partition_spec,
 )
 from planner.runtime.calls import (
     LOCAL_GRADIENT_STRATEGIES,
@@ -110,13 +109,6 @@ def process_device_grid(d: int, m: int, devices: Sequence[Any]) -> np.ndarray:
                 f"plan with a model axis that divides the devices of one process (hardware devices_per_node)"
             )
     return grid
-
-
-def activation_spec(layout: str, ndim: int) -> P | None:
-    """PartitionSpec of a batch-first, channels-last activation in a layout
-    (``batch``, ``replicated``, ``channel``, ``spatial``); None where XLA
-    should decide (``partial``). See :func:`planner.plans.specs.activation_spec_entries`."""
-    return to_partition_spec(activation_spec_entries(layout, ndim))
 
 
 _PARAM_MODULES = (nnx.Conv, nnx.Linear, nnx.Embed, nnx.LinearGeneral)
