@@ -123,7 +123,8 @@ def without_levers(p):
     plain = (p.option_lever == 0)[None, :]
     inf = lambda x: np.where(plain, x, np.inf)  # noqa: E731
     return p._replace(feasible=p.feasible & plain, layer_time_s=inf(p.layer_time_s),
-                      persistent_bytes=inf(p.persistent_bytes), workspace_bytes=inf(p.workspace_bytes))
+                      persistent_bytes=inf(p.persistent_bytes), workspace_bytes=inf(p.workspace_bytes),
+                      optimizer_bytes=inf(p.optimizer_bytes))
 
 
 def best(results):

@@ -19,7 +19,13 @@ p[src,s] p[dst,t]`` with ``p[l, s]`` the summed probability of strategy
 objective: the exact solvers' float64 host version
 (:func:`search.problem.plan_times`) is its value at one-hot probabilities.
 
-``memory = sum_l sum_o p[l,o] (state + activations)[l,o] + max_l sum_o p[l,o] workspace[l,o]``
+``memory = max(sum_l sum_o p[l,o] (state - update + activations)[l,o] + max_l sum_o p[l,o] workspace[l,o],
+              sum_l sum_o p[l,o] state[l,o])``
+
+the larger of the backward phase (the saved activations and the largest
+transient beside the state, but not the optimizer's update) and the
+optimizer step (the state with the update; XLA frees the activations
+before it: buffer assignment, docs/validation.md "The memory promise").
 
 The overlap term models the gradient all-reduce of a layer running while
 the backward pass of the layers before it computes (bucketed data-parallel
@@ -79,6 +85,7 @@ def iteration_time(table: CostTable, probs):
 def memory_per_device(table: CostTable, probs):
     """Peak bytes per device under the relaxed plan ``probs`` [L, O]."""
     mask = table.layer_mask[:, None]
-    persistent = jnp.sum(probs * (table.state_bytes + table.activation_bytes) * mask)
+    persistent = jnp.sum(probs * (table.state_bytes - table.update_bytes + table.activation_bytes) * mask)
     workspace = jnp.max(jnp.sum(probs * table.workspace_bytes * mask, axis=-1))
-    return persistent + workspace
+    optimizer_step = jnp.sum(probs * table.state_bytes * mask)
+    return jnp.maximum(persistent + workspace, optimizer_step)

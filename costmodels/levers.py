@@ -222,16 +222,18 @@ class LeverCosts(NamedTuple):
     halo_s: jnp.ndarray
     output_s: jnp.ndarray
     state_bytes: jnp.ndarray
+    update_bytes: jnp.ndarray  # the optimizer's update buffer (part of state_bytes)
     activation_bytes: jnp.ndarray
     workspace_bytes: jnp.ndarray
 
 
 def lever_costs(x: LeverInputs, menu: tuple[Lever, ...], *, weight_bytes: float, gradient_bytes: float,
-                optimizer_bytes: float, bucket_bytes: float) -> LeverCosts:
+                optimizer_bytes: float, update_bytes: float, bucket_bytes: float) -> LeverCosts:
     """Every option's costs, ``[L, S K]`` with option ``s K + k`` strategy ``s``
     under ``menu[k]``. Per parameter: ``weight_bytes`` (the weights the
     forward reads), ``gradient_bytes``, ``optimizer_bytes`` (master weights,
-    slots and the update: the part stage 1 shards)."""
+    slots and the update: the part stage 1 shards), ``update_bytes`` (the
+    update alone, live at the optimizer step only)."""
     group = x.group[None, :]  # [1, S]
     plain_state = (weight_bytes + gradient_bytes + optimizer_bytes) * x.params + x.buffer_bytes
     fields = []
@@ -240,6 +242,7 @@ def lever_costs(x: LeverInputs, menu: tuple[Lever, ...], *, weight_bytes: float,
         if z == 0:
             feasible, grad_sync, gather = x.feasible, x.grad_sync_s, jnp.zeros_like(x.grad_sync_s)
             state, extra = plain_state, jnp.zeros_like(plain_state)
+            update = update_bytes * x.params
         else:
             feasible = x.feasible & x.zero_ok
             # ZeRO §7.2: reduce-scatter the gradients (stage 1 on JAX: all-reduce them, they
@@ -252,6 +255,7 @@ def lever_costs(x: LeverInputs, menu: tuple[Lever, ...], *, weight_bytes: float,
             sharded = optimizer_bytes + (gradient_bytes if z >= 2 else 0.0) + (weight_bytes if z >= 3 else 0.0)
             kept = weight_bytes + gradient_bytes + optimizer_bytes - sharded
             state = (kept + sharded / group) * x.params + x.buffer_bytes
+            update = update_bytes / group * x.params  # stage 1 shards the update with the slots
             # transients of the backward step: the whole gradient before its reduce-scatter
             # (stages 2, 3) and the gathered weights (stage 3)
             extra = ((gradient_bytes if z >= 2 else 0.0) + (weight_bytes if z >= 3 else 0.0)) * x.params
@@ -264,7 +268,7 @@ def lever_costs(x: LeverInputs, menu: tuple[Lever, ...], *, weight_bytes: float,
             halo = halo + x.forward_halo_s
             activation = x.input_bytes
             extra = extra + x.activation_bytes
-        fields.append((feasible, compute, backward, grad_sync, gather, halo, x.output_s, state, activation,
+        fields.append((feasible, compute, backward, grad_sync, gather, halo, x.output_s, state, update, activation,
                        x.workspace_bytes + extra))
     K = len(menu)
 

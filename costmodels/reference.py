@@ -339,7 +339,7 @@ def reference_memory(
     update = 4.0  # the optimizer's fp32 update buffer (XLA buffer assignment, measured)
     optimizer = master + 4.0 * OPTIMIZER_SLOTS[settings.optimizer] + update  # what ZeRO stage 1 shards
     gb = batch / d
-    persistent, workspace = 0.0, 0.0
+    state, saved_total, workspace, updates = 0.0, 0.0, 0.0, 0.0
     for i in range(graph.num_layers):
         s, lever = _option(settings, choice[i])
         in_l, out_l, _, _ = _layouts(int(a.kind[i]), s)
@@ -352,8 +352,9 @@ def reference_memory(
         w_div = group if z >= 3 else 1.0
         g_div = group if z >= 2 else 1.0
         o_div = group if z >= 1 else 1.0
-        persistent += local * (weights / w_div + grads / g_div + optimizer / o_div)
-        persistent += 4.0 * float(a.buffers[i]) / (m if s == Strategy.FILTER else 1)  # statistics follow channels
+        state += local * (weights / w_div + grads / g_div + optimizer / o_div)
+        updates += local * update / o_div  # live at the optimizer step, not with the activations
+        state += 4.0 * float(a.buffers[i]) / (m if s == Strategy.FILTER else 1)  # statistics follow channels
         saved = float(a.saved_elements[i]) * gb * delta / split(in_l)
         if s == Strategy.SPATIAL and int(a.kind[i]) in (LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION):
             saved += 2.0 * in_el / 3.0 * gb * delta * (1.0 - 1.0 / m)  # the gathered keys and values
@@ -361,9 +362,17 @@ def reference_memory(
         transient = delta * gb * (in_el / split(in_l) + out_el / split(out_l))
         transient += local * ((grads if z >= 2 else 0.0) + (weights if z >= 3 else 0.0))  # ZeRO's whole gradient, weights
         if lever.remat:  # keep the input; the recomputed activations are the backward step's
-            persistent += in_el * gb * delta / split(in_l)
+            saved_total += in_el * gb * delta / split(in_l)
             transient += saved
         else:
-            persistent += saved
+            saved_total += saved
+        if settings.platform == "cpu" and int(a.kind[i]) == LayerKind.POOL and float(a.saved_elements[i]) > 0:
+            # XLA:CPU's max-pool expansion: an int32 index matrix [outputs, dims] kept, iotas of the input's shape
+            dims = float(a.spatial_rank[i]) + 2.0
+            saved_total += 4.0 * dims * out_el * gb / split(out_l)
+            transient += 4.0 * dims * float(a.saved_elements[i]) * gb / split(in_l)
+        if settings.platform == "cpu" and int(a.kind[i]) == LayerKind.CONV:  # XLA:CPU's transposed output gradient
+            transient += delta * out_el * gb / split(_layouts(int(a.kind[i]), s)[3])
         workspace = max(workspace, transient)
-    return persistent + workspace
+    # the larger of the backward phase and the optimizer step (the activations freed, the update live)
+    return max(state - updates + saved_total + workspace, state)

@@ -36,9 +36,10 @@ from costmodels.reshard import conversion_s
 from costmodels.shards import halo_rows, row_padding, shard_shapes
 from costmodels.strategies import Layout, Strategy, strategy_layouts, strategy_mask
 
-__all__ = ["CostSettings", "CostTable", "cost_table", "OPTIMIZER_SLOTS"]
+__all__ = ["CostSettings", "CostTable", "cost_table", "OPTIMIZER_SLOTS", "PLATFORMS"]
 
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}  # fp32 state tensors per parameter
+PLATFORMS = ("gpu", "tpu", "cpu")  # XLA platforms; only cpu changes the memory model (max-pool expansion)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,7 @@ class CostSettings:
     optimizer: str = "adam"  # sgd | momentum | adam
     gradient_bucket_bytes: float = 25 * 2**20  # gradients are all-reduced in buckets (PyTorch DDP's default)
     levers: str = "none"  # memory levers on the menu: none | zero | remat | all (costmodels/levers.py)
+    platform: str = "gpu"  # the XLA platform the step compiles for: gpu | tpu | cpu (cpu: max-pool expansion)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
@@ -58,6 +60,8 @@ class CostSettings:
         if not self.gradient_bucket_bytes > 0:
             raise ValueError("gradient_bucket_bytes must be positive")
         lever_menu(self.levers)  # raises for an unknown choice
+        if self.platform not in PLATFORMS:
+            raise ValueError(f"unknown platform {self.platform!r}; choose from {', '.join(PLATFORMS)}")
 
     @property
     def activation_bytes(self) -> float:  # bytes per activation element
@@ -109,6 +113,7 @@ class CostTable(NamedTuple):
     halo_s: jnp.ndarray  # [L, O] spatial exchange inside a layer (halo rows; an attention's keys and values), fwd + bwd, seconds
     output_s: jnp.ndarray  # [L, O] gathering a model output for the loss (sink layers), seconds
     state_bytes: jnp.ndarray  # [L, O] weights, gradients, optimizer state and update, buffers per device
+    update_bytes: jnp.ndarray  # [L, O] the optimizer's update, part of state_bytes, live at the optimizer step only
     activation_bytes: jnp.ndarray  # [L, O] activations kept for the backward pass per device
     workspace_bytes: jnp.ndarray  # [L, O] transient input and output gradients (and levers' transients) per device
     reshard_s: jnp.ndarray  # [E, S, S] converting edge src's output under s to dst's input under t, fwd + bwd
@@ -296,7 +301,30 @@ def cost_table(
     )
     lc = lever_costs(inputs, lever_menu(settings.levers), weight_bytes=settings.weight_bytes_per_param,
                      gradient_bytes=settings.gradient_bytes_per_param,
-                     optimizer_bytes=settings.optimizer_bytes_per_param, bucket_bytes=bucket)
+                     optimizer_bytes=settings.optimizer_bytes_per_param,
+                     update_bytes=settings.update_bytes_per_param, bucket_bytes=bucket)
+
+    # -- XLA:CPU's max-pool gradient: no select-and-scatter kernel; XLA's
+    # SelectAndScatterExpander (cpu_compiler.cc) finds each window's argmax with int32
+    # iotas of the pool input's shape, one per dimension (batch, spatial, channels), and
+    # keeps an int32 index matrix [output elements, dimensions] from the forward pass for
+    # the backward scatter (buffer assignment, measured: docs/validation.md "The memory
+    # promise"). And a convolution's backward step holds its output gradient twice: the
+    # layout assignment gives the input-gradient convolution a transposed copy of it
+    # (`transpose_copy_fusion`, live-range dumps, measured on the grid). Levers leave both alone.
+    activation_out, workspace_out = lc.activation_bytes, lc.workspace_bytes
+    if settings.platform == "cpu":
+        max_pool = ((kind == LayerKind.POOL) & (f32(a.saved_elements) > 0))[:, None]  # average pools save nothing
+        dims = f32(a.spatial_rank)[:, None] + 2.0
+        pool_in = f32(a.saved_elements)[:, None] * group_batch / split_of(in_lay)  # [L, S] a max pool saves its input
+        pool_out = out_el[:, None] * group_batch / split_of(out_lay)  # [L, S] elements per device
+        index_bytes = jnp.where(max_pool, 4.0 * dims * pool_out, 0.0)
+        iota_bytes = jnp.where(max_pool, 4.0 * dims * pool_in, 0.0)
+        dy_copy = jnp.where((kind == LayerKind.CONV)[:, None], delta * out_el[:, None] * group_batch / split_of(gout_lay),
+                            0.0)  # [L, S] the transposed output gradient
+        K = lc.activation_bytes.shape[-1] // S
+        activation_out = activation_out + jnp.repeat(index_bytes, K, axis=-1)  # option s K + k: strategy s
+        workspace_out = workspace_out + jnp.repeat(iota_bytes + dy_copy, K, axis=-1)
 
     keep = real[:, None]
     return CostTable(
@@ -308,8 +336,9 @@ def cost_table(
         halo_s=lc.halo_s * keep,
         output_s=lc.output_s,
         state_bytes=lc.state_bytes * keep,
-        activation_bytes=lc.activation_bytes * keep,
-        workspace_bytes=lc.workspace_bytes * keep,
+        update_bytes=lc.update_bytes * keep,
+        activation_bytes=activation_out * keep,
+        workspace_bytes=workspace_out * keep,
         reshard_s=reshard,
         layer_mask=real,
         edge_src=src,

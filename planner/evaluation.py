@@ -52,6 +52,7 @@ from costmodels.evaluate import reshard_per_edge
 from costmodels.layers import ATTENTION_KINDS, CHANNELWISE_KINDS, tied_output
 from costmodels.levers import levers_per_strategy, menu_of, with_lever
 from planner.ir.graph import LayerGraph, LayerKind
+from planner.plan_inputs import platform_of
 
 __all__ = [
     "evaluation_of",
@@ -369,6 +370,7 @@ def evaluate(
     calibration: Calibration | None = None,
     allow_other_hardware: bool = False,
     levers: str | None = None,
+    platform: str | None = None,
 ) -> Evaluation:
     """Cost of one plan: ``strategy`` for every layer that can run it, or
     ``plan`` (layer name -> strategy name, with its levers: ``data+zero2``).
@@ -376,7 +378,9 @@ def evaluate(
     (:data:`costmodels.LEVER_CHOICES`; default: the smallest that holds the
     plan's levers); a plan costs the same under every menu that holds its
     options, up to float32 rounding (``evaluate --plan`` passes the menu the
-    plan was searched on, and reproduces its numbers exactly)."""
+    plan was searched on, and reproduces its numbers exactly). ``platform``
+    is the XLA platform whose memory is predicted (:data:`costmodels.PLATFORMS`;
+    default the hardware's, :func:`planner.plan_inputs.platform_of`)."""
     if (strategy is None) == (plan is None):
         raise ValueError("give exactly one of strategy (a name) or plan (layer -> strategy)")
     d, m = resolve_mesh(devices, mesh, hardware)
@@ -401,7 +405,7 @@ def evaluate(
         raise ValueError(f"unknown levers {levers!r}; choose from {', '.join(LEVER_CHOICES)}")
     elif not set(lever_menu(needed)) <= set(lever_menu(levers)):
         raise ValueError(f"the plan's levers need the menu {needed!r}, which levers={levers!r} does not hold")
-    settings = CostSettings(dtype=dtype, optimizer=optimizer, levers=levers)
+    settings = CostSettings(dtype=dtype, optimizer=optimizer, levers=levers, platform=platform_of(platform, hardware))
     if calibration is not None and calibration.dtype != dtype:
         raise ValueError(
             f"the calibration was measured in {calibration.dtype}, but the plan computes in {dtype}; "

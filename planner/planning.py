@@ -127,14 +127,20 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshe
     rows = np.arange(p.num_layers)
     persistent = p.persistent_bytes[rows, mm.choice]
     state = p.state_bytes[rows, mm.choice]
-    top = np.argsort(-persistent, kind="stable")[:3]
-    parts = ", ".join(
-        f"{graph.names[i]} {format_bytes_up(persistent[i])} ({format_bytes_up(state[i])} weights, optimizer state and update, "
-        f"{format_bytes_up(persistent[i] - state[i])} activations)"
-        for i in top
-    )
     ws = p.workspace_bytes[rows, mm.choice]
     w = int(np.argmax(ws))
+    # the phase that needs the most (search.problem: the backward pass or the optimizer step)
+    if float(persistent.sum() + ws[w]) >= float(state.sum()):
+        top = np.argsort(-persistent, kind="stable")[:3]
+        parts = ", ".join(f"{graph.names[i]} {format_bytes_up(persistent[i])}" for i in top)
+        held = (f"at its peak, in the backward pass, {format_bytes_up(float(persistent.sum()))} are weights, gradients, "
+                f"optimizer state and activations kept for the backward pass (largest: {parts}) and "
+                f"{format_bytes_up(ws[w])} the largest transient workspace (at {graph.names[w]})")
+    else:
+        top = np.argsort(-state, kind="stable")[:3]
+        parts = ", ".join(f"{graph.names[i]} {format_bytes_up(state[i])}" for i in top)
+        held = (f"at its peak, the optimizer step, {format_bytes_up(float(state.sum()))} are weights, gradients, "
+                f"optimizer state and the optimizer's update (largest: {parts})")
     d, m = meshes[k]
     # planning at exactly this limit must fit after the margin and the rounding slack are taken off again
     required = (mm.memory_bytes + inputs) / (1.0 - margin) / (1.0 - FLOAT32_ROUNDING) * (1.0 + 1e-9)
@@ -143,10 +149,8 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshe
             f"{margin:.0%} of the limit kept free for the platform's compiler (MEMORY_MARGIN)") if margin or inputs else ""
     message = (
         f"no plan of {graph.model_name} on {P} devices fits {format_bytes_up(limit)} per device: the smallest memory "
-        f"limit any plan needs is {need} ({required:,.0f} bytes, on mesh {d}x{m}){kept}; of the plan's memory "
-        f"{format_bytes_up(float(persistent.sum()))} are weights, optimizer state and activations kept for the backward "
-        f"pass (largest: {parts}) and {format_bytes_up(ws[w])} the largest transient workspace (at {graph.names[w]}); "
-        f"raise the memory limit to at least {need}, {_advice(P, batch, batch_is_global, devices_per_node)}"
+        f"limit any plan needs is {need} ({required:,.0f} bytes, on mesh {d}x{m}){kept}; of the plan's memory, "
+        f"{held}; raise the memory limit to at least {need}, {_advice(P, batch, batch_is_global, devices_per_node)}"
     )
     return message, required
 
@@ -236,7 +240,7 @@ def plan(
     inputs = graph.input_bytes_per_sample * B / P
     margin = memory_margin_bytes(limit, platform) + inputs
     meshes = mesh_shapes(P, B, hw.devices_per_node, allow_cross_node_model_axis)
-    settings = CostSettings(dtype=dtype, optimizer=optimizer, levers=levers)
+    settings = CostSettings(dtype=dtype, optimizer=optimizer, levers=levers, platform=platform)
     menu = lever_menu(levers)
     K = len(menu)
     # [O] options the platform may not use (EXCLUDED_ZERO_STAGES)

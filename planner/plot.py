@@ -184,7 +184,8 @@ def plot_plan_memory(plan: Any, ax: Any = None) -> Any:
     """Per-layer memory bytes per device (weights, gradients, optimizer state
     and saved activations) as bars in strategy colours, their running total
     (a step line labelled ``cumulative``), the plan's peak
-    (``memory_bytes_per_device``, which adds the transient workspace) and the
+    (``memory_bytes_per_device``: the larger of the backward pass, which adds the
+    transient workspace, and the optimizer step, search.problem) and the
     memory limit (``memory_limit_bytes``, a horizontal line labelled
     ``limit``), on a logarithmic byte axis. Returns the axes."""
     _require_matplotlib()

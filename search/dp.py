@@ -5,38 +5,62 @@ the time is a sum of per-layer terms and per-edge terms between neighbours,
 so the fastest plan without a memory limit is a Viterbi shortest path over
 ``(layer, strategy)`` states, ``O(n S^2)``.
 
-The memory limit ``sum_l A[l, c_l] + max_l W[l, c_l] <= M`` (A = state +
-activations, W = workspace) is handled in three steps:
+A plan's memory is the larger of two phases (:mod:`search.problem`), so the
+limit ``M`` is two constraints, both of which a plan must keep:
+
+* the backward phase, ``sum_l A[l, c_l] + max_l W[l, c_l] <= M`` (A = state
+  but the update + activations, W = workspace), and
+* the optimizer phase, ``sum_l Q[l, c_l] <= M`` (Q = state with the update).
+
+They are handled in three steps:
 
 1. **Workspace caps.** For every cap ``w`` among the distinct workspace
    values, restrict every layer to strategies with ``W <= w``; the
-   constraint becomes the additive ``sum A <= M - w``. The optimal plan is
-   optimal for the cap equal to its own largest workspace, so the best over
-   all caps is the optimum. Caps under which even the smallest-memory plan
-   does not fit are skipped (:func:`search.problem.memory_by_workspace_cap`).
-2. **Lagrangian bisection** on the additive part, for all caps at once
-   (vectorised): Viterbi on ``time + lambda * A``; ``lambda`` is bisected
-   (geometrically) to the smallest value whose plan fits. Every plan that fits
-   gives an upper bound; every ``lambda`` gives the lower bound
-   ``V(lambda) - lambda * (M - w)`` (weak duality). Each plan found is
-   checked with the exact memory, workspace maximum included.
+   constraints become the additive ``sum A <= M - w`` and ``sum Q <= M``.
+   The optimal plan is optimal for the cap equal to its own largest
+   workspace, so the best over all caps is the optimum. Caps whose lower
+   bound (:func:`search.problem.memory_by_workspace_cap`: each phase at its
+   own per-layer minimum) exceeds the limit are skipped; a cap that passes
+   may still hold no plan that keeps both phases.
+2. **Lagrangian ascent** on the two additive constraints, for all caps at
+   once (vectorised): Viterbi on ``time + lambda * A + mu * Q``. Every
+   ``(lambda, mu) >= 0`` gives the lower bound ``V(lambda, mu) - lambda *
+   (M - w) - mu * M`` (weak duality); every plan that keeps both phases
+   gives an upper bound, once checked with the exact memory (workspace
+   maximum included). Along one multiplier the dual is concave and
+   piecewise linear, its slope the phase's excess, which falls as the
+   multiplier grows: its maximum there is the smallest value whose plan
+   keeps the phase. That value is bracketed (fourfold steps) and found
+   where the lines of the two bracketing plans cross (a cutting-plane
+   step, finite; bisection where the crossing falls outside the bracket).
+   ``lambda`` and ``mu`` take turns (coordinate ascent, at most
+   ``_ASCENT_STAGES`` turns, each only where the other multiplier moved).
+   Coordinate ascent on a non-smooth dual may stop short of its maximum:
+   the bounds stay valid and step 3 closes what is left.
 3. **Exact completion.** Where the Lagrangian leaves a duality gap (the
-   limit cuts between two corners of the time-memory trade-off), a
-   label-setting search over ``(time, memory)`` Pareto labels, pruned by the
-   memory still needed and by the Lagrangian and time-only lower bounds to
-   go, finds the optimum of that cap, up to ``max_labels`` labels.
+   limit cuts between two corners of the time-memory trade-off, or the two
+   phases pull different ways), a label-setting search over
+   ``(time, sum A, sum Q)`` Pareto labels (dominance in all three), pruned
+   by each phase's least bytes still to add against its budget (``M - w``,
+   ``M``) and by the Lagrangian and time-only lower bounds to go, finds the
+   optimum of that cap, up to ``max_labels`` labels. When the Lagrangian
+   found no plan, the smallest-memory plan (:func:`search.problem.minimum_memory`)
+   seeds the search's upper bound, or shows that no plan fits.
 
 What is exact: with ``gradient_overlap = 0`` (every preset) the result is the
-global optimum of the discrete problem (float64 sums of the table's float32
-values; ties broken arbitrarily) whenever ``exact`` is true, which holds
-unless the label search of step 3 ran out of labels. With an overlap term
-the time is ``max`` of two additive functions (``- overlap * min(G, B)``); the
-DP optimises each and returns the better plan with the lower bound
-``max`` of the two, so the gap is reported and may be non-zero.
+global optimum of the discrete problem under both phases (float64 sums of
+the table's float32 values; ties broken arbitrarily) whenever ``exact`` is
+true, which holds unless the label search of step 3 ran out of labels.
+``feasible`` is exact in every case (``minimum_memory`` decides it when no
+search found a plan). With an overlap term the time is ``max`` of two
+additive functions (``- overlap * min(G, B)``); the DP optimises each and
+returns the better plan with the lower bound ``max`` of the two, so the gap
+is reported and may be non-zero.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from typing import NamedTuple
 
 import numpy as np
@@ -46,13 +70,17 @@ from search.problem import (
     chain_order,
     memory_by_workspace_cap,
     minimum_memory,
+    plan_memories,
     plan_memory,
     plan_time,
+    plan_times,
 )
 
 __all__ = ["DPResult", "solve_dp", "viterbi"]
 
 _TOL = 1e-9  # relative: bounds closer than this count as equal
+_ASCENT_STAGES = 6  # turns of the dual's coordinate ascent (lambda, mu, ...); more barely shrank the label search on random chains
+_PAIRWISE_MAX = 1024  # label sets up to this size are Pareto-filtered by an all-pairs comparison
 
 
 class DPResult(NamedTuple):
@@ -93,7 +121,8 @@ def viterbi(unary, pair) -> tuple[np.ndarray, np.ndarray]:
 class _Chain(NamedTuple):
     order: np.ndarray  # [n] layer index at chain position i
     time: np.ndarray  # [n, S] seconds (inf = infeasible)
-    persistent: np.ndarray  # [n, S] bytes (0 where infeasible)
+    persistent: np.ndarray  # [n, S] backward-phase bytes (0 where infeasible)
+    optimizer: np.ndarray  # [n, S] optimizer-phase bytes (0 where infeasible)
     workspace: np.ndarray  # [n, S] bytes (inf where infeasible)
     grad: np.ndarray
     bwd: np.ndarray
@@ -110,6 +139,7 @@ def _chain(p: DiscreteProblem, order: np.ndarray) -> _Chain:
         order=order,
         time=p.layer_time_s[order],
         persistent=np.where(p.feasible, p.persistent_bytes, 0.0)[order],
+        optimizer=np.where(p.feasible, p.optimizer_bytes, 0.0)[order],
         workspace=p.workspace_bytes[order],
         grad=p.grad_sync_s[order],
         bwd=p.backward_s[order],
@@ -123,74 +153,109 @@ def _to_layers(ch: _Chain, path: np.ndarray) -> np.ndarray:
     return out
 
 
-def _pareto_search(ch: _Chain, time: np.ndarray, budget: float, upper: float, lam: float, max_labels: int):
-    """Exact min-time path with ``sum persistent <= budget`` on one capped
-    chain (``time`` inf outside the cap), only looking for paths faster than
-    ``upper``. Returns ``(path or None, labels used, completed)``."""
-    n, S = time.shape
-    A = np.where(np.isfinite(time), ch.persistent, np.inf)
-    a_min = np.min(A, axis=1)
-    mem_to_go = np.r_[np.cumsum(a_min[::-1])[::-1][1:], 0.0]  # [n] least bytes still to add after i
+def _nondominated(tau: np.ndarray, a: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Indices of the labels ``(tau, a, q)`` that no other label matches or
+    beats in all three (of equal labels, one is kept). Exact: in the order
+    of ``(a, q, tau)`` only an earlier label can dominate a later one, so a
+    label goes iff an earlier one has ``q`` and ``tau`` no larger; that is
+    an all-pairs test for small sets and a sweep keeping the ``(q, tau)``
+    staircase of the labels so far for large ones (``O(m log m)`` searches)."""
+    o = np.lexsort((tau, q, a))
+    t_o, q_o = tau[o], q[o]
+    m = o.size
+    if m <= _PAIRWISE_MAX:
+        earlier = np.tri(m, m, -1, dtype=bool).T  # [i, j]: i before j
+        dominated = np.any(earlier & (q_o[:, None] <= q_o[None, :]) & (t_o[:, None] <= t_o[None, :]), axis=0)
+        return o[~dominated]
+    keep = np.zeros(m, dtype=bool)
+    stair_q: list[float] = []  # q ascending, tau descending: the labels so far no other beats in (q, tau)
+    stair_t: list[float] = []
+    for j, (qj, tj) in enumerate(zip(q_o.tolist(), t_o.tolist())):
+        k = bisect_right(stair_q, qj)
+        if k and stair_t[k - 1] <= tj:  # the fastest label with q <= qj is no slower
+            continue
+        keep[j] = True
+        s = bisect_left(stair_q, qj)
+        e = s
+        while e < len(stair_t) and stair_t[e] >= tj:  # staircase points the new label now beats
+            e += 1
+        stair_q[s:e] = [qj]
+        stair_t[s:e] = [tj]
+    return o[keep]
 
-    def to_go(weight):  # least weighted cost of layers after i, given state s at i
+
+def _pareto_search(ch: _Chain, time: np.ndarray, budget_a: float, budget_q: float, upper: float, lam: float,
+                   mu: float, max_labels: int):
+    """Exact min-time path with ``sum persistent <= budget_a`` and ``sum
+    optimizer <= budget_q`` on one capped chain (``time`` inf outside the
+    cap), only looking for paths faster than ``upper``; ``lam`` and ``mu``
+    are Lagrange multipliers (seconds per byte) of the two constraints, used
+    only to prune. Returns ``(path or None, labels used, completed)``."""
+    n, S = time.shape
+    inside = np.isfinite(time)
+    A = np.where(inside, ch.persistent, np.inf)
+    Q = np.where(inside, ch.optimizer, np.inf)
+
+    def rest(x):  # [n]: least bytes still to add after position i
+        return np.r_[np.cumsum(np.min(x, axis=1)[::-1])[::-1][1:], 0.0]
+
+    a_to_go, q_to_go = rest(A), rest(Q)
+
+    def to_go(wa, wq):  # least weighted cost of layers after i, given state s at i
         h = np.zeros((n, S))
         for i in range(n - 2, -1, -1):
-            nxt = time[i + 1] + weight * np.where(np.isfinite(A[i + 1]), A[i + 1], 0.0) + h[i + 1]
+            nxt = time[i + 1] + wa * ch.persistent[i + 1] + wq * ch.optimizer[i + 1] + h[i + 1]
             h[i] = np.min(ch.pair[i + 1] + nxt[None, :], axis=1)
         return h
 
-    h_time = to_go(0.0)
-    h_lam = to_go(lam) if lam > 0 else h_time
+    h_time = to_go(0.0, 0.0)
+    use_mult = (lam > 0 or mu > 0) and np.isfinite(budget_a) and np.isfinite(budget_q)
+    h_mult = to_go(lam, mu) if use_mult else h_time
+    shift = lam * budget_a + mu * budget_q if use_mult else 0.0
     limit_t = upper * (1.0 - _TOL)
 
-    use_lam = lam > 0 and np.isfinite(budget)
-
-    def keep(i, tau, a, s):
-        ok = (a + mem_to_go[i] <= budget) & (tau + h_time[i, s] < limit_t)
-        if use_lam:
-            ok &= tau + lam * a + h_lam[i, s] - lam * budget < limit_t
+    def keep(i, tau, a, q, s):
+        ok = (a + a_to_go[i] <= budget_a) & (q + q_to_go[i] <= budget_q) & (tau + h_time[i, s] < limit_t)
+        if use_mult:  # weak duality on the rest of the chain
+            ok &= tau + lam * a + mu * q + h_mult[i, s] - shift < limit_t
         return ok
 
-    # labels[i][s] = (tau, a, parent_state, parent_index)
+    empty = (np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    # labels[i][s] = (tau, a, q, parent_state, parent_index)
     labels = []
     layer = []
     used = 0
     for s in range(S):
-        tau, a = np.array([time[0, s]]), np.array([A[0, s]])
-        ok = np.isfinite(tau) & keep(0, tau, a, s)
-        layer.append((tau[ok], a[ok], np.zeros(ok.sum(), np.int64), np.zeros(ok.sum(), np.int64)))
+        if not inside[0, s]:
+            layer.append(empty)
+            continue
+        tau, a, q = np.array([time[0, s]]), np.array([A[0, s]]), np.array([Q[0, s]])
+        ok = keep(0, tau, a, q, s)
+        z = np.zeros(int(ok.sum()), np.int64)
+        layer.append((tau[ok], a[ok], q[ok], z, z))
         used += int(ok.sum())
     labels.append(layer)
     for i in range(1, n):
         prev = labels[-1]
         layer = []
         for t in range(S):
-            if not np.isfinite(time[i, t]):
-                layer.append((np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64)))
+            if not inside[i, t]:
+                layer.append(empty)
                 continue
-            taus, avals, ps, pidx = [], [], [], []
-            for s in range(S):
-                tau_s, a_s = prev[s][0], prev[s][1]
-                if tau_s.size == 0:
-                    continue
-                taus.append(tau_s + ch.pair[i][s, t] + time[i, t])
-                avals.append(a_s + A[i, t])
-                ps.append(np.full(tau_s.size, s, np.int64))
-                pidx.append(np.arange(tau_s.size))
-            if not taus:
-                layer.append((np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64)))
+            parts = [(prev[s][0] + ch.pair[i][s, t] + time[i, t], prev[s][1] + A[i, t], prev[s][2] + Q[i, t],
+                      np.full(prev[s][0].size, s, np.int64), np.arange(prev[s][0].size))
+                     for s in range(S) if prev[s][0].size]
+            if not parts:
+                layer.append(empty)
                 continue
-            tau, a, ps_, pi_ = (np.concatenate(x) for x in (taus, avals, ps, pidx))
-            ok = keep(i, tau, a, t)
-            tau, a, ps_, pi_ = tau[ok], a[ok], ps_[ok], pi_[ok]
-            if tau.size:  # Pareto filter: by memory, keep strictly faster than all lighter labels
-                o = np.lexsort((tau, a))
-                tau, a, ps_, pi_ = tau[o], a[o], ps_[o], pi_[o]
-                best_before = np.r_[np.inf, np.minimum.accumulate(tau)[:-1]]
-                front = tau < best_before
-                tau, a, ps_, pi_ = tau[front], a[front], ps_[front], pi_[front]
+            tau, a, q, ps, pi = (np.concatenate(x) for x in zip(*parts))
+            ok = keep(i, tau, a, q, t)
+            tau, a, q, ps, pi = tau[ok], a[ok], q[ok], ps[ok], pi[ok]
+            if tau.size:  # Pareto filter over (time, backward bytes, optimizer bytes)
+                f = _nondominated(tau, a, q)
+                tau, a, q, ps, pi = tau[f], a[f], q[f], ps[f], pi[f]
             used += tau.size
-            layer.append((tau, a, ps_, pi_))
+            layer.append((tau, a, q, ps, pi))
         labels.append(layer)
         if used > max_labels:
             return None, used, False
@@ -202,14 +267,17 @@ def _pareto_search(ch: _Chain, time: np.ndarray, budget: float, upper: float, la
     path = np.zeros(n, dtype=np.int64)
     for i in range(n - 1, -1, -1):
         path[i] = s
-        s, j = int(labels[i][s][2][j]), int(labels[i][s][3][j])
+        s, j = int(labels[i][s][3][j]), int(labels[i][s][4][j])
     return path, used, True
 
 
 def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: int = 200_000,
              bisection_steps: int = 48) -> DPResult:
     """The fastest plan of a chain-graph problem within ``memory_limit``
-    bytes per device (see the module docstring for what is exact). Raises
+    bytes per device, both memory phases included (see the module docstring
+    for what is exact). ``max_labels`` bounds the exact completion (beyond
+    it the result is reported not exact); ``bisection_steps`` bounds the
+    steps of each multiplier's search after its bracket. Raises
     ``ValueError`` if the graph is not a chain."""
     order = chain_order(p)
     if order is None:
@@ -221,15 +289,19 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         z = np.zeros(0, dtype=np.int64)
         return DPResult(z, 0.0, 0.0, True, 0.0, True, 0, 0)
     ch = _chain(p, order)
+
+    def infeasible(mm, caps_searched, labels_used):  # no plan fits: the smallest-memory plan, as the other solvers
+        return DPResult(mm.choice, plan_time(p, mm.choice), mm.memory_bytes, False, np.inf, False,
+                        caps_searched, labels_used)
+
     if np.isfinite(limit):
         caps, cap_memory = memory_by_workspace_cap(p)
-        caps = caps[cap_memory <= limit]
+        caps = caps[cap_memory <= limit]  # a lower bound per cap: skipping above the limit loses no plan
         if caps.size == 0:
-            mm = minimum_memory(p)
-            return DPResult(mm.choice, plan_time(p, mm.choice), mm.memory_bytes, False, np.inf, False, 0, 0)
+            return infeasible(minimum_memory(p), 0, 0)
     else:
         caps = np.array([np.inf])
-    budgets = limit - caps  # inf when there is no limit
+    budgets = limit - caps if np.isfinite(limit) else np.array([np.inf])  # backward phase's budget per cap
     variants = [ch.time]
     if p.gradient_overlap:  # time = max of these two additive functions
         variants = [ch.time - p.gradient_overlap * ch.grad, ch.time - p.gradient_overlap * ch.bwd]
@@ -242,61 +314,111 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     unary_t = np.stack([np.where(within[c], variants[v], np.inf) for c, v in zip(cap_of, np.tile(np.arange(V), caps.size))])
     unary_t = unary_t / t0
     pair = ch.pair / t0
-    A = ch.persistent / m0
-    budget_n = budgets[cap_of] / m0  # [K]
+    use = np.stack([ch.persistent, ch.optimizer]) / m0  # [2, n, S]: the two phases' additive bytes
     K = unary_t.shape[0]
+    budget_n = np.stack([budgets[cap_of], np.full(K, limit)]) / m0  # [2, K]
+    rows = np.arange(n)[None, :]
 
     best = {"t": np.inf, "path": None}
+    lower = np.full(K, -np.inf)  # seconds: the best Lagrangian bound of each element
+    mult = np.zeros((2, K))  # current (lambda, mu) per element, in scaled units
+    mult_best = np.zeros((2, K))  # the multipliers of the best lower bound
+    # the plan at ``mult``: whether it keeps each phase, its dual value and the dual's slopes (scaled units)
+    fit = np.zeros((2, K), dtype=bool)
+    dual = np.zeros(K)
+    slope = np.zeros((2, K))
 
-    def run(lam, idx):  # Viterbi for elements idx at multipliers lam
-        u = unary_t[idx] + lam[:, None, None] * A[None]
+    def run(m, idx):
+        """Viterbi for elements ``idx`` at multipliers ``m [2, k]``: records
+        the plans that keep both phases (exact check) and the bounds; returns
+        whether each plan keeps each phase [2, k], the dual value
+        ``V - m . budget`` [k] and its slopes ``used - budget`` [2, k]."""
+        u = unary_t[idx] + m[0][:, None, None] * use[0][None] + m[1][:, None, None] * use[1][None]
         val, path = viterbi(u, pair)
-        used = np.sum(A[np.arange(n)[None, :], path], axis=1)
-        fits = used <= budget_n[idx] * (1 + 1e-15)
-        for j in np.flatnonzero(fits):
-            layers = _to_layers(ch, path[j])
-            t = plan_time(p, layers)
-            if t < best["t"] and plan_memory(p, layers) <= limit:
-                best["t"], best["path"] = t, path[j]
-        with np.errstate(invalid="ignore"):
-            bound = (val - np.where(lam > 0, lam * budget_n[idx], 0.0)) * t0
-        return fits, bound
+        used = np.stack([np.sum(use[r][rows, path], axis=1) for r in range(2)])
+        fits = used <= budget_n[:, idx] * (1 + 1e-15)
+        both = np.flatnonzero(fits.all(axis=0))
+        if both.size:  # upper bounds: exact time and memory of the plans that keep both phases
+            layers = _to_layers(ch, path[both])
+            t = np.where(plan_memories(p, layers) <= limit, plan_times(p, layers), np.inf)
+            j = int(np.argmin(t))
+            if t[j] < best["t"]:
+                best["t"], best["path"] = float(t[j]), path[both[j]]
+        with np.errstate(invalid="ignore"):  # a zero multiplier drops its (maybe infinite) budget
+            g = val - np.sum(np.where(m > 0, m * budget_n[:, idx], 0.0), axis=0)
+            excess = used - budget_n[:, idx]
+        better = g * t0 > lower[idx]
+        lower[idx[better]] = g[better] * t0
+        mult_best[:, idx[better]] = m[:, better]
+        return fits, g, excess
 
-    lower = np.full(K, -np.inf)
-    lam_best = np.zeros(K)
-    all_idx = np.arange(K)
-    fits0, b0 = run(np.zeros(K), all_idx)
-    lower = np.maximum(lower, b0)
-    active = all_idx[~fits0]
-    if active.size:
-        lo = np.zeros(active.size)
-        hi = np.ones(active.size)
-        pending = np.ones(active.size, dtype=bool)
-        for _ in range(64):  # find a multiplier whose plan fits
-            if not pending.any():
-                break
-            idx = active[pending]
-            fits, b = run(hi[pending], idx)
-            better = b > lower[idx]
-            lam_best[idx[better]] = hi[pending][better]
-            lower[idx] = np.maximum(lower[idx], b)
-            sel = np.flatnonzero(pending)
-            lo[sel[~fits]] = hi[sel[~fits]]
-            hi[sel[~fits]] *= 4.0
-            pending[sel[fits]] = False
-        for _ in range(bisection_steps):
-            go = (lower[active] < best["t"] * (1 - _TOL)) & (hi > lo * (1 + 1e-9))
+    def ascend(r, idx):
+        """Move multiplier ``r`` of elements ``idx`` to the maximum of the dual
+        along ``r``, the other multiplier fixed: the smallest value whose plan
+        keeps phase ``r`` (the dual is concave and piecewise linear along
+        ``r``, its slope the phase's excess, which falls as the multiplier
+        grows). The maximum is bracketed by ``lo`` (plan breaks the phase)
+        and ``hi`` (plan keeps it): upward by fourfold steps where the plan
+        at the current value breaks the phase, downward from zero where it
+        keeps it. Each step tries where the two bracketing plans' lines
+        cross (the maximum if no third plan is lower there, which ends the
+        search) and falls back to bisection when that is not inside the
+        bracket. Returns the elements for which no multiplier kept the phase."""
+        k = idx.size
+        up = ~fit[r, idx]
+        lo, hi = np.where(up, mult[r, idx], np.nan), np.where(up, np.nan, mult[r, idx])
+        g_lo, g_hi = np.where(up, dual[idx], np.nan), np.where(up, np.nan, dual[idx])
+        s_lo, s_hi = np.where(up, slope[r, idx], np.nan), np.where(up, np.nan, slope[r, idx])
+        done = np.zeros(k, dtype=bool)
+        for _ in range(64 + bisection_steps):
+            go = ~done & (lower[idx] < best["t"] * (1 - _TOL))
             if not go.any():
                 break
-            idx = active[go]
-            mid = np.where(lo[go] > 0, np.sqrt(np.maximum(lo[go], 1e-300) * hi[go]), hi[go] / 16.0)
-            fits, b = run(mid, idx)
-            better = b > lower[idx]
-            lam_best[idx[better]] = mid[better]
-            lower[idx] = np.maximum(lower[idx], b)
             sel = np.flatnonzero(go)
-            hi[sel[fits]] = mid[fits]
-            lo[sel[~fits]] = mid[~fits]
+            l, h = lo[sel], hi[sel]
+            both = ~np.isnan(l) & ~np.isnan(h)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                cross = (g_hi[sel] - h * s_hi[sel] - g_lo[sel] + l * s_lo[sel]) / (s_lo[sel] - s_hi[sel])
+                inside_ = both & (cross > l) & (cross < h)
+                halve = np.where(l > 0, np.sqrt(np.maximum(l, 1e-300) * h), h / 16.0)
+                probe = np.where(inside_, cross, np.where(both, halve, np.where(np.isnan(h),
+                                 np.where(l > 0, 4.0 * l, 1.0), 0.0)))
+            m = mult[:, idx[sel]].copy()
+            m[r] = probe
+            fits, g, excess = run(m, idx[sel])
+            ok = fits[r]
+            with np.errstate(invalid="ignore"):  # the crossing lines' value there; the dual is below both
+                touched = inside_ & (g >= g_lo[sel] + (probe - l) * s_lo[sel] - 1e-12 * (1 + np.abs(g)))
+            for a, b, c, d in ((lo, g_lo, s_lo, ~ok), (hi, g_hi, s_hi, ok)):
+                a[sel[d]], b[sel[d]], c[sel[d]] = probe[d], g[d], excess[r, d]
+            # the plan now at the multiplier's resting place (hi, or the maximum where the lines touch)
+            rest = ok | touched
+            fit[:, idx[sel[rest]]] = fits[:, rest]
+            dual[idx[sel[rest]]] = g[rest]
+            slope[:, idx[sel[rest]]] = excess[:, rest]
+            mult[r, idx[sel[rest]]] = probe[rest]
+            done[sel] = touched | (ok & (probe == 0)) | (both & (h <= l * (1 + 1e-9)))
+        return idx[np.isnan(hi)]
+
+    fit[:], dual[:], slope[:] = run(np.zeros((2, K)), np.arange(K))
+    stuck = np.zeros(K, dtype=bool)
+    stale = np.ones((2, K), dtype=bool)  # the multiplier may be off its maximum along its axis
+    for stage in range(_ASCENT_STAGES):  # coordinate ascent: lambda, mu, lambda, ...
+        r = stage % 2
+        # at zero with the phase kept, the slope along r is <= 0: already the maximum there
+        idx = np.flatnonzero(stale[r] & ~stuck & (lower < best["t"] * (1 - _TOL)) & (~fit[r] | (mult[r] > 0)))
+        if idx.size:
+            was = mult[r, idx].copy()
+            stuck[ascend(r, idx)] = True
+            stale[1 - r, idx[mult[r, idx] != was]] = True  # the other axis's maximum moves with this one
+        stale[r] = False
+        if not np.any(stale & ~stuck & (lower < best["t"] * (1 - _TOL))):
+            break
+    if best["path"] is None:  # no multiplier's plan kept both phases: does any plan?
+        mm = minimum_memory(p)
+        if mm.memory_bytes > limit:
+            return infeasible(mm, int(caps.size), 0)
+        best["t"], best["path"] = plan_time(p, mm.choice), mm.choice[order]  # an upper bound to prune with
     cap_lower = lower.reshape(caps.size, V).max(axis=1)
     labels = 0
     if V == 1:  # exact completion where the Lagrangian left a gap
@@ -304,7 +426,8 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
             if cap_lower[c] >= best["t"] * (1 - _TOL):
                 continue
             path, used, done = _pareto_search(
-                ch, unary_t[c] * t0, budgets[c], best["t"], lam_best[c] * t0 / m0, max_labels - labels
+                ch, unary_t[c] * t0, budgets[c], limit, best["t"], mult_best[0, c] * t0 / m0,
+                mult_best[1, c] * t0 / m0, max_labels - labels,
             )
             labels += used
             if not done:
@@ -316,10 +439,6 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
                 cap_lower[c] = t
             else:
                 cap_lower[c] = best["t"]
-    if best["path"] is None:  # cannot happen when a cap fits; be safe
-        mm = minimum_memory(p)
-        return DPResult(mm.choice, plan_time(p, mm.choice), mm.memory_bytes, mm.memory_bytes <= limit,
-                        float(cap_lower.min()), False, int(caps.size), labels)
     choice = _to_layers(ch, best["path"])
     lb = float(min(cap_lower.min(), best["t"]))
     exact = lb >= best["t"] * (1 - _TOL)

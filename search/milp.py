@@ -15,7 +15,8 @@ gradient sync with the backward pass, ``h <= sum grad x`` and ``h <= sum
 backward x`` so that maximising ``overlap * h`` gives ``overlap * min(...)``.
 
 Minimise ``sum lt x + sum reshard y - overlap h`` subject to ``sum_s x[l, s]
-= 1`` and ``sum A x + z <= M``. Times are scaled by the sum of each layer's
+= 1``, ``sum A x + z <= M`` (the backward phase of memory) and ``sum Q x <=
+M`` (the optimizer phase, :mod:`search.problem`). Times are scaled by the sum of each layer's
 fastest strategy time and bytes by the limit, so HiGHS sees O(1) numbers.
 The result is exact up to HiGHS's tolerances: a relative MIP gap of
 ``mip_rel_gap`` (default 1e-7; the dual bound is reported) and a primal
@@ -127,6 +128,10 @@ def _model(p: DiscreteProblem, limit: float, tighten: float):
     if has_limit:
         add(np.full(nx, r), xi[F], p.persistent_bytes[F] / m0)
         add([r], [zi], [1.0])
+        lo.append([-np.inf])
+        up.append([1.0 - tighten])
+        r += 1
+        add(np.full(nx, r), xi[F], p.optimizer_bytes[F] / m0)  # the optimizer phase
         lo.append([-np.inf])
         up.append([1.0 - tighten])
         r += 1

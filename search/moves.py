@@ -1,7 +1,10 @@
 """Moves of a plan scored exactly, for all layers and strategies at once
 (a pass costs ``O(n S + e S^2)`` array work): every single-layer change and
 every change of the two layers of an edge, by the discrete objective of
-:mod:`search.problem` (the cost model at one-hot probabilities)."""
+:mod:`search.problem` (the cost model at one-hot probabilities). Memory is
+the larger of its two phases, each updated from the plan's sums: the
+backward phase (persistent bytes plus the largest workspace, which needs
+the plan's top three workspaces) and the optimizer phase (a plain sum)."""
 
 from __future__ import annotations
 
@@ -25,12 +28,18 @@ class CurrentState(NamedTuple):
     base_s: float  # time without the overlap term
     grad_s: float
     bwd_s: float
-    persistent_bytes: float
+    persistent_bytes: float  # backward phase without its workspace term
+    optimizer_bytes: float  # optimizer phase
     workspace: np.ndarray  # [n] each layer's workspace under the plan
     top_idx: np.ndarray  # [3] layers with the largest workspaces (-1 if fewer layers)
     top_val: np.ndarray  # [3]
     layer_delta_s: np.ndarray  # [n, S] base-time change of moving one layer
     edge_now_s: np.ndarray  # [e] each edge's resharding under the plan
+
+    @property
+    def memory_bytes(self) -> float:
+        """The plan's memory (:func:`search.problem.plan_memory`): the larger phase."""
+        return max(self.persistent_bytes + float(self.top_val[0]), self.optimizer_bytes)
 
 
 def current_state(p: DiscreteProblem, c: np.ndarray) -> CurrentState:
@@ -55,6 +64,7 @@ def current_state(p: DiscreteProblem, c: np.ndarray) -> CurrentState:
         grad_s=float(p.grad_sync_s[rows, c].sum()),
         bwd_s=float(p.backward_s[rows, c].sum()),
         persistent_bytes=float(p.persistent_bytes[rows, c].sum()),
+        optimizer_bytes=float(p.optimizer_bytes[rows, c].sum()),
         workspace=ws,
         top_idx=top_idx,
         top_val=top_val,
@@ -81,13 +91,14 @@ def single_moves(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = N
         cur.bwd_s + p.backward_s - p.backward_s[rows, c][:, None],
     )
     others = np.where(rows == cur.top_idx[0], cur.top_val[1], cur.top_val[0])  # largest workspace elsewhere
-    memory = (
+    backward = (
         cur.persistent_bytes
         + p.persistent_bytes
         - p.persistent_bytes[rows, c][:, None]
         + np.maximum(others[:, None], p.workspace_bytes)
     )
-    return MoveScores(time, memory)
+    optimizer = cur.optimizer_bytes + p.optimizer_bytes - p.optimizer_bytes[rows, c][:, None]
+    return MoveScores(time, np.maximum(backward, optimizer))
 
 
 def pair_moves(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = None) -> MoveScores:
@@ -119,6 +130,8 @@ def pair_moves(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = Non
     hit = (ti[None, :] == u[:, None]) | (ti[None, :] == v[:, None]) | (ti[None, :] < 0)
     others = np.where(~hit[:, 0], tv[0], np.where(~hit[:, 1], tv[1], np.where(~hit[:, 2], tv[2], 0.0)))
     dA = p.persistent_bytes - p.persistent_bytes[rows, c][:, None]
+    dQ = p.optimizer_bytes - p.optimizer_bytes[rows, c][:, None]
     ws = np.maximum(np.maximum(others[:, None, None], p.workspace_bytes[u][:, :, None]), p.workspace_bytes[v][:, None, :])
-    memory = cur.persistent_bytes + dA[u][:, :, None] + dA[v][:, None, :] + ws
-    return MoveScores(time, memory)
+    backward = cur.persistent_bytes + dA[u][:, :, None] + dA[v][:, None, :] + ws
+    optimizer = cur.optimizer_bytes + dQ[u][:, :, None] + dQ[v][:, None, :]
+    return MoveScores(time, np.maximum(backward, optimizer))

@@ -9,7 +9,13 @@ so they all optimise the same objective: for a plan ``c``
 ``time(c) = sum_l layer_time[l, c_l] + sum_e reshard[e, c_src, c_dst]
           - overlap * min(sum_l grad_sync[l, c_l], sum_l backward[l, c_l])``
 
-``memory(c) = sum_l (state + activations)[l, c_l] + max_l workspace[l, c_l]``
+``memory(c) = max(sum_l (state - update + activations)[l, c_l] + max_l workspace[l, c_l],
+                 sum_l state[l, c_l])``
+
+the larger of two phases of the training step: the backward pass (state
+but the optimizer's update, the saved activations, the largest transient)
+and the optimizer step (state with the update; the activations are freed
+by then: XLA's buffer assignment, docs/validation.md "The memory promise"),
 
 which is :func:`costmodels.iteration_time` and
 :func:`costmodels.memory_per_device` at one-hot probabilities, summed in
@@ -60,8 +66,9 @@ class DiscreteProblem(NamedTuple):
     distinct edges."""
 
     layer_time_s: np.ndarray  # [n, O] float64, +inf where the option cannot run the layer
-    persistent_bytes: np.ndarray  # [n, O] state + activations, +inf where infeasible
-    workspace_bytes: np.ndarray  # [n, O] transient, +inf where infeasible
+    persistent_bytes: np.ndarray  # [n, O] backward phase: state but the update + activations, +inf where infeasible
+    workspace_bytes: np.ndarray  # [n, O] backward phase's transient, +inf where infeasible
+    optimizer_bytes: np.ndarray  # [n, O] optimizer phase: state with the update, +inf where infeasible
     state_bytes: np.ndarray  # [n, O] weights, gradients, optimizer state (for messages)
     grad_sync_s: np.ndarray  # [n, O] (0 where infeasible)
     backward_s: np.ndarray  # [n, O] (0 where infeasible)
@@ -123,7 +130,9 @@ def discrete_problem(table) -> DiscreteProblem:
     inf = np.inf
     layer_time = np.where(feasible, _f64(table.layer_time_s)[:n], inf)
     state = _f64(table.state_bytes)[:n]
-    persistent = np.where(feasible, state + _f64(table.activation_bytes)[:n], inf)
+    update = _f64(table.update_bytes)[:n]
+    persistent = np.where(feasible, state - update + _f64(table.activation_bytes)[:n], inf)
+    optimizer = np.where(feasible, state, inf)
     workspace = np.where(feasible, _f64(table.workspace_bytes)[:n], inf)
     grad = np.where(feasible, _f64(table.grad_sync_s)[:n], 0.0)
     bwd = np.where(feasible, _f64(table.backward_compute_s)[:n], 0.0)
@@ -152,6 +161,7 @@ def discrete_problem(table) -> DiscreteProblem:
         layer_time_s=layer_time,
         persistent_bytes=persistent,
         workspace_bytes=workspace,
+        optimizer_bytes=optimizer,
         state_bytes=state,
         grad_sync_s=grad,
         backward_s=bwd,
@@ -203,8 +213,8 @@ def drop_duplicate_options(p: DiscreteProblem) -> tuple[DiscreteProblem, np.ndar
     F = p.feasible
     if n == 0 or O < 2:
         return p, np.where(F, np.arange(O)[None, :], -1)
-    per_layer = np.stack([p.layer_time_s, p.persistent_bytes, p.workspace_bytes, p.grad_sync_s, p.backward_s],
-                         axis=-1)  # [n, O, 5]
+    per_layer = np.stack([p.layer_time_s, p.persistent_bytes, p.workspace_bytes, p.optimizer_bytes, p.grad_sync_s,
+                          p.backward_s], axis=-1)  # [n, O, 6]
     same = np.all(per_layer[:, :, None, :] == per_layer[:, None, :, :], axis=-1)  # [n, O, O]
     if p.num_edges:
         R = p.reshard_s  # [e, O, O]
@@ -222,7 +232,8 @@ def drop_duplicate_options(p: DiscreteProblem) -> tuple[DiscreteProblem, np.ndar
     inf = lambda x: np.where(feasible, x, np.inf)  # noqa: E731
     zero = lambda x: np.where(feasible, x, 0.0)  # noqa: E731
     return p._replace(feasible=feasible, layer_time_s=inf(p.layer_time_s), persistent_bytes=inf(p.persistent_bytes),
-                      workspace_bytes=inf(p.workspace_bytes), grad_sync_s=zero(p.grad_sync_s),
+                      workspace_bytes=inf(p.workspace_bytes), optimizer_bytes=inf(p.optimizer_bytes),
+                      grad_sync_s=zero(p.grad_sync_s),
                       backward_s=zero(p.backward_s)), rep
 
 
@@ -231,7 +242,8 @@ def _columns(p: DiscreteProblem, keep: np.ndarray) -> DiscreteProblem:
     cols = lambda x: x[:, keep]  # noqa: E731
     return p._replace(
         layer_time_s=cols(p.layer_time_s), persistent_bytes=cols(p.persistent_bytes),
-        workspace_bytes=cols(p.workspace_bytes), state_bytes=cols(p.state_bytes), grad_sync_s=cols(p.grad_sync_s),
+        workspace_bytes=cols(p.workspace_bytes), optimizer_bytes=cols(p.optimizer_bytes),
+        state_bytes=cols(p.state_bytes), grad_sync_s=cols(p.grad_sync_s),
         backward_s=cols(p.backward_s), feasible=cols(p.feasible), reshard_s=p.reshard_s[:, keep][:, :, keep],
         option_strategy=p.option_strategy[keep], option_lever=p.option_lever[keep],
     )
@@ -277,7 +289,8 @@ def plan_memories(p: DiscreteProblem, choices: np.ndarray) -> np.ndarray:
     rows = np.arange(p.num_layers)
     if p.num_layers == 0:
         return np.zeros(c.shape[:-1])
-    return p.persistent_bytes[rows, c].sum(axis=-1) + p.workspace_bytes[rows, c].max(axis=-1)
+    backward = p.persistent_bytes[rows, c].sum(axis=-1) + p.workspace_bytes[rows, c].max(axis=-1)
+    return np.maximum(backward, p.optimizer_bytes[rows, c].sum(axis=-1))
 
 
 def plan_time(p: DiscreteProblem, choice) -> float:
@@ -295,56 +308,120 @@ def plan_memory(p: DiscreteProblem, choice) -> float:
 
 def memory_by_workspace_cap(p: DiscreteProblem) -> tuple[np.ndarray, np.ndarray]:
     """For every workspace cap ``w`` worth trying (every distinct workspace
-    value at which each layer has a strategy within the cap), the least
-    ``w + sum_l min{persistent[l, s] : workspace[l, s] <= w}``: the smallest
-    memory of any plan whose largest workspace is at most ``w``.
+    value at which each layer has an option within the cap), a lower bound
+    on ``max(w + sum_l persistent[l, c_l], sum_l optimizer[l, c_l])`` over
+    the plans ``c`` whose every workspace is at most ``w`` (the memory with
+    the workspace term taken as ``w``, what the DP bounds at that cap; at a
+    plan's own largest workspace, its memory): each phase at its own
+    per-layer minimum, ``max(w + sum_l min{persistent[l, o] : workspace[l, o]
+    <= w}, sum_l min{optimizer[l, o] : workspace[l, o] <= w})``. Exact where
+    one plan reaches both minima (the usual case: sharding a layer more
+    lowers both phases); :func:`minimum_memory` finds the exact smallest
+    memory.
 
-    Returns ``(caps, memory)``, both ascending in ``caps``. Exact, and
-    separable over layers because memory does not depend on edges: each
-    layer's best persistent bytes is a step function of the cap, and the sum
-    of step functions is accumulated from sorted events."""
+    Returns ``(caps, memory)``, both ascending in ``caps``. Separable over
+    layers because memory does not depend on edges: each layer's best bytes
+    of a phase is a step function of the cap, and the sum of step functions
+    is accumulated from sorted events."""
     n = p.num_layers
     if n == 0:
         return np.zeros(1), np.zeros(1)
     W = p.workspace_bytes
+    caps = np.unique(W[np.isfinite(W)])  # every cap that changes which options are allowed
+    backward, covered = _phase_minimum_by_cap(W, p.persistent_bytes, caps)
+    optimizer, _ = _phase_minimum_by_cap(W, p.optimizer_bytes, caps)
+    ok = covered == n
+    caps = caps[ok]
+    return caps, np.maximum(caps + backward[ok], optimizer[ok])
+
+
+def _phase_minimum_by_cap(W: np.ndarray, X: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``sum_l min{X[l, o] : W[l, o] <= cap}`` at every cap, and how many
+    layers have an option within it."""
+    n = W.shape[0]
     order = np.argsort(W, axis=1, kind="stable")  # infeasible (inf) last
     Ws = np.take_along_axis(W, order, axis=1)
-    As = np.take_along_axis(p.persistent_bytes, order, axis=1)
-    best = np.minimum.accumulate(As, axis=1)
+    Xs = np.take_along_axis(X, order, axis=1)
+    best = np.minimum.accumulate(Xs, axis=1)
     prev = np.concatenate([np.full((n, 1), np.inf), best[:, :-1]], axis=1)
-    changed = (best < prev) & np.isfinite(Ws)
-    first = changed & np.isinf(prev)
+    first = np.isfinite(Ws) & np.isinf(prev)
+    changed = ((best < prev) & np.isfinite(Ws)) | first
     delta = np.where(first, best, best - np.where(np.isinf(prev), 0.0, prev))
     ev_w, ev_delta, ev_first = Ws[changed], delta[changed], first[changed].astype(np.int64)
     idx = np.argsort(ev_w, kind="stable")
     ev_w, ev_delta, ev_first = ev_w[idx], ev_delta[idx], ev_first[idx]
     total, covered = np.cumsum(ev_delta), np.cumsum(ev_first)
-    last = np.r_[ev_w[1:] != ev_w[:-1], True]  # the last event of each distinct cap
-    ev_w, total, covered = ev_w[last], total[last], covered[last]
-    caps = np.unique(W[np.isfinite(W)])  # every cap that changes which strategies are allowed
     at = np.searchsorted(ev_w, caps, side="right") - 1  # the last event at or below each cap
-    ok = (at >= 0) & (covered[np.maximum(at, 0)] == n)
-    caps, at = caps[ok], at[ok]
-    return caps, caps + total[at]
+    safe = np.maximum(at, 0)
+    return np.where(at >= 0, total[safe], np.inf), np.where(at >= 0, covered[safe], 0)
 
 
-def _plan_within_cap(p: DiscreteProblem, cap: float) -> np.ndarray:
+def _minimum_within_cap(p: DiscreteProblem, cap: float, upper: float, max_labels: int = 200_000):
+    """The smallest ``max(cap + sum persistent, sum optimizer)`` over plans
+    whose every workspace is at most ``cap``, with such a plan, or ``None``
+    when no plan is below ``upper``. Exact: a Pareto search over the two
+    phases' partial sums, layer by layer (memory has no edge terms, so the
+    layers' order is free), pruned by each phase's minimum still to add and
+    by ``upper``. Ties between options of the same memory: the faster one."""
+    n = p.num_layers
     within = p.feasible & (p.workspace_bytes <= cap)
-    A = np.where(within, p.persistent_bytes, np.inf)
-    lowest = A.min(axis=1, keepdims=True)
-    tied = within & (A == lowest)
-    return np.argmin(np.where(tied, p.layer_time_s, np.inf), axis=1)
+    P = np.where(within, p.persistent_bytes, np.inf)
+    Q = np.where(within, p.optimizer_bytes, np.inf)
+    T = np.where(within, p.layer_time_s, np.inf)
+    # each layer's Pareto options over (persistent, optimizer), the faster of equals
+    fronts = []
+    for i in range(n):
+        o = np.flatnonzero(within[i])
+        o = o[np.lexsort((T[i, o], Q[i, o], P[i, o]))]
+        keep = np.r_[True, Q[i, o[1:]] < np.minimum.accumulate(Q[i, o])[:-1]] if o.size else np.zeros(0, bool)
+        fronts.append(o[keep])
+    p_rest = np.r_[np.cumsum([P[i, f].min() for i, f in enumerate(fronts)][::-1])[::-1], 0.0]
+    q_rest = np.r_[np.cumsum([Q[i, f].min() for i, f in enumerate(fronts)][::-1])[::-1], 0.0]
+    lab_p, lab_q = np.zeros(1), np.zeros(1)
+    parents: list[tuple[np.ndarray, np.ndarray]] = []  # per layer: (label it extends, option)
+    for i, f in enumerate(fronts):
+        cand_p = (lab_p[:, None] + P[i, f][None, :]).ravel()
+        cand_q = (lab_q[:, None] + Q[i, f][None, :]).ravel()
+        parent = np.repeat(np.arange(lab_p.size), f.size)
+        option = np.tile(f, lab_p.size)
+        ok = np.maximum(cap + cand_p + p_rest[i + 1], cand_q + q_rest[i + 1]) < upper
+        cand_p, cand_q, parent, option = cand_p[ok], cand_q[ok], parent[ok], option[ok]
+        if cand_p.size == 0:
+            return None
+        o = np.lexsort((cand_q, cand_p))
+        cand_p, cand_q, parent, option = cand_p[o], cand_q[o], parent[o], option[o]
+        front = np.r_[True, cand_q[1:] < np.minimum.accumulate(cand_q)[:-1]]
+        lab_p, lab_q = cand_p[front], cand_q[front]
+        parents.append((parent[front], option[front]))
+        if lab_p.size > max_labels:
+            raise RuntimeError(f"the smallest memory needs over {max_labels} Pareto labels at one layer")
+    memory = np.maximum(cap + lab_p, lab_q)
+    j = int(np.argmin(memory))
+    choice = np.zeros(n, dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        parent, option = parents[i]
+        choice[i] = option[j]
+        j = int(parent[j])
+    return float(memory.min()), choice
 
 
 def minimum_memory(p: DiscreteProblem) -> MinimumMemory:
     """The exact smallest peak memory per device over all plans (for any
-    graph: memory has no edge terms), with a plan that reaches it."""
+    graph: memory has no edge terms), with a plan that reaches it. Caps are
+    tried in the order of their lower bound (:func:`memory_by_workspace_cap`)
+    until the next bound is no better than the best plan found."""
     if p.num_layers == 0:
         return MinimumMemory(0.0, np.zeros(0, dtype=np.int64), 0.0)
-    caps, mem = memory_by_workspace_cap(p)
-    k = int(np.argmin(mem))
-    choice = _plan_within_cap(p, float(caps[k]))
-    return MinimumMemory(plan_memory(p, choice), choice, float(caps[k]))
+    caps, bound = memory_by_workspace_cap(p)
+    best = (np.inf, None, 0.0)
+    for k in np.argsort(bound, kind="stable"):
+        if bound[k] >= best[0]:
+            break
+        found = _minimum_within_cap(p, float(caps[k]), best[0])
+        if found is not None:
+            best = (found[0], found[1], float(caps[k]))
+    choice = best[1]
+    return MinimumMemory(plan_memory(p, choice), choice, float(p.workspace_bytes[np.arange(p.num_layers), choice].max()))
 
 
 # -- chains ---------------------------------------------------------------------------------

@@ -47,20 +47,28 @@ __all__ = [
 _REL_TOL = 1e-10  # a move must improve the time by more than this fraction to count
 
 
-def repair(p: DiscreteProblem, choice, memory_limit: float, max_rounds: int | None = None) -> tuple[np.ndarray, bool]:
+def repair(p: DiscreteProblem, choice, memory_limit: float, max_rounds: int | None = None,
+           fallback: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
     """Moves towards ``memory <= memory_limit`` at the least added time per
     byte saved: each round takes, in order of that ratio, the best single
     move of pairwise non-adjacent layers until their savings cover the
-    excess (sequential greedy, batched: the ratios of non-adjacent moves do
-    not change when the others are made); when no single move saves memory,
-    the best move of an edge's two layers. Returns the plan and whether it fits."""
+    excess (sequential greedy, batched); when no single move saves memory,
+    the best move of an edge's two layers. Savings are not additive (memory
+    is the larger of two phases, and the backward phase has the largest
+    workspace), so a batch is kept only if the plan's exact memory drops,
+    else its first move alone is made (which saves alone): every round
+    lowers the memory. Where the moves get stuck above the limit, the plan
+    walks to ``fallback`` (default: the exact smallest-memory plan,
+    :func:`search.problem.minimum_memory`) one layer at a time
+    (:func:`_walk_towards`), so it fits whenever any plan does. Returns the
+    plan and whether it fits."""
     c = np.array(choice, dtype=np.int64)
     limit = float(memory_limit)
     max_rounds = 2 * p.num_layers + 20 if max_rounds is None else max_rounds
     for _ in range(max_rounds):
         cur = current_state(p, c)
         t_now = with_overlap(p, cur.base_s, cur.grad_s, cur.bwd_s)
-        m_now = cur.persistent_bytes + float(cur.top_val[0])
+        m_now = cur.memory_bytes
         if m_now <= limit:
             return c, True
         single = single_moves(p, c, cur)
@@ -74,15 +82,22 @@ def repair(p: DiscreteProblem, choice, memory_limit: float, max_rounds: int | No
             excess = m_now - limit
             blocked = ~np.isfinite(best_score)
             covered = 0.0
+            trial = c.copy()
+            first = None
             for lay in np.argsort(best_score, kind="stable"):
                 if blocked[lay]:
                     continue
-                c[lay] = best_s[lay]
+                first = (lay, best_s[lay]) if first is None else first
+                trial[lay] = best_s[lay]
                 covered += best_saved[lay]
                 if covered >= excess:
                     break
                 blocked[lay] = True
                 blocked[p.neighbor_idx[p.neighbor_ptr[lay]:p.neighbor_ptr[lay + 1]]] = True
+            if plan_memory(p, trial) < m_now:
+                c = trial
+            else:
+                c[first[0]] = first[1]
             continue
         if not p.num_edges:
             break
@@ -94,7 +109,40 @@ def repair(p: DiscreteProblem, choice, memory_limit: float, max_rounds: int | No
         score = np.where(ok, (pair.time_s - t_now) / np.where(ok, saved, 1.0), np.inf)
         k, s, t = np.unravel_index(int(np.argmin(score)), score.shape)
         c[p.edge_src[k]], c[p.edge_dst[k]] = s, t
+    if plan_memory(p, c) > limit:
+        c = _walk_towards(p, c, minimum_memory(p).choice if fallback is None else fallback, limit)
     return c, plan_memory(p, c) <= limit
+
+
+def _walk_towards(p: DiscreteProblem, choice: np.ndarray, target: np.ndarray, limit: float) -> np.ndarray:
+    """``choice`` moved to ``target`` one layer at a time until it fits
+    ``limit``: each step, of the layers still off ``target``, the one whose
+    move saves memory at the least added time per byte, else (no move saves:
+    the phases or the largest workspace need several layers at once) the one
+    leaving the least memory, then the least time. At most ``n`` steps, and
+    it ends at ``target`` if nothing earlier fits; the plan keeps what of
+    ``choice`` it can."""
+    c = np.array(choice, dtype=np.int64)
+    target = np.asarray(target, dtype=np.int64)
+    for _ in range(p.num_layers):  # host loop: each step settles one layer
+        cur = current_state(p, c)
+        m_now = cur.memory_bytes
+        if m_now <= limit:
+            break
+        off = np.flatnonzero(c != target)
+        if not off.size:
+            break
+        single = single_moves(p, c, cur)
+        mem, time = single.memory_bytes[off, target[off]], single.time_s[off, target[off]]
+        saved = m_now - mem
+        if np.any(saved > 0):
+            t_now = with_overlap(p, cur.base_s, cur.grad_s, cur.bwd_s)
+            score = np.where(saved > 0, (time - t_now) / np.where(saved > 0, saved, 1.0), np.inf)
+            lay = off[int(np.argmin(score))]
+        else:
+            lay = off[np.lexsort((time, mem))[0]]
+        c[lay] = target[lay]
+    return c
 
 
 def drop_idle_levers(p: DiscreteProblem, choice, memory_limit: float, rel_tol: float = 1e-6) -> np.ndarray:
@@ -113,8 +161,13 @@ def drop_idle_levers(p: DiscreteProblem, choice, memory_limit: float, rel_tol: f
     if not levered.size:
         return c
     t0 = plan_time(p, c)
-    added = p.persistent_bytes[levered, plain[levered]] - p.persistent_bytes[levered, c[levered]]
-    for lay in levered[np.argsort(added, kind="stable")]:
+    # the order is a heuristic (each drop is checked exactly below): by the memory
+    # the drop alone adds to the plan (the larger phase), then by what it adds to
+    # the two phases together (a phase with room now may bind after other drops)
+    alone = single_moves(p, c).memory_bytes[levered, plain[levered]]
+    both = (p.persistent_bytes[levered, plain[levered]] - p.persistent_bytes[levered, c[levered]]
+            + p.optimizer_bytes[levered, plain[levered]] - p.optimizer_bytes[levered, c[levered]])
+    for lay in levered[np.lexsort((both, alone))]:
         old = int(c[lay])
         c[lay] = plain[lay]
         if not (p.feasible[lay, c[lay]] and plan_time(p, c) <= t0 * (1 + rel_tol)
@@ -144,7 +197,9 @@ def _swap(p: DiscreteProblem, c: np.ndarray, single: MoveScores, t_now: float, m
     does not fit on its own, paid for by a move elsewhere that frees enough
     memory, with a net gain. For each gaining move the cheapest payer comes
     from a prefix minimum over payers sorted by memory change; the best
-    ``tries`` trades are checked exactly and the first that improves is made."""
+    ``tries`` trades are checked exactly (memory changes do not add up: the
+    larger phase and the largest workspace bind) and the first that improves
+    is made."""
     dT = single.time_s - t_now
     dM = single.memory_bytes - m_now
     slack = limit - m_now
@@ -198,7 +253,7 @@ def local_search(p: DiscreteProblem, choice, memory_limit: float, max_moves: int
     for _ in range(max_moves):
         cur = current_state(p, c)
         t_now = with_overlap(p, cur.base_s, cur.grad_s, cur.bwd_s)
-        m_now = cur.persistent_bytes + float(cur.top_val[0])
+        m_now = cur.memory_bytes
         tol = _REL_TOL * abs(t_now)
         single = single_moves(p, c, cur)
         ok = (single.memory_bytes <= limit) & (single.time_s < t_now - tol)
@@ -253,26 +308,25 @@ def refine(p: DiscreteProblem, candidates, memory_limit: float, max_candidates: 
     """Repair and locally improve each distinct candidate plan ``[k, n]``
     (the best ``max_candidates`` after repair get the local search, and
     each distinct local optimum within ``segment_window`` of the best then
-    the segment moves), and return the best
-    plan that fits. If none can be repaired, the search
-    restarts from the exact smallest-memory plan, which fits whenever any
-    plan does."""
+    the segment moves), and return the best plan that fits. Repair falls
+    back on the exact smallest-memory plan (:func:`repair`), which fits
+    whenever any plan does; where it does not, that plan is returned,
+    marked infeasible."""
     limit = float(memory_limit)
     cands = np.unique(np.asarray(candidates, dtype=np.int64).reshape(-1, p.num_layers), axis=0)
     times = np.array([plan_time(p, x) for x in cands])
     fits = np.array([plan_memory(p, x) <= limit for x in cands])
     rounded = float(np.min(np.where(fits, times, np.inf))) if cands.size else np.inf
+    mm = minimum_memory(p).choice  # once: each stuck repair walks towards it
+    if plan_memory(p, mm) > limit:  # nothing fits
+        return RefineResult(mm, plan_time(p, mm), plan_memory(p, mm), False, rounded, np.inf, len(cands))
     repaired = []
     for x in cands:
-        y, ok = repair(p, x, limit)
+        y, ok = repair(p, x, limit, fallback=mm)
         if ok:
             repaired.append(y)
-    if not repaired:
-        y, ok = repair(p, minimum_memory(p).choice, limit)
-        if not ok:  # nothing fits
-            mm = minimum_memory(p).choice
-            return RefineResult(mm, plan_time(p, mm), plan_memory(p, mm), False, rounded, np.inf, len(cands))
-        repaired.append(y)
+    if not repaired:  # no candidates (every repair fits here: mm does)
+        repaired.append(mm)
     repaired = np.unique(np.asarray(repaired), axis=0)
     rtimes = np.array([plan_time(p, y) for y in repaired])
     order = np.argsort(rtimes, kind="stable")[:max_candidates]

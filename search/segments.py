@@ -76,13 +76,16 @@ class SegmentCandidates(NamedTuple):
 def segment_candidates(p: DiscreteProblem, c: np.ndarray, seg: Segments) -> SegmentCandidates:
     """Re-plan each chain segment (everything else fixed) by Viterbi on
     ``time + price * memory`` for a range of memory prices, without raising
-    the largest workspace. Each candidate's time and memory are computed
-    exactly from its segment alone: the segment's outer edges see fixed
-    strategies and its inner edges are the Viterbi's transitions."""
+    the largest workspace; the memory priced is the per-layer bytes of the
+    phase that binds in plan ``c`` (both phases where they tie: lowering the
+    other phase alone saves nothing). Each candidate's time and memory are
+    computed exactly from its segment alone: the segment's outer edges see
+    fixed strategies, its inner edges are the Viterbi's transitions, and
+    each memory phase moves by the segment's change in it."""
     n, S = p.layer_time_s.shape
     cur = current_state(p, c)
     t_now = with_overlap(p, cur.base_s, cur.grad_s, cur.bwd_s)
-    m_now = cur.persistent_bytes + float(cur.top_val[0])
+    m_now = cur.memory_bytes
     ext = np.zeros((n, S))
     outer = ~seg.internal
     if outer.any():
@@ -92,17 +95,22 @@ def segment_candidates(p: DiscreteProblem, c: np.ndarray, seg: Segments) -> Segm
         np.add.at(ext, p.edge_dst[ar], p.reshard_s[ar, cs, :])
     allowed = p.workspace_bytes <= cur.top_val[0]
     unary_t = np.where(allowed, p.layer_time_s + ext, np.inf)
+    # infeasible options are already ruled out by unary_t's inf: 0 keeps inf * 0 out of the prices
     mem = np.where(p.feasible, p.persistent_bytes, 0.0)
+    opt = np.where(p.feasible, p.optimizer_bytes, 0.0)
     valid = seg.nodes >= 0
     at = np.maximum(seg.nodes, 0)
     G, width = seg.nodes.shape
     U = np.where(valid[..., None], unary_t[at], 0.0)  # [G, W, S]
-    A = np.where(valid[..., None], mem[at], 0.0)
+    A = np.where(valid[..., None], mem[at], 0.0)  # backward phase (its workspace term is capped: allowed)
+    Q = np.where(valid[..., None], opt[at], 0.0)  # optimizer phase
+    backward_now = cur.persistent_bytes + float(cur.top_val[0])
+    priced = A * float(backward_now >= cur.optimizer_bytes) + Q * float(cur.optimizer_bytes >= backward_now)
     padded = np.concatenate([p.reshard_s, np.zeros((1, S, S))])  # edge -1: no edge, no cost
     pair = padded[seg.inner_edge]  # [G, W, S, S]
     prices = _PRICES * (t_now / max(m_now, 1.0))
     P = len(prices)
-    unary = (U[None] + prices[:, None, None, None] * A[None]).reshape(P * G, width, S)
+    unary = (U[None] + prices[:, None, None, None] * priced[None]).reshape(P * G, width, S)
     paths = _best_paths(unary, np.broadcast_to(pair[None], (P,) + pair.shape).reshape(P * G, width, S, S))
     g_of = np.tile(np.arange(G), P)
     old = np.where(valid, c[at], 0)[g_of]  # [K, W]
@@ -113,6 +121,7 @@ def segment_candidates(p: DiscreteProblem, c: np.ndarray, seg: Segments) -> Segm
     prev_new, prev_old = np.roll(new, 1, axis=1), np.roll(old, 1, axis=1)
     d_time += (pair[gi, wi, prev_new, new] - pair[gi, wi, prev_old, old]).sum(axis=1)
     d_mem = (A[gi, wi, new] - A[gi, wi, old]).sum(axis=1)
+    d_opt = (Q[gi, wi, new] - Q[gi, wi, old]).sum(axis=1)
     Wseg = np.where(valid[..., None], p.workspace_bytes[at], 0.0)
     # the largest workspace outside each segment: the first of the top (width + 1) not in it
     k = min(n, width + 1)
@@ -123,7 +132,7 @@ def segment_candidates(p: DiscreteProblem, c: np.ndarray, seg: Segments) -> Segm
     first_out = np.argmax(~inside, axis=1)
     outside_max = np.where((~inside).any(axis=1), cur.workspace[top][first_out], 0.0)
     new_ws = np.maximum(outside_max[g_of], Wseg[gi, wi, new].max(axis=1))
-    mems = cur.persistent_bytes + d_mem + new_ws
+    mems = np.maximum(cur.persistent_bytes + d_mem + new_ws, cur.optimizer_bytes + d_opt)
     if p.gradient_overlap:
         gg = np.where(valid[..., None], p.grad_sync_s[at], 0.0)
         bb = np.where(valid[..., None], p.backward_s[at], 0.0)
@@ -152,7 +161,7 @@ def segment_moves(p: DiscreteProblem, c: np.ndarray, seg: Segments, memory_limit
     memory in another segment (checked exactly). Returns the plan or ``None``."""
     cur = current_state(p, c)
     t_now = with_overlap(p, cur.base_s, cur.grad_s, cur.bwd_s)
-    m_now = cur.persistent_bytes + float(cur.top_val[0])
+    m_now = cur.memory_bytes
     cand = segment_candidates(p, c, seg)
     times, mems, g_of = cand.time_s, cand.memory_bytes, cand.segment
     ok = np.isfinite(times) & cand.changed

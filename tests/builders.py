@@ -97,11 +97,15 @@ L_PAD, E_PAD = 8, 16  # synthetic_table's default padding
 
 
 def synthetic_table(seed: int, n: int, edges, *, overlap: float = 0.0, p_feasible: float = 0.7,
-                    layers: int = L_PAD, edge_rows: int = E_PAD, levers: int = 1) -> CostTable:
+                    layers: int = L_PAD, edge_rows: int = E_PAD, levers: int = 1,
+                    activation_scale: float = 1.0) -> CostTable:
     """A random cost table of ``n`` layers with the given edges, padded to
     ``layers`` rows and ``edge_rows`` edges, with ``levers`` lever settings
     per strategy (``S * levers`` options per layer, resharding by strategy:
-    costmodels/levers.py). Times are positive floats; bytes are integers.
+    costmodels/levers.py). Times are positive floats; bytes are integers;
+    the optimizer's update is half to all of the state, and
+    ``activation_scale`` (< 1) shrinks activations and workspaces so that
+    the optimizer phase of memory binds in some plans and not in others.
     Solvers are checked on it against brute force and each other
     (tests/test_search.py, tests/test_automl.py)."""
     rng = np.random.default_rng(seed)
@@ -116,6 +120,8 @@ def synthetic_table(seed: int, n: int, edges, *, overlap: float = 0.0, p_feasibl
     work = rng.integers(1, 400, (n, O)).astype(float)
     e = len(edges)
     reshard = rng.uniform(0, 4e-3, (e, S, S)) * (rng.random((e, S, S)) < 0.8)
+    update = np.floor(state * rng.uniform(0.5, 1.0, (n, O)))
+    act, work = np.floor(act * activation_scale), np.maximum(np.floor(work * activation_scale), 1.0)
 
     def pad(x, rows, fill=0.0):
         x = np.asarray(x)
@@ -133,6 +139,7 @@ def synthetic_table(seed: int, n: int, edges, *, overlap: float = 0.0, p_feasibl
         halo_s=f32(np.zeros((layers, O))),
         output_s=f32(np.zeros((layers, O))),
         state_bytes=f32(pad(state, layers)),
+        update_bytes=f32(pad(update, layers)),
         activation_bytes=f32(pad(act, layers)),
         workspace_bytes=f32(pad(work, layers)),
         reshard_s=f32(pad(reshard, edge_rows)),
@@ -160,7 +167,8 @@ def dag_edges(n: int, seed: int):
 def limit_between(p, seed: int) -> float:
     """A limit between 0.9 x the smallest memory and the largest, half a byte off any integer."""
     lo = minimum_memory(p).memory_bytes
-    hi = float(np.sum(np.max(np.where(p.feasible, p.persistent_bytes, 0), axis=1)) + np.max(
-        np.where(p.feasible, p.workspace_bytes, 0)))
+    hi = max(float(np.sum(np.max(np.where(p.feasible, p.persistent_bytes, 0), axis=1)) + np.max(
+        np.where(p.feasible, p.workspace_bytes, 0))), float(np.sum(np.max(np.where(p.feasible, p.optimizer_bytes, 0),
+                                                                          axis=1))))
     frac = np.random.default_rng(seed + 2).uniform(-0.1, 1.0)
     return float(np.floor(lo + frac * (hi - lo))) + 0.5

@@ -109,6 +109,43 @@ def tiny():
     return g, t
 
 
+def test_memory_phases_and_the_cpu_max_pool_expansion_by_hand():
+    """A 3x3 conv (4 -> 8 channels, 8x8, no bias) and a 2x2 max pool, batch 8 on a
+    2 x 2 mesh (4 samples per model group), fp32 Adam, every layer data parallel
+    (2 samples per device). By hand:
+
+    * the conv holds 288 weights, 20 B each (weights, gradients, two slots, the
+      update): 5,760 B, of which the update is 1,152 B;
+    * saved activations: the conv's input, 2 x 256 x 4 B = 2,048 B, and the pool's,
+      2 x 512 x 4 B = 4,096 B; the largest transient, the conv's input and output
+      gradients, 2 x (256 + 512) x 4 B = 6,144 B (the pool's: 2 x (512 + 128) x 4 B
+      = 5,120 B);
+    * memory = max(backward: 5,760 - 1,152 + 6,144 + 6,144 = 16,896 B, optimizer
+      step: 5,760 B).
+
+    On XLA:CPU the pool also keeps an int32 index matrix [outputs, 4 dims],
+    2 x 128 x 4 x 4 B = 4,096 B, and its gradient step holds four int32 iotas of its
+    input's shape, 2 x 512 x 4 x 4 B = 16,384 B, which make its transient the
+    largest, 5,120 + 16,384 = 21,504 B: max(5,760 - 1,152 + 6,144 + 4,096 + 21,504
+    = 36,352 B, 5,760 B). The conv's backward step there also holds a transposed copy
+    of its output gradient, 2 x 512 x 4 B = 4,096 B (its transient 10,240 B)."""
+    b = GraphBuilder("pool", (4, 8, 8))
+    c = b.conv("conv", b.input, 8, 3, padding="SAME", bias=False)
+    b.max_pool("pool", c, 2)
+    g = b.build()
+    data = one_hot(jnp.zeros(g.arrays.mask.shape[0], jnp.int32), len(Strategy))
+    gpu = cost_table(g.arrays, hardware_arrays(ABCI), 8.0, 2.0, 2.0, CostSettings(optimizer="adam"))
+    cpu = cost_table(g.arrays, hardware_arrays(ABCI), 8.0, 2.0, 2.0, CostSettings(optimizer="adam", platform="cpu"))
+    assert float(gpu.state_bytes[0, Strategy.DATA]) == 5760 and float(gpu.update_bytes[0, Strategy.DATA]) == 1152
+    assert float(memory_per_device(gpu, data)) == 16896
+    assert float(cpu.activation_bytes[1, Strategy.DATA] - gpu.activation_bytes[1, Strategy.DATA]) == 4096
+    assert float(cpu.workspace_bytes[1, Strategy.DATA] - gpu.workspace_bytes[1, Strategy.DATA]) == 16384
+    assert float(cpu.workspace_bytes[0, Strategy.DATA] - gpu.workspace_bytes[0, Strategy.DATA]) == 4096
+    assert float(memory_per_device(cpu, data)) == 36352
+    for table, settings in ((gpu, CostSettings(optimizer="adam")), (cpu, CostSettings(optimizer="adam", platform="cpu"))):
+        assert reference_memory(g, [0, 0], 8.0, 2, 2, settings) == float(memory_per_device(table, data))
+
+
 def test_tiny_table_by_hand(tiny):
     g, t = tiny
     conv, flat, fc = 0, 1, 2
@@ -257,6 +294,13 @@ def test_one_hot_equals_plain_python_evaluation(model, hw, batch, d, m, dtype, o
         got_t, got_m = float(iteration_time(t, p)), float(memory_per_device(t, p))
         assert got_t == pytest.approx(reference_iteration_time(g, choice, hardware, batch, d, m, settings), rel=2e-5)
         assert got_m == pytest.approx(reference_memory(g, choice, batch, d, m, settings), rel=2e-5)
+    # XLA:CPU's memory (max-pool expansion, transposed conv output gradients), against the reference
+    cpu = CostSettings(dtype=dtype, optimizer=optimizer, platform="cpu")
+    t = cost_table(g.arrays, hardware_arrays(hardware, dtype), batch, d, m, cpu)
+    for _ in range(2):
+        choice = np.array([rng.choice(np.flatnonzero(row)) for row in np.asarray(t.feasible)])
+        got_m = float(memory_per_device(t, one_hot(choice, S)))
+        assert got_m == pytest.approx(reference_memory(g, choice, batch, d, m, cpu), rel=2e-5)
 
 
 def test_overlap_hides_gradient_sync():

@@ -23,14 +23,14 @@ GB = 1e9
 
 
 def test_splitbrain_conv_data_parallel_fc_sharded_in_groups():
-    """VGG16 (ImageNet) on 64 V100s under 7 GB per device, where pure data
-    parallelism (7.54 GB) does not fit: the exact search keeps every conv
+    """VGG16 (ImageNet) on 64 V100s under 6 GB per device, where pure data
+    parallelism (6.72 GB) does not fit: the exact search keeps every conv
     layer data-parallel and shards every fully-connected layer over the
     model axis, i.e. within groups of m devices of one node (SplitBrain,
     splitbrain.md §1.2). Nothing in the search knows about layer types."""
     hw = load_hardware("abci-v100")
-    p = plan("vgg16", devices=64, hardware=hw, memory_limit="7GB")
-    assert p.data_parallel_memory_bytes > 7 * GB >= p.memory_bytes_per_device
+    p = plan("vgg16", devices=64, hardware=hw, memory_limit="6GB")
+    assert p.data_parallel_memory_bytes > 6 * GB >= p.memory_bytes_per_device
     d, m = p.mesh
     assert 1 < m <= hw.devices_per_node and d * m == 64
     kinds = {r.name: r.kind for r in p.layers}

@@ -51,7 +51,7 @@ from search import (
     solve_dp,
     solve_milp,
 )
-from search.problem import memory_by_workspace_cap
+from search.problem import memory_by_workspace_cap, plan_memories
 from search.refine import pair_moves, repair, single_moves
 
 S = 5
@@ -121,7 +121,8 @@ def test_dp_closes_a_lagrangian_duality_gap():
     # Two independent layers, each fast-and-heavy (0 s, 6 B) or slow-and-light
     # (10 s, 0 B); the budget of 10 B fits one heavy layer. No multiplier makes
     # the Lagrangian pick exactly one (both heavy below 10/6 s/B, both light
-    # above), so the exact completion must find 10 s by itself.
+    # above), so the exact completion must find 10 s by itself. No update
+    # buffer: both memory phases hold the same 6 B per heavy layer.
     n = 2
     t = synthetic_table(0, n, [(0, 1)], p_feasible=1.0)
     feas = np.zeros((L_PAD, S), bool)
@@ -131,12 +132,106 @@ def test_dp_closes_a_lagrangian_duality_gap():
     state = np.zeros((L_PAD, S), np.float32)
     state[:n, 0] = 6.0
     t = t._replace(feasible=jnp.asarray(feas), compute_s=jnp.asarray(lt), backward_compute_s=jnp.zeros_like(lt),
-                   state_bytes=jnp.asarray(state), activation_bytes=jnp.zeros_like(lt),
-                   workspace_bytes=jnp.zeros_like(lt), reshard_s=jnp.zeros((E_PAD, S, S)))
+                   state_bytes=jnp.asarray(state), update_bytes=jnp.zeros_like(lt),
+                   activation_bytes=jnp.zeros_like(lt), workspace_bytes=jnp.zeros_like(lt),
+                   reshard_s=jnp.zeros((E_PAD, S, S)))
     p = discrete_problem(t)
     dp = solve_dp(p, 10.0)
     assert dp.exact and dp.time_s == 10.0 and sorted(dp.choice.tolist()) == [0, 1]
     assert dp.labels > 0  # it took the label search, not the Lagrangian
+    cut = solve_dp(p, 10.0, max_labels=0)  # the label search runs out: a plan, but no claim of optimality
+    assert cut.feasible and not cut.exact and cut.lower_bound_s <= 10.0 <= cut.time_s
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=problem_seeds, n=layer_counts, shuffle=st.booleans())
+def test_dp_and_brute_force_agree_when_the_optimizer_phase_binds(seed, n, shuffle):
+    """As on chains above, with activations and workspaces halved so that
+    the optimizer phase of memory is the larger in some plans and not in
+    others (test_dp_exact_where_the_optimizer_phase_binds_the_optimum
+    checks that it binds at the optimum of some instances)."""
+    p = discrete_problem(synthetic_table(seed, n, chain_edges(n, seed, shuffle), activation_scale=0.5))
+    limit = limit_between(p, seed)
+    brute, dp = solve_brute(p, limit), solve_dp(p, limit)
+    assert dp.feasible == brute.feasible
+    if brute.feasible:
+        assert dp.exact
+        assert dp.time_s == pytest.approx(brute.time_s, rel=1e-9)
+        assert dp.lower_bound_s <= brute.time_s * (1 + 1e-9)
+        assert plan_memory(p, dp.choice) <= limit
+        assert plan_time(p, dp.choice) == pytest.approx(dp.time_s, rel=1e-12)
+    else:
+        assert dp.memory_bytes == brute.min_memory_bytes
+
+
+def _phases(p, choice):
+    """(backward, optimizer) bytes of one plan."""
+    rows = np.arange(p.num_layers)
+    return (float(p.persistent_bytes[rows, choice].sum() + p.workspace_bytes[rows, choice].max()),
+            float(p.optimizer_bytes[rows, choice].sum()))
+
+
+def test_dp_exact_where_the_optimizer_phase_binds_the_optimum():
+    """Seeds 0..40 of the halved-activation chains: the DP matches brute
+    force on each, and in several the brute-force optimum's optimizer phase
+    is the larger (so that phase, not the backward one, is what the limit
+    cuts there)."""
+    binding = 0
+    for seed in range(41):
+        n = 2 + seed % 5
+        p = discrete_problem(synthetic_table(seed, n, chain_edges(n, seed, seed % 2 == 1), activation_scale=0.5))
+        limit = limit_between(p, seed)
+        brute, dp = solve_brute(p, limit), solve_dp(p, limit)
+        assert dp.feasible == brute.feasible, seed
+        if brute.feasible:
+            assert dp.exact and dp.time_s == pytest.approx(brute.time_s, rel=1e-9), seed
+            backward, optimizer = _phases(p, brute.choice)
+            binding += optimizer > backward
+    assert binding >= 10  # 18 of the 41 when written
+
+
+def test_dp_skips_the_fastest_plan_when_its_optimizer_phase_breaks_the_limit():
+    """Two layers in a chain, options 0 and 1 only, no resharding, workspace
+    1 B everywhere (hand-computed):
+
+    ======  ============  ============  =====  ======  ====  ==========  =========
+    option  time layer 0  time layer 1  state  update  act.  persistent  optimizer
+    ======  ============  ============  =====  ======  ====  ==========  =========
+    0       1 s           1 s           30     20      5     15          30
+    1       3 s           2 s           10     5       20    25          10
+    ======  ============  ============  =====  ======  ====  ==========  =========
+
+    Plans (time; backward phase = persistent sum + 1; optimizer phase):
+    (0, 0): 2 s; 31; 60. (0, 1): 3 s; 41; 40. (1, 0): 4 s; 41; 40.
+    (1, 1): 5 s; 51; 20. At 45 B the fastest, (0, 0), keeps the backward
+    phase (31) but not the optimizer's (60), so the optimum is (0, 1) at 3 s.
+    At 40.5 B no plan fits (the smallest memory is 41, of (0, 1) and (1, 0)),
+    though the workspace cap's lower bound, max(1 + 15 + 15, 10 + 10) = 31,
+    passes."""
+    n = 2
+    t = synthetic_table(0, n, [(0, 1)], p_feasible=1.0)
+    feas = np.zeros((L_PAD, S), bool)
+    feas[:, :2] = True
+
+    def per_option(x0, x1):
+        x = np.zeros((L_PAD, S), np.float32)
+        x[:n, 0], x[:n, 1] = x0, x1
+        return jnp.asarray(x)
+
+    lt = np.zeros((L_PAD, S), np.float32)
+    lt[:n, :2] = [[1.0, 3.0], [1.0, 2.0]]
+    t = t._replace(feasible=jnp.asarray(feas), compute_s=jnp.asarray(lt), backward_compute_s=jnp.zeros_like(lt),
+                   state_bytes=per_option(30, 10), update_bytes=per_option(20, 5),
+                   activation_bytes=per_option(5, 20), workspace_bytes=per_option(1, 1),
+                   reshard_s=jnp.zeros((E_PAD, S, S)))
+    p = discrete_problem(t)
+    assert p.persistent_bytes[:, :2].tolist() == [[15, 25]] * 2 and p.optimizer_bytes[:, :2].tolist() == [[30, 10]] * 2
+    dp = solve_dp(p, 45.0)
+    assert dp.feasible and dp.exact and dp.choice.tolist() == [0, 1] and dp.time_s == 3.0
+    assert dp.memory_bytes == 41.0
+    assert memory_by_workspace_cap(p)[1].tolist() == [31.0]
+    dp = solve_dp(p, 40.5)
+    assert not dp.feasible and dp.memory_bytes == 41.0
 
 
 def test_dp_refuses_graphs_with_branches():
@@ -147,14 +242,53 @@ def test_dp_refuses_graphs_with_branches():
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=problem_seeds, n=layer_counts)
-def test_minimum_memory_is_exact(seed, n):
-    p = discrete_problem(synthetic_table(seed, n, dag_edges(n, seed)))
+@given(seed=problem_seeds, n=layer_counts, scale=st.sampled_from([1.0, 0.5, 0.2]))
+def test_minimum_memory_is_exact(seed, n, scale):
+    """Against every plan: the smallest memory (either phase may bind at
+    ``scale`` < 1) and, per workspace cap, a bound no plan within the cap
+    beats."""
+    p = discrete_problem(synthetic_table(seed, n, dag_edges(n, seed), activation_scale=scale))
     mm = minimum_memory(p)
     assert mm.memory_bytes == solve_brute(p).min_memory_bytes
     assert plan_memory(p, mm.choice) == mm.memory_bytes
-    caps, mem = memory_by_workspace_cap(p)
-    assert np.all(np.diff(caps) > 0) and mem.min() == mm.memory_bytes
+    caps, bound = memory_by_workspace_cap(p)
+    assert np.all(np.diff(caps) > 0) and bound.min() <= mm.memory_bytes
+    plans = np.array(list(itertools.product(*[np.flatnonzero(p.feasible[i]) for i in range(n)])))
+    largest = p.workspace_bytes[np.arange(n), plans].max(axis=1)
+    backward = p.persistent_bytes[np.arange(n), plans].sum(axis=1)
+    optimizer = p.optimizer_bytes[np.arange(n), plans].sum(axis=1)
+    for cap, b in zip(caps, bound, strict=True):  # the memory with the workspace term at the cap
+        assert b <= np.maximum(cap + backward, optimizer)[largest <= cap].min()
+    assert np.array_equal(plan_memories(p, plans), np.maximum(backward + largest, optimizer))
+
+
+def test_minimum_memory_when_the_phases_disagree():
+    """Two layers, two options each (hand-computed). Option 0 keeps little for
+    the backward pass but much at the optimizer step; option 1 the reverse:
+
+    ======  ==========  =========  =========
+    option  persistent  workspace  optimizer
+    ======  ==========  =========  =========
+    0       10          1          50
+    1       40          1          20
+    ======  ==========  =========  =========
+
+    Plans (backward phase = persistent sum + 1, optimizer phase):
+    (0, 0): max(21, 100) = 100; (0, 1) and (1, 0): max(51, 70) = 70;
+    (1, 1): max(81, 40) = 81. The smallest is 70, which neither phase's
+    per-layer minimum reaches (their bound: max(21, 40) = 40)."""
+    p = discrete_problem(synthetic_table(0, 2, [(0, 1)]))
+    two = lambda a, b: np.array([[a, b], [a, b]], dtype=float)  # noqa: E731
+    p = p._replace(feasible=np.ones((2, 2), bool), persistent_bytes=two(10, 40), workspace_bytes=two(1, 1),
+                   optimizer_bytes=two(50, 20), layer_time_s=two(1.0, 2.0), state_bytes=two(50, 20),
+                   grad_sync_s=np.zeros((2, 2)), backward_s=np.zeros((2, 2)), reshard_s=np.zeros((1, 2, 2)),
+                   option_strategy=np.arange(2), option_lever=np.zeros(2, np.int64))
+    mm = minimum_memory(p)
+    assert mm.memory_bytes == 70.0 and sorted(mm.choice.tolist()) == [0, 1]
+    caps, bound = memory_by_workspace_cap(p)
+    assert caps.tolist() == [1.0] and bound.tolist() == [40.0]
+    assert solve_milp(p, 75.0).time_s == pytest.approx(3.0)
+    assert not solve_milp(p, 69.5).feasible
 
 
 # -- the gradient + discrete search ----------------------------------------------------------
@@ -182,9 +316,12 @@ def test_gradient_search_fits_whenever_a_plan_fits_and_never_beats_brute_force(s
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=problem_seeds, n=st.integers(2, 6), overlap=st.sampled_from([0.0, 0.5]))
-def test_move_scores_equal_full_re_evaluation(seed, n, overlap):
-    p = discrete_problem(synthetic_table(seed, n, dag_edges(n, seed), overlap=overlap, p_feasible=1.0))
+@given(seed=problem_seeds, n=st.integers(2, 6), overlap=st.sampled_from([0.0, 0.5]), scale=st.sampled_from([1.0, 0.5]))
+def test_move_scores_equal_full_re_evaluation(seed, n, overlap, scale):
+    """Every single and edge move's time and memory equal a full evaluation
+    (at ``scale`` 0.5 the optimizer phase binds in some moved plans)."""
+    p = discrete_problem(synthetic_table(seed, n, dag_edges(n, seed), overlap=overlap, p_feasible=1.0,
+                                         activation_scale=scale))
     rng = np.random.default_rng(seed)
     c = rng.integers(0, S, n)
     single = single_moves(p, c)
@@ -203,12 +340,43 @@ def test_move_scores_equal_full_re_evaluation(seed, n, overlap):
                 assert pair.memory_bytes[k, s, t] == plan_memory(p, x)
 
 
-def test_repair_reaches_the_limit_from_the_worst_plan():
-    p = discrete_problem(synthetic_table(3, 6, chain_edges(6, 3, False), p_feasible=1.0))
-    heaviest = np.argmax(p.persistent_bytes, axis=1)
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_repair_reaches_the_limit_from_the_worst_plan(scale):
+    p = discrete_problem(synthetic_table(3, 6, chain_edges(6, 3, False), p_feasible=1.0, activation_scale=scale))
     limit = minimum_memory(p).memory_bytes + 0.5
-    fixed, ok = repair(p, heaviest, limit)
-    assert ok and plan_memory(p, fixed) <= limit
+    for worst in (p.persistent_bytes, p.optimizer_bytes):  # the heaviest plan of each phase
+        fixed, ok = repair(p, np.argmax(worst, axis=1), limit)
+        assert ok and plan_memory(p, fixed) <= limit
+        assert not repair(p, np.argmax(worst, axis=1), limit - 1.0)[1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=problem_seeds, n=layer_counts, scale=st.sampled_from([1.0, 0.5]))
+def test_repair_fits_whenever_a_plan_fits(seed, n, scale):
+    """From any plan, repair fits the limit exactly when the smallest memory does."""
+    p = discrete_problem(synthetic_table(seed, n, dag_edges(n, seed), activation_scale=scale))
+    rng = np.random.default_rng(seed)
+    c = np.array([rng.choice(np.flatnonzero(f)) for f in p.feasible])
+    limit = limit_between(p, seed)
+    fixed, ok = repair(p, c, limit)
+    assert ok == (minimum_memory(p).memory_bytes <= limit) == (plan_memory(p, fixed) <= limit)
+
+
+def test_repair_walks_to_the_smallest_plan_where_moves_get_stuck():
+    """Two unconnected layers whose option 0 has the largest workspace (100)
+    and option 1 a small one (1) for 10 more persistent bytes: from (0, 0),
+    memory 100, either single move costs 10 and saves nothing (the other
+    layer's workspace stays), and there is no edge to move both. Only the
+    walk to the smallest-memory plan (1, 1), memory 21, fits 50."""
+    p = discrete_problem(synthetic_table(0, 2, []))
+    two = lambda a, b: np.array([[a, b], [a, b]], dtype=float)  # noqa: E731
+    p = p._replace(feasible=np.ones((2, 2), bool), persistent_bytes=two(0, 10), workspace_bytes=two(100, 1),
+                   optimizer_bytes=two(5, 5), layer_time_s=two(1.0, 2.0), state_bytes=two(5, 5),
+                   grad_sync_s=np.zeros((2, 2)), backward_s=np.zeros((2, 2)), reshard_s=np.zeros((0, 2, 2)),
+                   option_strategy=np.arange(2), option_lever=np.zeros(2, np.int64))
+    assert single_moves(p, np.zeros(2, np.int64)).memory_bytes.min() == 100.0
+    fixed, ok = repair(p, np.zeros(2, np.int64), 50.0)
+    assert ok and fixed.tolist() == [1, 1] and plan_memory(p, fixed) == 21.0
 
 
 def test_parallel_edges_are_merged_and_both_counted():
@@ -383,10 +551,11 @@ def test_gradient_matches_exact_optimum_on_a_residual_network():
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=problem_seeds, n=st.integers(2, 6), overlap=st.sampled_from([0.0, 0.5]))
-def test_segment_candidates_are_scored_exactly(seed, n, overlap):
+@given(seed=problem_seeds, n=st.integers(2, 6), overlap=st.sampled_from([0.0, 0.5]), scale=st.sampled_from([1.0, 0.5]))
+def test_segment_candidates_are_scored_exactly(seed, n, overlap, scale):
     """Every re-planned chain segment's time and memory equal a full
-    evaluation of the plan it makes, and segment moves only improve."""
+    evaluation of the plan it makes (at ``scale`` 0.5 the optimizer phase
+    binds in some), and segment moves only improve."""
     from search.refine import (
         apply_segment,
         chain_segments,
@@ -395,7 +564,7 @@ def test_segment_candidates_are_scored_exactly(seed, n, overlap):
     )
 
     p = discrete_problem(synthetic_table(seed, n, chain_edges(n, seed, True) if seed % 2 else dag_edges(n, seed),
-                                         overlap=overlap))
+                                         overlap=overlap, activation_scale=scale))
     rng = np.random.default_rng(seed)
     c = np.array([rng.choice(np.flatnonzero(f)) for f in p.feasible])
     seg = chain_segments(p)

@@ -69,7 +69,7 @@ def test_plan_evaluate_validate_and_train_sharded(capsys, tmp_path, user_vit, de
     planner.shard step with the unsharded loss."""
     path = tmp_path / "plan.json"
     # planned for the platform it is validated on: XLA:CPU keeps more of a ZeRO layer's gradients than
-    # a gpu plan counts (docs/levers.md), which the cpu margin covers (1.5 MB for the plan, 45% kept free)
+    # a gpu plan counts (docs/levers.md), which the cpu margin covers (20% kept free)
     _json(capsys, "plan", model_arg, "--devices", "8", "--hardware", "dgx-a100", "--batch", "8",
           "--memory-limit", "2.7MB", "--platform", "cpu", "-o", str(path))
     plan = planner.Plan.read(path)

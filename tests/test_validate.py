@@ -92,13 +92,14 @@ def test_memory_against_hand_counts(reports):
     local = CONV0 + CONV1 + BN + (FC0_W + FC0_B) / 4 + FC1_W / 4 + FC1_B
     assert mem["parameters"].compiled_bytes == local * 4 == mem["parameters"].predicted_bytes
     assert mem["arguments"].compiled_bytes == mem["arguments"].predicted_bytes
-    # What the prediction lacks on CPU: the first pool's gradient (2 samples per device
-    # under the data-parallel convs, 16 x 16 x 8) expanded by XLA:CPU into a scatter with
-    # four int32 iota tensors of its input's shape, 4 x 4,096 x 4 B = 65,536 B; with
-    # them the total agrees within 5% (measured: 245,848 B compiled).
+    # On CPU the prediction counts XLA:CPU's max-pool expansion (costmodels/table.py):
+    # the first pool's gradient (2 samples per device under the data-parallel convs,
+    # 16 x 16 x 8) finds its argmax with four int32 iotas of its input's shape,
+    # 4 x 4,096 x 4 B = 65,536 B, without which the prediction was 21% under
+    # (measured: 245,848 B compiled). Hand counts of the expansion: test_costmodels.py.
     for name in ("splitbrain", "megatron"):
         total = {r.part: r for r in reports[name][1].memory}["total"]
-        assert total.compiled_bytes == pytest.approx(total.predicted_bytes + 4 * 4096 * 4, rel=0.05)
+        assert total.compiled_bytes == pytest.approx(total.predicted_bytes, rel=0.05)
 
 
 @pytest.mark.slow

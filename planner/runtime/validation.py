@@ -321,7 +321,7 @@ def _limit_row(plan: Plan, rows: tuple[MemoryRow, ...], compiled_total: float) -
     """The plan's memory limit against the compiled total (the promise the plan
     makes); when broken, the note names the part that grew most."""
     limit = float(plan.memory_limit_bytes)
-    kept = f", {plan.memory_margin_bytes:,.0f} B of it kept free for {plan.platform}" if plan.platform else ""
+    kept = f", {plan.memory_margin_bytes:,.0f} B of it kept free for {plan.platform}" if plan.memory_margin_bytes else ""
     if compiled_total <= limit:
         return MemoryRow("limit", limit, compiled_total, 0.0, True, f"the plan's memory limit{kept}; fits")
     parts = [r for r in rows if r.part not in ("arguments", "total")]
@@ -407,13 +407,16 @@ def fixed_plan(
     optimizer: str = "adam",
     hardware: str = "dgx-a100",
     on_unsupported: str = "error",
+    platform: str | None = None,
 ) -> Plan:
     """A :class:`Plan` for chosen strategies instead of searched ones: one
     ``strategy`` for every layer that can run it (``replicated`` elsewhere), or
     ``strategies`` for the layers named (``data`` for the rest), evaluated by
     the cost model on a ``d x m`` mesh; for validating single strategies.
     A strategy may carry memory levers (``data+zero2``, :mod:`costmodels.levers`).
-    ``on_unsupported`` is :func:`planner.extract`'s (and recorded in the plan)."""
+    ``on_unsupported`` is :func:`planner.extract`'s (and recorded in the plan).
+    ``platform``: the XLA platform whose memory the plan predicts, default
+    that of JAX's first device (where the plan is validated)."""
     from planner._version import __version__
     from planner.evaluation import evaluate, plan_levers
     from planner.plans.specs import layer_specs
@@ -427,9 +430,12 @@ def fixed_plan(
             raise ValueError(f"strategies name layers the model does not have, e.g. {unknown[:3]}; "
                              f"its layers are {', '.join(graph.names[:6])}, ...")
         mapping = {n: strategies.get(n, "data") for n in graph.names}
-        ev = evaluate(graph, hw, d * m, mesh=(d, m), plan=mapping, batch=batch, optimizer=optimizer)
+    platform = jax.devices()[0].platform if platform is None else platform
+    if strategies is not None:
+        ev = evaluate(graph, hw, d * m, mesh=(d, m), plan=mapping, batch=batch, optimizer=optimizer, platform=platform)
     else:
-        ev = evaluate(graph, hw, d * m, mesh=(d, m), strategy=strategy or "data", batch=batch, optimizer=optimizer)
+        ev = evaluate(graph, hw, d * m, mesh=(d, m), strategy=strategy or "data", batch=batch, optimizer=optimizer,
+                      platform=platform)
     return Plan(
         evaluation=ev, axis_names=AXIS_NAMES, memory_limit_bytes=ev.memory_capacity_bytes,
         data_parallel_iteration_s=None, data_parallel_memory_bytes=None, speedup_over_data_parallel=None,
@@ -437,7 +443,7 @@ def fixed_plan(
         graph_fingerprint=graph.fingerprint, input_shape=tuple(graph.input_shape),
         layer_specs=layer_specs(graph, [r.strategy for r in ev.layers], ev.zero_stages), hardware_spec=hw,
         package_version=__version__, on_unsupported=graph.on_unsupported,
-        levers=plan_levers(mapping) if strategies is not None else "none",
+        levers=plan_levers(mapping) if strategies is not None else "none", platform=platform,
     )
 
 
