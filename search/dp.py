@@ -40,7 +40,8 @@ They are handled in three steps:
 3. **Exact completion.** Where the Lagrangian leaves a duality gap (the
    limit cuts between two corners of the time-memory trade-off, or the two
    phases pull different ways), a label-setting search over
-   ``(time, sum A, sum Q)`` Pareto labels (dominance in all three), pruned
+   ``(time, sum A, sum Q)`` Pareto labels (dominance in all three; labels
+   that no completion can take over ``Q``'s budget compare equal on it), pruned
    by each phase's least bytes still to add against its budget (``M - w``,
    ``M``) and by the Lagrangian and time-only lower bounds to go, finds the
    optimum of that cap, up to ``max_labels`` labels. When the Lagrangian
