@@ -39,7 +39,7 @@ from costmodels.strategies import Layout, Strategy, strategy_layouts, strategy_m
 __all__ = ["CostSettings", "CostTable", "cost_table", "OPTIMIZER_SLOTS", "PLATFORMS"]
 
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}  # fp32 state tensors per parameter
-PLATFORMS = ("gpu", "tpu", "cpu")  # XLA platforms; only cpu changes the memory model (max-pool expansion)
+PLATFORMS = ("gpu", "tpu", "cpu")  # XLA platforms; only cpu changes the memory model (XLA:CPU's own buffers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,7 @@ class CostSettings:
     optimizer: str = "adam"  # sgd | momentum | adam
     gradient_bucket_bytes: float = 25 * 2**20  # gradients are all-reduced in buckets (PyTorch DDP's default)
     levers: str = "none"  # memory levers on the menu: none | zero | remat | all (costmodels/levers.py)
-    platform: str = "gpu"  # the XLA platform the step compiles for: gpu | tpu | cpu (cpu: max-pool expansion)
+    platform: str = "gpu"  # the XLA platform the step compiles for: gpu | tpu | cpu (cpu: XLA:CPU's own buffers)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:

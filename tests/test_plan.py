@@ -66,6 +66,29 @@ def test_same_inputs_and_seed_give_the_same_plan():
     assert a == b
 
 
+def test_infeasible_memory_names_the_optimizer_step_where_it_is_the_peak():
+    """SplitBrain VGG16-CIFAR-10 at one sample per device: its FC head's state
+    dwarfs the activations, so the smallest plan peaks at the optimizer step,
+    and the message names that phase and the FC layers, not a workspace.
+    Its size is that plan's state summed (weights, gradients, Adam's slots and
+    the update), recomputed here from the cost tables of the meshes searched."""
+    with pytest.raises(InfeasibleMemoryError) as err:
+        plan("vgg16-cifar10-splitbrain", devices=8, hardware="dgx-a100", batch=8, memory_limit="1MB")
+    msg = str(err.value)
+    assert "the optimizer step" in msg and "classifier/0" in msg and "workspace" not in msg
+    g, hw = get_model("vgg16-cifar10-splitbrain"), load_hardware("dgx-a100")
+    problems = [discrete_problem(cost_table(g.arrays, hardware_arrays(hw), 8.0, float(d), float(m), CostSettings()))
+                for d, m in mesh_shapes(8, 8, 8)]
+    p = min(problems, key=lambda q: minimum_memory(q).memory_bytes)
+    mm = minimum_memory(p)
+    rows = np.arange(p.num_layers)
+    backward = p.persistent_bytes[rows, mm.choice].sum() + p.workspace_bytes[rows, mm.choice].max()
+    state = p.state_bytes[rows, mm.choice].sum()
+    assert state > backward and mm.memory_bytes == state
+    inputs = 32 * 32 * 3 * 4 + 4  # one image and its label per device
+    assert err.value.required_bytes == pytest.approx((state + inputs) / (1 - 1e-5), rel=1e-8)
+
+
 def test_infeasible_memory_says_the_smallest_limit_that_fits():
     with pytest.raises(InfeasibleMemoryError) as err:
         plan("vgg16", devices=64, hardware="abci-v100", memory_limit="2GB")
