@@ -126,7 +126,7 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshe
     p, mm = problems[k], mins[k]
     rows = np.arange(p.num_layers)
     persistent = p.persistent_bytes[rows, mm.choice]
-    state = p.state_bytes[rows, mm.choice]
+    state = p.optimizer_bytes[rows, mm.choice]  # the optimizer step holds the whole state
     ws = p.workspace_bytes[rows, mm.choice]
     w = int(np.argmax(ws))
     # the phase that needs the most (search.problem: the backward pass or the optimizer step)

@@ -285,8 +285,9 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     for what is exact). ``max_labels`` bounds the exact completion (beyond
     it the result is reported not exact; the 1,000-layer chain of
     ``benchmarks/search_quality.py`` at its tight limit on 8 DGX A100s needs
-    645,369 labels, 1.6 s, so the default is 2,000,000, about 80 MB); ``bisection_steps`` bounds the
-    steps of each multiplier's search after its bracket. Raises
+    645,369 labels, 1.6 s, so the default is 2,000,000, about 80 MB);
+    ``bisection_steps`` bounds the steps of each multiplier's search after
+    its bracket. Raises
     ``ValueError`` if the graph is not a chain."""
     order = chain_order(p)
     if order is None:

@@ -68,8 +68,8 @@ class DiscreteProblem(NamedTuple):
     layer_time_s: np.ndarray  # [n, O] float64, +inf where the option cannot run the layer
     persistent_bytes: np.ndarray  # [n, O] backward phase: state but the update + activations, +inf where infeasible
     workspace_bytes: np.ndarray  # [n, O] backward phase's transient, +inf where infeasible
-    optimizer_bytes: np.ndarray  # [n, O] optimizer phase: state with the update, +inf where infeasible
-    state_bytes: np.ndarray  # [n, O] weights, gradients, optimizer state (for messages)
+    optimizer_bytes: np.ndarray  # [n, O] optimizer phase: the state (weights, gradients, optimizer state and
+    # update, buffers), +inf where infeasible
     grad_sync_s: np.ndarray  # [n, O] (0 where infeasible)
     backward_s: np.ndarray  # [n, O] (0 where infeasible)
     feasible: np.ndarray  # [n, O] bool
@@ -162,7 +162,6 @@ def discrete_problem(table) -> DiscreteProblem:
         persistent_bytes=persistent,
         workspace_bytes=workspace,
         optimizer_bytes=optimizer,
-        state_bytes=state,
         grad_sync_s=grad,
         backward_s=bwd,
         feasible=feasible,
@@ -243,7 +242,7 @@ def _columns(p: DiscreteProblem, keep: np.ndarray) -> DiscreteProblem:
     return p._replace(
         layer_time_s=cols(p.layer_time_s), persistent_bytes=cols(p.persistent_bytes),
         workspace_bytes=cols(p.workspace_bytes), optimizer_bytes=cols(p.optimizer_bytes),
-        state_bytes=cols(p.state_bytes), grad_sync_s=cols(p.grad_sync_s),
+        grad_sync_s=cols(p.grad_sync_s),
         backward_s=cols(p.backward_s), feasible=cols(p.feasible), reshard_s=p.reshard_s[:, keep][:, :, keep],
         option_strategy=p.option_strategy[keep], option_lever=p.option_lever[keep],
     )
@@ -344,8 +343,8 @@ def _phase_minimum_by_cap(W: np.ndarray, X: np.ndarray, caps: np.ndarray) -> tup
     Xs = np.take_along_axis(X, order, axis=1)
     best = np.minimum.accumulate(Xs, axis=1)
     prev = np.concatenate([np.full((n, 1), np.inf), best[:, :-1]], axis=1)
-    first = np.isfinite(Ws) & np.isinf(prev)
-    changed = ((best < prev) & np.isfinite(Ws)) | first
+    changed = (best < prev) & np.isfinite(Ws)
+    first = changed & np.isinf(prev)
     delta = np.where(first, best, best - np.where(np.isinf(prev), 0.0, prev))
     ev_w, ev_delta, ev_first = Ws[changed], delta[changed], first[changed].astype(np.int64)
     idx = np.argsort(ev_w, kind="stable")
@@ -413,14 +412,13 @@ def minimum_memory(p: DiscreteProblem) -> MinimumMemory:
     if p.num_layers == 0:
         return MinimumMemory(0.0, np.zeros(0, dtype=np.int64), 0.0)
     caps, bound = memory_by_workspace_cap(p)
-    best = (np.inf, None, 0.0)
+    best, choice = np.inf, None
     for k in np.argsort(bound, kind="stable"):
-        if bound[k] >= best[0]:
+        if bound[k] >= best:
             break
-        found = _minimum_within_cap(p, float(caps[k]), best[0])
+        found = _minimum_within_cap(p, float(caps[k]), best)
         if found is not None:
-            best = (found[0], found[1], float(caps[k]))
-    choice = best[1]
+            best, choice = found
     return MinimumMemory(plan_memory(p, choice), choice, float(p.workspace_bytes[np.arange(p.num_layers), choice].max()))
 
 

@@ -83,7 +83,7 @@ def test_infeasible_memory_names_the_optimizer_step_where_it_is_the_peak():
     mm = minimum_memory(p)
     rows = np.arange(p.num_layers)
     backward = p.persistent_bytes[rows, mm.choice].sum() + p.workspace_bytes[rows, mm.choice].max()
-    state = p.state_bytes[rows, mm.choice].sum()
+    state = p.optimizer_bytes[rows, mm.choice].sum()
     assert state > backward and mm.memory_bytes == state
     inputs = 32 * 32 * 3 * 4 + 4  # one image and its label per device
     assert err.value.required_bytes == pytest.approx((state + inputs) / (1 - 1e-5), rel=1e-8)
