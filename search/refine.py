@@ -238,6 +238,46 @@ def _swap(p: DiscreteProblem, c: np.ndarray, single: MoveScores, t_now: float, m
     return None
 
 
+def _trade(p: DiscreteProblem, c: np.ndarray, single: MoveScores, t_now: float, m_now: float, limit: float,
+           tol: float, tries: int = 8, rounds: int = 8) -> np.ndarray | None:
+    """A memory trade of one payer for several gainers: a move that frees
+    memory at a cost in time (the ``tries`` cheapest per byte freed, then
+    the ``tries`` that free the most), followed by a descent of improving
+    single moves that now fit (at most ``rounds``, the best move each); the
+    first whose end is faster than ``c`` is returned. :func:`_swap` pairs a
+    payer with one gainer; here the memory one layer frees may pay for
+    several (e.g. one layer sharded by filter so that two others can go
+    back to data parallelism)."""
+    dT = single.time_s - t_now
+    dM = single.memory_bytes - m_now
+    payer = np.isfinite(dT) & (dM < 0) & (dT > tol)  # costs time: else it is an improving move itself
+    pl, ps = np.nonzero(payer)
+    if not pl.size:
+        return None
+    per_byte = np.argsort(dT[pl, ps] / -dM[pl, ps], kind="stable")[:tries]
+    most = np.argsort(dM[pl, ps], kind="stable")[:tries]
+    tried = set()
+    for j in np.concatenate([per_byte, most]):
+        if (pl[j], ps[j]) in tried:
+            continue
+        tried.add((pl[j], ps[j]))
+        trial = c.copy()
+        trial[pl[j]] = ps[j]
+        for _ in range(rounds):
+            cur = current_state(p, trial)
+            t_trial = with_overlap(p, cur.base_s, cur.grad_s, cur.bwd_s)
+            sm = single_moves(p, trial, cur)
+            ok = (sm.memory_bytes <= limit) & (sm.time_s < t_trial - tol)
+            ok[pl[j]] = False  # the payer stays paid
+            if not ok.any():
+                break
+            lay, s = np.unravel_index(int(np.argmin(np.where(ok, sm.time_s, np.inf))), ok.shape)
+            trial[lay] = s
+            if plan_time(p, trial) < t_now - tol and plan_memory(p, trial) <= limit:
+                return trial
+    return None
+
+
 def local_search(p: DiscreteProblem, choice, memory_limit: float, max_moves: int | None = None,
                  segments: Segments | None = None) -> np.ndarray:
     """Improve a plan that fits ``memory_limit`` until no single-layer move,
@@ -281,6 +321,8 @@ def local_search(p: DiscreteProblem, choice, memory_limit: float, max_moves: int
                 continue
         if np.isfinite(limit):
             trial = _swap(p, c, single, t_now, m_now, limit, tol)
+            if trial is None:
+                trial = _trade(p, c, single, t_now, m_now, limit, tol)
             if trial is not None:
                 c = trial
                 continue

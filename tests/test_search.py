@@ -563,3 +563,50 @@ def test_segment_candidates_are_scored_exactly(seed, n, overlap, scale):
     x = segment_moves(p, c, seg, limit, tol=0.0)
     if x is not None:
         assert plan_memory(p, x) <= limit and plan_time(p, x) < plan_time(p, c)
+
+
+def test_local_search_trades_one_payer_for_two_gainers():
+    """Three unconnected layers, two options each, hand-computed. Layer 0
+    takes 1 ms and keeps 100 B (option 0) or takes 1.5 ms and keeps nothing
+    (option 1); layers 1 and 2 take 1 ms and keep 60 B (option 0) or take
+    1.3 ms and keep nothing (option 1). Limit 120 B of kept bytes (+1 B of
+    workspace). From (0, 1, 1) (3.6 ms, 100 B) no single move helps (a
+    gainer needs 160 B), nor one payer for one gainer (+0.5 - 0.3 ms), but
+    layer 0's 100 B freed pays for both gainers: (1, 0, 0), 3.5 ms, 120 B,
+    which brute force confirms is the optimum."""
+    from search.refine import _swap, current_state, local_search, with_overlap
+
+    n = 3
+    base = synthetic_table(0, n, [])
+    O = base.feasible.shape[1]
+    rows = base.feasible.shape[0]
+
+    def col(values, fill=0.0):  # [rows, O]: options 0 and 1 per layer, the rest 0
+        x = np.full((rows, O), fill)
+        x[:n, :2] = values
+        return jnp.asarray(x, jnp.float32)
+
+    feas = np.zeros((rows, O), bool)
+    feas[:, :2] = True
+    t = base._replace(
+        feasible=jnp.asarray(feas),
+        compute_s=col([[1e-3, 1.5e-3], [1e-3, 1.3e-3], [1e-3, 1.3e-3]]),
+        backward_compute_s=col(0.0), grad_sync_s=col(0.0), weight_gather_s=col(0.0),
+        state_bytes=col(0.0), update_bytes=col(0.0),
+        activation_bytes=col([[100.0, 0.0], [60.0, 0.0], [60.0, 0.0]]),
+        workspace_bytes=col(1.0, fill=1.0),
+    )
+    p = discrete_problem(t)
+    limit = 121.0
+    start = np.array([0, 1, 1])
+    assert plan_time(p, start) == pytest.approx(3.6e-3) and plan_memory(p, start) == 101.0
+    cur = current_state(p, start)
+    single = single_moves(p, start, cur)
+    t_now = with_overlap(p, cur.base_s, cur.grad_s, cur.bwd_s)
+    assert not ((single.memory_bytes <= limit) & (single.time_s < t_now * (1 - 1e-9))).any()
+    assert _swap(p, start, single, t_now, cur.memory_bytes, limit, 1e-12) is None
+    best = local_search(p, start, limit)
+    assert best.tolist() == [1, 0, 0]
+    assert plan_time(p, best) == pytest.approx(3.5e-3) and plan_memory(p, best) == 121.0
+    brute = solve_brute(p, limit)
+    assert plan_time(p, best) == pytest.approx(brute.time_s, rel=1e-12)
