@@ -44,6 +44,21 @@ those sums:
 * ``fused+pools``: the same with each pool's index matrix kept from its forward
   step and its iotas at its own step, ``args + max_l (sum_{j<=l} (A_j + X_j) + W_l + 2 G_l + I_l)``.
 
+* ``xla-cpu-rules``: what XLA:CPU's default schedule holds, rule by rule
+  (found in its live ranges, docs/validation.md "The memory promise"): one
+  copy ``C`` of every conv or dense kernel held (none for the first weighted
+  layer nor a ``channel`` dense layer; each gradient replaces its copy), a
+  reversed kernel ``S`` of each conv whose window exceeds its input
+  (``ConvOperandSwapper``, forward only), each max pool's zero broadcast
+  ``Z`` (its saved input's size); the larger of the forward peak at a max
+  pool ``i`` (``C + S`` + the activations made so far + the iotas of the
+  pools from ``i`` on + the other pools' ``Z`` + twice ``i``'s output), the
+  backward pass's start (``C + A + X + Z + max_l (W_l + Y_l)``), the
+  combined gradient all-reduce on ``d > 1`` (the gradients made, twice, at
+  its worst cut) and ``2G``. Not in the search: the forward peak and the
+  all-reduce are prefix sums over the layer order, which the solvers'
+  memory (sums plus one largest workspace) cannot express.
+
 ``--cases MODEL`` also prints every case's error under one model, the
 largest first. XLA:CPU's scheduler changes which model is closest (run the
 grid with either; docs/benchmarks.md has both).
@@ -121,6 +136,14 @@ def parts(row: dict, graphs: dict) -> dict[str, np.ndarray | float]:
         * np.array([k.startswith("conv") for k in g.kind_names]),
         "Y": np.where(conv, settings.gradient_bytes_per_param * out_el * batch / d / by_model, 0.0),
         "today": float(row["predicted_total_bytes"]),
+        # for ``xla-cpu-rules``: the layers in order, what each holds of XLA:CPU's copies
+        "conv": conv,
+        "copied": (conv | (np.asarray(g.kind_names) == "dense")) & (held > 0),  # a kernel copy XLA:CPU makes
+        "channel_dense": (np.asarray(g.kind_names) == "dense") & (c == Strategy.CHANNEL),
+        "swapped": conv & (np.prod(np.asarray(a.kernel), axis=-1) > np.prod(np.asarray(a.in_spatial), axis=-1)),
+        "max_pool": max_pool,
+        "pool_out": np.where(max_pool, pool_in * np.where(in_el > 0, out_el / np.maximum(in_el, 1.0), 0.0), 0.0),
+        "d": d,
     }
 
 
@@ -134,6 +157,32 @@ def _fused(A, W, G, I=None, X=None):
     I = np.zeros_like(A) if I is None else I
     X = np.zeros_like(A) if X is None else X
     return float(np.max(np.cumsum(A + X) + W + 2 * G + I)) if A.size else 0.0
+
+
+def _xla_cpu_rules(p) -> float:
+    """``xla-cpu-rules`` of the module docstring: the larger of a forward
+    peak at a max pool, the backward pass's start, the combined gradient
+    all-reduce (``d > 1``) and the optimizer step."""
+    G, A, X, n = p["G"], p["A"] + p["X"], p["X"], p["A"].size
+    if not n:
+        return p["args"]
+    first = np.zeros(n, bool)
+    first[np.flatnonzero(p["copied"])[:1]] = True  # the first weighted layer: no copy
+    C = np.where(p["copied"] & ~first & ~p["channel_dense"], G, 0.0)  # one kernel copy per layer
+    S = np.where(p["swapped"], p["K"], 0.0)  # ConvOperandSwapper's reversed kernel (forward only)
+    Z = np.where(p["max_pool"], p["A"], 0.0)  # a max pool's zero broadcast, kept into the backward pass
+    forward = 0.0
+    pools = np.flatnonzero(p["max_pool"])
+    if pools.size:
+        made, iotas = np.cumsum(A), np.cumsum(p["I"][::-1])[::-1]  # activations so far; iotas still to use
+        forward = C.sum() + S.sum() + max(made[i] + iotas[i] + Z.sum() - Z[i] + 2 * p["pool_out"][i] for i in pools)
+    backward = C.sum() + A.sum() + Z.sum() + float((p["W"] + p["Y"]).max())
+    reduce = 0.0
+    if p["d"] > 1:  # the gradients made so far live twice (inputs and outputs of one all-reduce); worst cut
+        kept = np.cumsum(A + Z) - (A + Z)
+        reduce = float(np.max(np.cumsum(C) - C + 2 * np.cumsum(G[::-1])[::-1] + kept))
+    del X
+    return p["args"] + max(forward, backward, reduce, 2 * G.sum())
 
 
 MODELS = {
@@ -152,6 +201,7 @@ MODELS = {
     "forward+copies": lambda p: p["args"] + max(p["G"].sum() + p["A"].sum() + p["W"].max() + p["X"].sum(),
                                                 p["K"].sum() + p["I"].sum() + p["X"].sum() + p["A"].sum(),
                                                 2 * p["G"].sum()),
+    "xla-cpu-rules": _xla_cpu_rules,
 }
 
 
