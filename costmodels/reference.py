@@ -361,6 +361,9 @@ def reference_memory(
         # transient: the input and output gradients (x and y are saved activations already)
         transient = delta * gb * (in_el / split(in_l) + out_el / split(out_l))
         transient += local * ((grads if z >= 2 else 0.0) + (weights if z >= 3 else 0.0))  # ZeRO's whole gradient, weights
+        attention = int(a.kind[i]) in (LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION)
+        probs = float(a.groups[i]) * float(a.out_spatial[i][0]) ** 2 * gb * delta / split(in_l) if attention else 0.0
+        transient += 2.0 * probs  # dP and dS, the probabilities' and the scores' gradients
         if lever.remat:  # keep the input; the recomputed activations are the backward step's
             saved_total += in_el * gb * delta / split(in_l)
             transient += saved
@@ -373,6 +376,11 @@ def reference_memory(
             transient += 4.0 * dims * float(a.saved_elements[i]) * gb / split(in_l)
         if settings.platform == "cpu" and int(a.kind[i]) == LayerKind.CONV:  # XLA:CPU's transposed output gradient
             transient += delta * out_el * gb / split(_layouts(int(a.kind[i]), s)[3])
+        if settings.platform == "cpu" and attention:  # XLA:CPU's transposed probabilities, for dV = P^T dO
+            if lever.remat:
+                transient += probs
+            else:
+                saved_total += probs
         workspace = max(workspace, transient)
     # the larger of the backward phase and the optimizer step (the activations freed, the update live)
     return max(state - updates + saved_total + workspace, state)

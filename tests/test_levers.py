@@ -207,6 +207,15 @@ def test_remat_by_hand():
         assert float(t.compute_s[0, remat]) == pytest.approx(float(t.compute_s[0, plain]) + fwd, rel=1e-6)
         assert float(t.backward_compute_s[0, remat]) == pytest.approx(
             float(t.backward_compute_s[0, plain]) + fwd, rel=1e-6)
+        # the backward step's transient: the input and output gradients and dP, dS (heads x tokens^2 each)
+        grads = (3 * 32 * 64 + 32 * 64) * gb * 4 / split
+        probs = 4 * 64 * 64 * gb * 4 / split
+        assert float(t.workspace_bytes[0, plain]) == pytest.approx(grads + 2 * probs, rel=1e-6)
+        # on XLA:CPU the probabilities are also kept transposed (held at the backward step if recomputed)
+        tc = _table(g, hw, batch, d, m, levers="remat", platform="cpu")
+        assert float(tc.activation_bytes[0, plain]) == pytest.approx(saved + probs, rel=1e-6)
+        assert float(tc.activation_bytes[0, remat]) == pytest.approx(kept, rel=1e-6)
+        assert float(tc.workspace_bytes[0, remat]) == pytest.approx(grads + 3 * probs + saved, rel=1e-6)
     # a layer that saves only its input gains nothing by recomputing: not offered
     c = GraphBuilder("conv", (8, 16, 16))
     c.conv("conv", c.input, 8, 3)

@@ -4,6 +4,8 @@ Megatron-pattern and sequence-parallel plans: the loss equals the unsharded
 model's, and what XLA compiles matches the plan (parameters and optimizer
 state exactly, every collective within 5% per kind and mesh axes)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -181,6 +183,24 @@ def test_a_recomputed_attention_trains_with_the_unsharded_losses(devices):
     np.testing.assert_allclose(losses, kept_losses, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(kept_state.params), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_the_step_differentiates_softmax_through_its_custom_jvp(devices):
+    """The exported step traces the model under jax.softmax_custom_jvp(True)
+    (docs/transformers.md: JAX's default keeps the exponentials beside the
+    probabilities): its jaxpr calls the custom-JVP softmax, whatever the
+    caller's setting, and the caller's setting is left as it was."""
+    model = _MHABlock(nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (BATCH, 16, 32))
+    y = jnp.arange(BATCH) % 10
+    spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    plan = fixed_plan(model, spec, (2, 4), strategies={**HEADS, "attn/out": "channel"}, batch=BATCH)
+    step, state = planner.shard(model, plan, optax.sgd(0.1))
+    with jax.softmax_custom_jvp(False):
+        jaxpr = str(jax.make_jaxpr(step)(state, x, y))
+        assert re.search(r"name=_softmax\b", jaxpr)
+        plain = str(jax.make_jaxpr(jax.grad(lambda v: jax.nn.softmax(v).sum()))(x))
+        assert not re.search(r"name=_softmax\b", plain)  # the caller's setting holds outside the step
 
 
 def test_a_recomputed_sequence_parallel_attention_gathers_its_keys_and_values_again(devices):

@@ -338,8 +338,11 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
             m = nnx.merge(graphdef, params, state.other, copy=True)
             last: list[str] = []
             recomputed: set[str] = set()
+            # jax.nn.softmax under its custom JVP, which keeps the probabilities only; JAX's default
+            # (0.10) differentiates through exp and the division and keeps the exponentials too,
+            # one more (heads x tokens^2) buffer per attention (docs/transformers.md)
             with _constrained_calls(m, strategies, mesh, last, input_layouts, output_layouts, blocks, remat,
-                                    recomputed, zero[3], scatters, zero[2]):
+                                    recomputed, zero[3], scatters, zero[2]), jax.softmax_custom_jvp(True):
                 logits = m(x)
             if remat - recomputed:  # (checked above: an attention module that was not called)
                 raise ValueError(f"cannot recompute {sorted(remat - recomputed)[:3]}: their attention module "
