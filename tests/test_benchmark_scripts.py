@@ -53,7 +53,7 @@ def test_xla_agreement_quick_prints_rows_and_summary(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[2:]}
     assert set(lines) == {"today", "sum", "phases+expansion", "phases", "liveness", "phases+pools", "forward+pools",
-                          "forward+copies", "fused", "fused+pools"}
+                          "forward+copies", "fused", "fused+pools", "xla-cpu-rules"}
     # the cost table's cpu memory is the phases+expansion formula, summed here from the parts
     pct = lambda s: float(s.rstrip("%"))  # noqa: E731
     assert abs(pct(lines["phases+expansion"][4]) - pct(lines["today"][4])) <= 0.1
