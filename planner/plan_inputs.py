@@ -12,7 +12,7 @@ import numpy as np
 
 from costmodels import Hardware
 
-__all__ = ["EXCLUDED_REMAT", "EXCLUDED_ZERO_STAGES", "MEMORY_MARGIN", "memory_margin_bytes", "mesh_shapes", "parse_memory_limit", "platform_of"]
+__all__ = ["EXCLUDED_ZERO_STAGES", "MEMORY_MARGIN", "memory_margin_bytes", "mesh_shapes", "parse_memory_limit", "platform_of"]
 
 
 # The share of a memory limit the search keeps free, per XLA platform: what
@@ -50,17 +50,6 @@ MEMORY_MARGIN: dict[str, float] = {"cpu": 0.20, "gpu": 0.0, "tpu": 0.0}
 # and 1.04x.
 # gpu, tpu: not measured yet (issue 12).
 EXCLUDED_ZERO_STAGES: dict[str, tuple[int, ...]] = {"cpu": (2, 3), "gpu": (), "tpu": ()}
-
-# Whether a plan for each platform may not recompute (the remat lever): XLA:CPU
-# expands the optimization barrier jax.checkpoint puts around the recomputed
-# forward before its common-subexpression elimination, which then merges the
-# recomputation with the forward pass, so the compiled program keeps what the
-# plan says is recomputed (measured with jax 0.10.2: a checkpointed 8-conv
-# chain lowers to 31 convolutions and compiles to 23, the un-checkpointed
-# program's count, with the same temporaries; a recomputed attention compiles
-# to the dots and memory of the kept one; docs/levers.md). gpu, tpu: XLA keeps
-# the barrier there (not measured here, issue 12).
-EXCLUDED_REMAT: dict[str, bool] = {"cpu": True, "gpu": False, "tpu": False}
 
 _UNITS = {
     "": 1.0, "b": 1.0,

@@ -465,34 +465,6 @@ def test_a_cpu_plan_takes_zero_stage_1_only():
     assert set(cpu.zero_stages.values()) == {1}
 
 
-def test_a_cpu_plan_does_not_recompute():
-    """XLA:CPU merges a recomputation back into the forward pass
-    (planner.plan_inputs.EXCLUDED_REMAT): four attention layers of 4 heads
-    over 256 tokens, at 0.8 of the unlimited plan's memory, are planned with
-    recomputed attentions for a GPU and, with the same room for the plan,
-    without any for the CPU (a plan without remat, or none fits)."""
-    import planner
-    from planner.plan_inputs import MEMORY_MARGIN
-    from planner.planning import InfeasibleMemoryError
-
-    b = GraphBuilder("attn", (96, 256))
-    x = b.input
-    for i in range(4):
-        x = b.attention(f"att{i}", x, heads=4)
-        x = b.dense(f"proj{i}", x, 96)
-    g = b.build()
-    kw = dict(devices=8, hardware="dgx-a100", batch=64, levers="remat")
-    free = planner.plan(g, **kw)
-    assert free.remat_layers == ()
-    limit = 0.8 * free.memory_bytes_per_device
-    assert planner.plan(g, memory_limit=limit, **kw).remat_layers
-    try:
-        cpu = planner.plan(g, memory_limit=limit / (1 - MEMORY_MARGIN["cpu"]) * 1.001, platform="cpu", **kw)
-    except InfeasibleMemoryError:
-        return
-    assert cpu.remat_layers == ()
-
-
 def test_evaluate_takes_levers_and_says_why_one_cannot_run():
     from planner.evaluation import evaluate
 

@@ -226,21 +226,43 @@ def _scattered_sum(dim: int) -> Callable[[Any, Any], Any]:
 
 
 def recomputing_attention(orig: Callable) -> Callable:
-    """``nnx.MultiHeadAttention.__call__`` with its ``attention_fn`` under
-    ``jax.checkpoint`` for the call (restored after): the residuals of a
-    checkpointed function are its inputs, and its forward runs again in the
-    backward pass (JAX's ``jax.checkpoint`` documentation), so the
-    attention keeps the queries, keys and values and recomputes the scores
-    and probabilities, as ``costmodels.levers`` costs it."""
+    """``nnx.MultiHeadAttention.__call__`` with its ``attention_fn``
+    recomputed (restored after): a ``jax.custom_vjp`` whose residuals are
+    the queries, keys and values and whose backward runs the attention
+    again, tied to the cotangent, then differentiates it, so the scores and
+    probabilities are recomputed in the backward pass, as
+    ``costmodels.levers`` costs it (``jax.checkpoint``'s semantics, which
+    XLA:CPU undoes: docs/levers.md)."""
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         fn = self.attention_fn
 
         def recomputed(query: Any, key: Any, value: Any, *, mask: Any = None, dropout_rng: Any = None,
                        **options: Any) -> Any:
-            # the arrays through the checkpoint, the static options (dtype, flags, module) closed over
-            inner = jax.checkpoint(lambda q, k, v, mk, rng: fn(q, k, v, mask=mk, dropout_rng=rng, **options))
-            return inner(query, key, value, mask, dropout_rng)
+            def attend(q: Any, k: Any, v: Any) -> Any:
+                return fn(q, k, v, mask=mask, dropout_rng=dropout_rng, **options)
+
+            @jax.custom_vjp
+            def layer(q: Any, k: Any, v: Any) -> Any:
+                return attend(q, k, v)
+
+            def fwd(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+                return attend(q, k, v), (q, k, v)  # the residuals: the queries, keys and values
+
+            def bwd(res: Any, dy: Any) -> tuple[Any, Any, Any]:
+                if any(r.shape != dy.shape for r in res):
+                    raise ValueError(f"recomputing an attention whose output {dy.shape} is not shaped like its "
+                                     f"queries, keys and values {[r.shape for r in res]} is not supported")
+                # The recomputation reads the cotangent (x + 0 dy: the same values, as long as dy is
+                # finite), so XLA can neither merge it, nor a sequence-parallel attention's gathers of
+                # the keys and values, with the forward pass, nor run it before the backward step:
+                # XLA:CPU drops the optimization barrier of jax.checkpoint and merges the two
+                # (docs/levers.md). dy is split as the queries are, so the tie moves nothing.
+                _, vjp = jax.vjp(attend, *(r + 0.0 * dy for r in res))
+                return vjp(dy)
+
+            layer.defvjp(fwd, bwd)
+            return layer(query, key, value)
 
         self.attention_fn = recomputed
         try:

@@ -162,9 +162,8 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
       at the block's end run in their planned layout.
 
     * An ``nnx.MultiHeadAttention`` whose attention layer (``<path>/attention``)
-      is in ``remat`` runs its attention under ``jax.checkpoint``: the
-      backward pass recomputes the scores from the queries, keys and values
-      it keeps (:func:`planner.runtime.calls.recomputing_attention`); the
+      is in ``remat`` recomputes its attention: the backward pass runs it
+      again from the queries, keys and values it keeps (:func:`planner.runtime.calls.recomputing_attention`); the
       layers so treated are added to ``recomputed``.
     * A planned module in ``fsdp`` (ZeRO stage 3: its weights stored sharded
       over its data-parallel group) gathers its weights at its call and
@@ -338,11 +337,8 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
             m = nnx.merge(graphdef, params, state.other, copy=True)
             last: list[str] = []
             recomputed: set[str] = set()
-            # jax.nn.softmax under its custom JVP, which keeps the probabilities only; JAX's default
-            # (0.10) differentiates through exp and the division and keeps the exponentials too,
-            # one more (heads x tokens^2) buffer per attention (docs/transformers.md)
             with _constrained_calls(m, strategies, mesh, last, input_layouts, output_layouts, blocks, remat,
-                                    recomputed, zero[3], scatters, zero[2]), jax.softmax_custom_jvp(True):
+                                    recomputed, zero[3], scatters, zero[2]):
                 logits = m(x)
             if remat - recomputed:  # (checked above: an attention module that was not called)
                 raise ValueError(f"cannot recompute {sorted(remat - recomputed)[:3]}: their attention module "
@@ -357,7 +353,12 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
             _, _, new_other = nnx.split(m, nnx.Param, ...)
             return loss_fn(logits, labels), new_other
 
-        (loss, new_other), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
+        # jax.nn.softmax under its custom JVP, which keeps the probabilities only; JAX's default
+        # (0.10) differentiates through exp and the division and keeps the exponentials too,
+        # one more (heads x tokens^2) buffer per attention (docs/transformers.md). Around the
+        # whole differentiation: a recomputed attention's forward is traced in the backward pass.
+        with jax.softmax_custom_jvp(True):
+            (loss, new_other), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
         # Gradients in their parameters' layouts before the optimizer, as the plan reduces them
         # (sharded over the data-parallel group where ZeRO stage 2 or 3 shards them).
         grads = jax.lax.with_sharding_constraint(grads, g_sh)
@@ -416,7 +417,7 @@ def shard_training(
     (:func:`planner.plans.specs.zero_spec_entries`); XLA inserts the
     reduce-scatters and all-gathers. ``remat_layers`` (attention layers
     ``<path>/attention`` of ``nnx.MultiHeadAttention`` modules) recompute
-    their attention in the backward pass (``jax.checkpoint``). ``scatters``
+    their attention in the backward pass (:func:`planner.runtime.calls.recomputing_attention`). ``scatters``
     (from :func:`scatter_layouts`) reduce-scatters the partial sums of the
     ``channel`` layers it names into their consumers' layout inside
     ``jax.shard_map``."""

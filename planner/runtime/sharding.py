@@ -50,7 +50,7 @@ def shard(
     several processes, :func:`planner.runtime.distributed.process_mesh` (the model
     axis inside a process). Layers the plan puts on ZeRO shard their
     optimizer state, gradients and weights as their stage says, and the
-    attention layers it recomputes run under ``jax.checkpoint``
+    attention layers it recomputes run again in the backward pass
     (:func:`planner.runtime.export.shard_training`'s ``zero_stages`` and
     ``remat_layers``)."""
     graph = planned_graph(model, plan)
