@@ -12,7 +12,7 @@ import numpy as np
 
 from costmodels import Hardware
 
-__all__ = ["EXCLUDED_ZERO_STAGES", "MEMORY_MARGIN", "memory_margin_bytes", "mesh_shapes", "parse_memory_limit", "platform_of"]
+__all__ = ["MEMORY_MARGIN", "memory_margin_bytes", "mesh_shapes", "parse_memory_limit", "platform_of"]
 
 
 # The share of a memory limit the search keeps free, per XLA platform: what
@@ -35,21 +35,6 @@ __all__ = ["EXCLUDED_ZERO_STAGES", "MEMORY_MARGIN", "memory_margin_bytes", "mesh
 # (worst 1.69). gpu, tpu: not measured yet (no GPU was at hand), so no
 # margin: validate there first.
 MEMORY_MARGIN: dict[str, float] = {"cpu": 0.20, "gpu": 0.0, "tpu": 0.0}
-
-# The ZeRO stages a plan for each platform may not use: those the platform's
-# compiled program does not give the memory the cost model counts for, beyond
-# the margin above. cpu, measured (benchmarks/zero_xla.py, VGG16-CIFAR-10 and
-# the ResNet-18-sized ResNet, batch 64, 4x2, every layer on data;
-# docs/levers.md): the export reduce-scatters the stage-2 and -3 gradients
-# itself, so under XLA:CPU's depth-first memory scheduler stage 2 held 1.06x
-# and 1.03x its prediction and stage 3 0.83x and 0.79x (before the two-phase
-# model); but under the default breadth-first scheduler the step's start
-# computes every parameter-only value (two more copies of every kernel) beside
-# the parameters, and stage 2 holds 1.68x and 1.35x, stage 3 2.38x and 1.76x,
-# beyond the margin's 1 / 0.8 = 1.25x, so both stay excluded. Stage 1: 1.16x
-# and 1.04x.
-# gpu, tpu: not measured yet (issue 12).
-EXCLUDED_ZERO_STAGES: dict[str, tuple[int, ...]] = {"cpu": (2, 3), "gpu": (), "tpu": ()}
 
 _UNITS = {
     "": 1.0, "b": 1.0,

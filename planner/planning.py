@@ -41,7 +41,6 @@ from planner._version import __version__
 from planner.evaluation import evaluate, evaluation_of, positive_int, resolve_batch
 from planner.ir.graph import LayerGraph
 from planner.plan_inputs import (
-    EXCLUDED_ZERO_STAGES,
     MEMORY_MARGIN,
     memory_margin_bytes,
     mesh_shapes,
@@ -198,9 +197,7 @@ def plan(
     group), ``remat`` (recompute its activations in the backward pass) or
     ``all``. The plan records each layer's levers (``LayerCost.zero_stage``,
     ``LayerCost.remat``); a lever that buys nothing is not kept
-    (:func:`search.drop_idle_levers`). A ``cpu`` plan takes ZeRO stage 1
-    only (:data:`planner.plan_inputs.EXCLUDED_ZERO_STAGES`: XLA:CPU keeps
-    the whole gradients under stages 2 and 3).
+    (:func:`search.drop_idle_levers`).
 
     Of the plans found (the best on each mesh, and pure data parallelism
     where it fits), the simplest whose predicted time is within
@@ -243,8 +240,6 @@ def plan(
     settings = CostSettings(dtype=dtype, optimizer=optimizer, levers=levers, platform=platform)
     menu = lever_menu(levers)
     K = len(menu)
-    # [O] options the platform may not use (EXCLUDED_ZERO_STAGES)
-    excluded = np.tile([x.zero_stage in EXCLUDED_ZERO_STAGES[platform] for x in menu], len(Strategy))
     hwa = hardware_arrays(hw, dtype)
     if calibration is not None:
         check_hardware(calibration, hw.name, allow_other_hardware=allow_other_hardware)
@@ -257,8 +252,6 @@ def plan(
         if B % (d * m):  # data parallelism (under every lever) needs whole samples on every device
             data = slice(int(Strategy.DATA) * K, (int(Strategy.DATA) + 1) * K)
             t = t._replace(feasible=t.feasible.at[:, data].set(t.feasible[:, data] & (t.layer_mask[:, None] <= 0)))
-        if excluded.any():  # the ZeRO stages the platform's program holds more memory for than predicted
-            t = t._replace(feasible=t.feasible & ~excluded)
         tables.append(t)
     # (at least 1 byte: a limit the margin eats whole fits nothing, and says so below). The
     # search sums memory in float32 in its own order; the plan's reported memory is another

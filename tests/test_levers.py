@@ -449,20 +449,29 @@ def test_plan_with_levers_fits_where_no_lever_free_plan_does():
         assert [g[3] for g in got] == pytest.approx([w[3] for w in want], rel=1e-6), name
 
 
-def test_a_cpu_plan_takes_zero_stage_1_only():
-    """XLA:CPU keeps the whole gradients under ZeRO stages 2 and 3
-    (planner.plan_inputs.EXCLUDED_ZERO_STAGES): at the same room for the
-    plan, the gpu plan shards gradients and weights (stages 2 and 3) and the
-    cpu plan shards the optimizer state only."""
+def test_zero_stages_2_and_3_fit_their_prediction_on_xla_cpu(devices):
+    """VGG16-CIFAR-10 at batch 16 on 4x2, every layer data under ZeRO stage
+    2, then 3: XLA's compiled total (the oracle) stays within what the cpu
+    margin covers, 1 / (1 - MEMORY_MARGIN["cpu"]) of the prediction
+    (measured 1.11 and 1.09). The export ties each layer's weights (and
+    stage 3's gathers) to the layer's input in the forward pass and to its
+    cotangent in the backward pass (planner.runtime.calls.zero_call); without
+    the ties XLA:CPU's schedule computes every kernel copy and gather at the
+    step's start: 1.75 and 2.84."""
     import planner
     from planner.plan_inputs import MEMORY_MARGIN
+    from planner.runtime.validation import fixed_plan
 
-    gpu = planner.plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=64, memory_limit="62MB", levers="zero")
-    assert {2, 3} <= set(gpu.zero_stages.values())
-    room = 62e6 / (1 - MEMORY_MARGIN["cpu"])
-    cpu = planner.plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=64, memory_limit=room * 1.2,
-                       levers="zero", platform="cpu")
-    assert set(cpu.zero_stages.values()) == {1}
+    model, x = planner.flax_model("vgg16-cifar10", batch=16)
+    g = planner.extract(model, x)
+    t = _table(g, load_hardware("dgx-a100"), 16, 4, 2, levers="zero", optimizer="adam")
+    for stage in (2, 3):
+        ok = np.asarray(t.feasible)[:g.num_layers, option_index(Strategy.DATA, Lever(stage, False), lever_menu("zero"))]
+        options = {n: f"data+zero{stage}" if f else "data" for n, f in zip(g.names, ok, strict=True)}
+        plan = fixed_plan(model, x, (4, 2), strategies=options, batch=16, optimizer="adam")
+        assert set(plan.zero_stages.values()) == {stage} and len(plan.zero_stages) == 13  # the layers the mask lets shard
+        row = {r.part: r for r in planner.validate(model, plan).memory}["total"]
+        assert row.compiled_bytes <= row.predicted_bytes / (1 - MEMORY_MARGIN["cpu"]), (stage, row)
 
 
 def test_evaluate_takes_levers_and_says_why_one_cannot_run():

@@ -49,11 +49,7 @@ def zero_call(orig: Callable, strategy: str, mesh: Mesh, *, gather: bool, local:
       the strategy's own layout for the call and gathered again for the
       backward pass, which keeps only the sharded weights and the layer's
       input (ZeRO §7.2.2: gathered before the forward and before the
-      backward use, freed after each); the backward gathers from the shards
-      tied to the cotangent by an ``optimization_barrier``, so XLA cannot
-      merge the two gathers into one kept from the forward to the backward
-      pass, which it does otherwise (measured: the small CNN of
-      tests/test_export.py and the ResNet of benchmarks/zero_xla.py).
+      backward use, freed after each).
     * ``local`` (an ``nnx.Conv`` or ``nnx.Linear`` under ``data``, ``filter``
       or ``replicated``): the weight gradient is computed inside
       ``jax.shard_map`` from each device's shards and reduced with
@@ -62,7 +58,19 @@ def zero_call(orig: Callable, strategy: str, mesh: Mesh, *, gather: bool, local:
       which XLA:CPU compiles as an all-reduce of the whole gradient and a
       slice, and combines every layer's into one all-reduce at the end of
       the backward pass: all the whole gradients live at once (measured,
-      docs/levers.md)."""
+      docs/levers.md).
+
+    The weights the call uses are tied to its input (forward) and to its
+    output's cotangent (backward), ``w + 0``, the zero computed on each
+    device from its own shard of that activation (:func:`_local_zero`), on
+    the shards before a stage-3 gather: so XLA can neither compute a layer's
+    kernel copies (its transposed and reversed kernels) and gathers at the
+    step's start, which XLA:CPU's breadth-first schedule does with every
+    parameter-only value (stage 2 held 1.68x its predicted memory on
+    VGG16-CIFAR-10, stage 3 2.38x; with the ties 1.08x and 1.05x,
+    benchmarks/zero_xla.py), nor merge the two gathers of stage 3 into one
+    kept from the forward to the backward pass. An ``optimization_barrier``
+    does neither: XLA:CPU expands it before scheduling."""
 
     def call(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
         graphdef, state = nnx.split(self)
@@ -80,14 +88,20 @@ def zero_call(orig: Callable, strategy: str, mesh: Mesh, *, gather: bool, local:
         def layer(x: Any, state: Any) -> Any:
             return apply(x, weights(state))
 
+        def tie(state: Any, z: Any) -> Any:
+            if not gather:
+                return jax.tree.map(lambda v: v + z.astype(v.dtype), state)
+            # on the shards, before the gather (else XLA gathers first and adds after)
+            return jax.tree.map(lambda v: jax.lax.with_sharding_constraint(
+                v + z.astype(v.dtype), NamedSharding(mesh, P(*zero_spec_entries(strategy, v.ndim)))), state)
+
         def fwd(x: Any, state: Any) -> tuple[Any, Any]:
-            return apply(x, weights(state)), (x, state)
+            z = _local_zero(x, PARAM_LAYOUTS[strategy][0], mesh)
+            return apply(x, weights(tie(state, z))), (x, state)
 
         def bwd(res: Any, dy: Any) -> tuple[Any, Any]:
             x, state = res
-            if gather:
-                state, dy = jax.lax.optimization_barrier((state, dy))
-            w = weights(state)
+            w = weights(tie(state, _local_zero(dy, PARAM_GRADIENT_LAYOUTS[strategy][1], mesh)))
             if not local:
                 _, vjp = jax.vjp(apply, x, w)
                 dx, dw = vjp(dy)
@@ -100,6 +114,16 @@ def zero_call(orig: Callable, strategy: str, mesh: Mesh, *, gather: bool, local:
         return layer(x, state)
 
     return call
+
+
+def _local_zero(t: Any, layout: str, mesh: Mesh) -> Any:
+    """A scalar 0, computed on each device from the first element of its own
+    shard of ``t`` (in ``layout``), so it depends on ``t`` without any
+    communication (0 x a finite value; XLA does not fold a float product
+    with 0, which is NaN for an infinite one). Replicated as it is equal on
+    every device, which the unchecked ``shard_map`` states."""
+    return jax.shard_map(lambda a: jax.numpy.ravel(a)[0] * 0.0, mesh=mesh,
+                         in_specs=(activation_spec(layout, t.ndim),), out_specs=P(), check_vma=False)(t)
 
 
 def gathering(orig: Callable, strategy: str, mesh: Mesh) -> Callable:
