@@ -354,6 +354,9 @@ def reference_memory(
         o_div = group if z >= 1 else 1.0
         state += local * (weights / w_div + grads / g_div + optimizer / o_div)
         updates += local * update / o_div  # live at the optimizer step, not with the activations
+        if z == 1:  # stage 1's update gathered to the whole weights, at the optimizer step
+            state += local * weights
+            updates += local * weights
         state += 4.0 * float(a.buffers[i]) / (m if s == Strategy.FILTER else 1)  # statistics follow channels
         saved = float(a.saved_elements[i]) * gb * delta / split(in_l)
         if s == Strategy.SPATIAL and int(a.kind[i]) in (LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION):

@@ -109,9 +109,9 @@ def test_zero_bytes_and_collectives_by_hand(dtype):
         plain = option_index(s, Lever(0, False), menu)
         rs = (D - 1) * (alpha + BUCKET / D / bw)  # ring reduce-scatter of one bucket over the weights' replicas
         ag = (D - 1) * (alpha + BUCKET / D / bw)  # ring all-gather of one bucket
-        expected_state = {
+        expected_state = {  # stage 1 also: its update gathered to the whole weights, at the optimizer step
             0: (w + gr + opt) * local,
-            1: (w + gr + opt / D) * local,
+            1: (w + gr + opt / D + w) * local,
             2: (w + (gr + opt) / D) * local,
             3: (w + gr + opt) / D * local,
         }
@@ -120,6 +120,9 @@ def test_zero_bytes_and_collectives_by_hand(dtype):
             o = option_index(s, Lever(z, False), menu)
             assert bool(t.feasible[0, o])
             assert float(t.state_bytes[0, o]) == pytest.approx(expected_state[z], rel=1e-6)
+            # the optimizer step's part: the update (4 B, sharded from stage 1) and stage 1's gathered one
+            update = 4.0 * local / (D if z else 1) + (w * local if z == 1 else 0.0)
+            assert float(t.update_bytes[0, o]) == pytest.approx(update, rel=1e-6)
             assert float(t.workspace_bytes[0, o] - t.workspace_bytes[0, plain]) == pytest.approx(
                 expected_extra[z], rel=1e-6)
             assert float(t.activation_bytes[0, o]) == float(t.activation_bytes[0, plain])
