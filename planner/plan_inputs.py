@@ -27,10 +27,11 @@ __all__ = ["MEMORY_MARGIN", "memory_margin_bytes", "mesh_shapes", "parse_memory_
 # reversed kernel copies) early, in the forward pass, and buffer
 # assignment's fragmentation (7.6% on VGG16-CIFAR-10, batch 256, 2x4).
 # Worst compiled / predicted: 1.100 on the grid (SplitBrain VGG16, batch 256,
-# 4x2, mid), 1.162 under ZeRO stage 1 (VGG16-CIFAR-10, batch 64, 4x2, every
-# layer data) and 1.036 on the tiny CNN (1x8, tight), so plans are predicted
-# at most 0.8 x the limit (1 / 0.8 = 1.25, 7.6% above the worst: one more
-# fragmentation's worth). It was 45% (1.82) while the model added the
+# 4x2, mid), 1.129 under ZeRO (the ResNet's stage 2, batch 64, 4x2, every
+# layer data; stage 1 of VGG16-CIFAR-10 was 1.162 before its gathered update was
+# counted), 1.036 on the tiny CNN (1x8, tight) and 0.99 on the full-size
+# transformers (docs/transformers.md), so plans are predicted at most 0.8 x
+# the limit (1 / 0.8 = 1.25, one more fragmentation's worth above 1.162). It was 45% (1.82) while the model added the
 # optimizer's update to the activations and left XLA:CPU's buffers out
 # (worst 1.69). gpu, tpu: not measured yet (no GPU was at hand), so no
 # margin: validate there first.
