@@ -28,12 +28,12 @@ __all__ = ["MEMORY_MARGIN", "memory_margin_bytes", "mesh_shapes", "parse_memory_
 # assignment's fragmentation (7.6% on VGG16-CIFAR-10, batch 256, 2x4).
 # Worst compiled / predicted: 1.100 on the grid (SplitBrain VGG16, batch 256,
 # 4x2, mid), 1.129 under ZeRO (the ResNet's stage 2, batch 64, 4x2, every
-# layer data; stage 1 of VGG16-CIFAR-10 was 1.162 before its gathered update was
-# counted), 1.036 on the tiny CNN (1x8, tight) and 0.99 on the full-size
+# layer data; VGG16-CIFAR-10's stage 1 was 1.162 before its gathered update
+# was counted), 1.036 on the tiny CNN (1x8, tight) and 0.99 on the full-size
 # transformers (docs/transformers.md), so plans are predicted at most 0.8 x
-# the limit (1 / 0.8 = 1.25, one more fragmentation's worth above 1.162). It was 45% (1.82) while the model added the
-# optimizer's update to the activations and left XLA:CPU's buffers out
-# (worst 1.69). gpu, tpu: not measured yet (no GPU was at hand), so no
+# the limit (1 / 0.8 = 1.25, one more fragmentation's worth above 1.162).
+# It was 45% (1.82) while the model added the optimizer's update to the
+# activations and left XLA:CPU's buffers out (worst 1.69). gpu, tpu: not measured yet (no GPU was at hand), so no
 # margin: validate there first.
 MEMORY_MARGIN: dict[str, float] = {"cpu": 0.20, "gpu": 0.0, "tpu": 0.0}
 
