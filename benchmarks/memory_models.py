@@ -163,7 +163,7 @@ def _xla_cpu_rules(p) -> float:
     """``xla-cpu-rules`` of the module docstring: the larger of a forward
     peak at a max pool, the backward pass's start, the combined gradient
     all-reduce (``d > 1``) and the optimizer step."""
-    G, A, X, n = p["G"], p["A"] + p["X"], p["X"], p["A"].size
+    G, A, n = p["G"], p["A"] + p["X"], p["A"].size  # A: saved activations with the pools' index matrices
     if not n:
         return p["args"]
     first = np.zeros(n, bool)
@@ -181,7 +181,6 @@ def _xla_cpu_rules(p) -> float:
     if p["d"] > 1:  # the gradients made so far live twice (inputs and outputs of one all-reduce); worst cut
         kept = np.cumsum(A + Z) - (A + Z)
         reduce = float(np.max(np.cumsum(C) - C + 2 * np.cumsum(G[::-1])[::-1] + kept))
-    del X
     return p["args"] + max(forward, backward, reduce, 2 * G.sum())
 
 

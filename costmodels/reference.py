@@ -358,14 +358,16 @@ def reference_memory(
             state += local * weights
             updates += local * weights
         state += 4.0 * float(a.buffers[i]) / (m if s == Strategy.FILTER else 1)  # statistics follow channels
+        attention = int(a.kind[i]) in (LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION)
+        probs = float(a.groups[i]) * float(a.out_spatial[i][0]) ** 2 * gb * delta / split(in_l) if attention else 0.0
         saved = float(a.saved_elements[i]) * gb * delta / split(in_l)
-        if s == Strategy.SPATIAL and int(a.kind[i]) in (LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION):
+        if s == Strategy.SPATIAL and attention:
             saved += 2.0 * in_el / 3.0 * gb * delta * (1.0 - 1.0 / m)  # the gathered keys and values
+        if settings.platform == "cpu":
+            saved += probs  # XLA:CPU's transposed probabilities, for dV = P^T dO
         # transient: the input and output gradients (x and y are saved activations already)
         transient = delta * gb * (in_el / split(in_l) + out_el / split(out_l))
         transient += local * ((grads if z >= 2 else 0.0) + (weights if z >= 3 else 0.0))  # ZeRO's whole gradient, weights
-        attention = int(a.kind[i]) in (LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION)
-        probs = float(a.groups[i]) * float(a.out_spatial[i][0]) ** 2 * gb * delta / split(in_l) if attention else 0.0
         transient += 2.0 * probs  # dP and dS, the probabilities' and the scores' gradients
         if lever.remat:  # keep the input; the recomputed activations are the backward step's
             saved_total += in_el * gb * delta / split(in_l)
@@ -379,11 +381,6 @@ def reference_memory(
             transient += 4.0 * dims * float(a.saved_elements[i]) * gb / split(in_l)
         if settings.platform == "cpu" and int(a.kind[i]) == LayerKind.CONV:  # XLA:CPU's transposed output gradient
             transient += delta * out_el * gb / split(_layouts(int(a.kind[i]), s)[3])
-        if settings.platform == "cpu" and attention:  # XLA:CPU's transposed probabilities, for dV = P^T dO
-            if lever.remat:
-                transient += probs
-            else:
-                saved_total += probs
         workspace = max(workspace, transient)
     # the larger of the backward phase and the optimizer step (the activations freed, the update live)
     return max(state - updates + saved_total + workspace, state)

@@ -288,7 +288,15 @@ def cost_table(
     # per sample, split as the probabilities are (Dao et al. 2022, FlashAttention, section
     # 2.2 and Algorithm 3, the standard attention's backward pass).
     scores = jnp.where(attention, f32(a.groups) * jnp.square(f32(a.out_spatial[:, 0])), 0.0)  # [L] per sample
-    workspace = workspace + 2.0 * delta * group_batch * scores[:, None] / split_of(in_lay)
+    probs = delta * group_batch * scores[:, None] / split_of(in_lay)  # [L, S] one probability-sized buffer
+    workspace = workspace + 2.0 * probs
+    if settings.platform == "cpu":
+        # XLA:CPU also keeps the probabilities transposed, for dV = P^T dO: its layout
+        # assignment copies them in the forward pass (`copy_bitcast_fusion`; kept per layer: 2
+        # probability-sized buffers in 9 of 10 shapes measured with the custom-JVP softmax the
+        # export uses, 1 where it runs both products as one YNN fusion, which this does not
+        # tell apart: docs/transformers.md). A saved activation: the remat lever recomputes it.
+        activation = activation + probs
 
     # -- memory levers (costmodels/levers.py): ZeRO over the weights' replica group, remat --
     group = ranks  # [S] ZeRO's data-parallel group: the ranks of the gradient all-reduce
@@ -328,18 +336,9 @@ def cost_table(
         iota_bytes = jnp.where(max_pool, 4.0 * dims * pool_in, 0.0)
         dy_copy = jnp.where((kind == LayerKind.CONV)[:, None], delta * out_el[:, None] * group_batch / split_of(gout_lay),
                             0.0)  # [L, S] the transposed output gradient
-        # An attention's probabilities are also kept transposed, for dV = P^T dO: XLA:CPU's layout
-        # assignment copies them in the forward pass (`copy_bitcast_fusion`; kept per layer: 2
-        # probability-sized buffers in 9 of 10 shapes measured with the custom-JVP softmax the
-        # export uses, 1 where it runs both products as one YNN fusion, which this does not
-        # tell apart: docs/transformers.md). A recomputed attention holds it at its backward step.
-        p_copy = delta * group_batch * scores[:, None] / split_of(in_lay)  # [L, S]
         K = lc.activation_bytes.shape[-1] // S
-        remat = jnp.asarray([x.remat for x in lever_menu(settings.levers)] * S)  # [O]
         activation_out = activation_out + jnp.repeat(index_bytes, K, axis=-1)  # option s K + k: strategy s
-        activation_out = activation_out + jnp.where(remat, 0.0, jnp.repeat(p_copy, K, axis=-1))
         workspace_out = workspace_out + jnp.repeat(iota_bytes + dy_copy, K, axis=-1)
-        workspace_out = workspace_out + jnp.where(remat, jnp.repeat(p_copy, K, axis=-1), 0.0)
 
     keep = real[:, None]
     return CostTable(

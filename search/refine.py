@@ -272,8 +272,8 @@ def _trade(p: DiscreteProblem, c: np.ndarray, single: MoveScores, t_now: float, 
             if not ok.any():
                 break
             lay, s = np.unravel_index(int(np.argmin(np.where(ok, sm.time_s, np.inf))), ok.shape)
-            trial[lay] = s
-            if plan_time(p, trial) < t_now - tol and plan_memory(p, trial) <= limit:
+            trial[lay] = s  # fits: the move's exact memory is within the limit
+            if sm.time_s[lay, s] < t_now - tol:  # the move's exact time (single_moves scores exactly)
                 return trial
     return None
 
