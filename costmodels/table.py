@@ -292,10 +292,10 @@ def cost_table(
     workspace = workspace + 2.0 * probs
     if settings.platform == "cpu":
         # XLA:CPU also keeps the probabilities transposed, for dV = P^T dO: its layout
-        # assignment copies them in the forward pass (`copy_bitcast_fusion`; kept per layer: 2
-        # probability-sized buffers in 9 of 10 shapes measured with the custom-JVP softmax the
-        # export uses, 1 where it runs both products as one YNN fusion, which this does not
-        # tell apart: docs/transformers.md). A saved activation: the remat lever recomputes it.
+        # assignment copies them in the forward pass (`copy_bitcast_fusion`: 2 probability-sized
+        # buffers kept per layer, with the custom-JVP softmax the export uses; 1 where XLA:CPU
+        # runs both products as one YNN fusion, which this does not tell apart:
+        # docs/transformers.md). A saved activation: the remat lever recomputes it.
         activation = activation + probs
 
     # -- memory levers (costmodels/levers.py): ZeRO over the weights' replica group, remat --
