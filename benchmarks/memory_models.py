@@ -45,19 +45,12 @@ those sums:
   step and its iotas at its own step, ``args + max_l (sum_{j<=l} (A_j + X_j) + W_l + 2 G_l + I_l)``.
 
 * ``xla-cpu-rules``: what XLA:CPU's default schedule holds, rule by rule
-  (found in its live ranges, docs/validation.md "The memory promise"): one
-  copy ``C`` of every conv or dense kernel held (none for the first weighted
-  layer nor a ``channel`` dense layer; each gradient replaces its copy), a
-  reversed kernel ``S`` of each conv whose window exceeds its input
-  (``ConvOperandSwapper``, forward only), each max pool's zero broadcast
-  ``Z`` (its saved input's size); the larger of the forward peak at a max
-  pool ``i`` (``C + S`` + the activations made so far + the iotas of the
-  pools from ``i`` on + the other pools' ``Z`` + twice ``i``'s output), the
-  backward pass's start (``C + A + X + Z + max_l (W_l + Y_l)``), the
-  combined gradient all-reduce on ``d > 1`` (the gradients made, twice, at
-  its worst cut) and ``2G``. Not in the search: the forward peak and the
-  all-reduce are prefix sums over the layer order, which the solvers'
-  memory (sums plus one largest workspace) cannot express.
+  (:func:`costmodels.scheduled_memory_per_device`: kernel copies, reversed
+  kernels, every max pool's iotas and zero broadcast, the combined gradient
+  all-reduce; docs/validation.md "The memory promise"), with the inputs and
+  the step count. Since it became the cost model's memory on the ``cpu``
+  platform (plans without levers), ``today`` is the same on a grid written
+  at that revision or later.
 
 ``--cases MODEL`` also prints every case's error under one model, the
 largest first. XLA:CPU's scheduler changes which model is closest (run the
@@ -91,11 +84,12 @@ TOTAL_RTOL = grid.TOTAL_RTOL
 def parts(row: dict, graphs: dict) -> dict[str, np.ndarray | float]:
     """The per-layer sums of one grid case (see the module docstring)."""
     import planner
-    from costmodels import load_hardware
+    from costmodels import load_hardware, one_hot, scheduled_memory_per_device
     from costmodels.compute import hardware_arrays
     from costmodels.layers import LayerKind
     from costmodels.strategies import Layout, Strategy, strategy_layouts
     from costmodels.table import CostSettings, cost_table
+    from planner.runtime.validation import _COUNTER_BYTES  # the optimizer's step count, an argument
 
     name, batch, (d, m) = row["model"], row["batch"], row["mesh"]
     if (name, batch) not in graphs:
@@ -125,7 +119,13 @@ def parts(row: dict, graphs: dict) -> dict[str, np.ndarray | float]:
     gout = np.asarray(strategy_layouts(np.asarray(a.kind)))[rows, c, 3]  # the output gradient's layout
     by_model = np.where((gout == Layout.REPLICATED) | (gout == Layout.PARTIAL), 1.0, m)
     conv = np.array([k.startswith("conv") for k in g.kind_names])
+    cpu = cost_table(g.arrays, hardware_arrays(load_hardware(grid.HARDWARE), "float32"), float(batch), float(d),
+                     float(m), CostSettings(optimizer=grid.OPTIMIZER, platform="cpu"))
+    padded = np.pad(c, (0, cpu.feasible.shape[0] - c.size))
+    peak = scheduled_memory_per_device(cpu, one_hot(padded, cpu.feasible.shape[1]))
     return {
+        # XLA:CPU's schedule (costmodels/xla_cpu.py), with the inputs and the optimizer's step count
+        "scheduled": float(peak) + float(report["inputs"]["predicted_bytes"]) + _COUNTER_BYTES[grid.OPTIMIZER],
         "args": float(report["arguments"]["compiled_bytes"]),
         "G": settings.gradient_bytes_per_param * np.maximum(held, 0.0),
         "A": act,
@@ -136,14 +136,6 @@ def parts(row: dict, graphs: dict) -> dict[str, np.ndarray | float]:
         * np.array([k.startswith("conv") for k in g.kind_names]),
         "Y": np.where(conv, settings.gradient_bytes_per_param * out_el * batch / d / by_model, 0.0),
         "today": float(row["predicted_total_bytes"]),
-        # for ``xla-cpu-rules``: the layers in order, what each holds of XLA:CPU's copies
-        "conv": conv,
-        "copied": (conv | (np.asarray(g.kind_names) == "dense")) & (held > 0),  # a kernel copy XLA:CPU makes
-        "channel_dense": (np.asarray(g.kind_names) == "dense") & (c == Strategy.CHANNEL),
-        "swapped": conv & (np.prod(np.asarray(a.kernel), axis=-1) > np.prod(np.asarray(a.in_spatial), axis=-1)),
-        "max_pool": max_pool,
-        "pool_out": np.where(max_pool, pool_in * np.where(in_el > 0, out_el / np.maximum(in_el, 1.0), 0.0), 0.0),
-        "d": d,
     }
 
 
@@ -157,31 +149,6 @@ def _fused(A, W, G, I=None, X=None):
     I = np.zeros_like(A) if I is None else I
     X = np.zeros_like(A) if X is None else X
     return float(np.max(np.cumsum(A + X) + W + 2 * G + I)) if A.size else 0.0
-
-
-def _xla_cpu_rules(p) -> float:
-    """``xla-cpu-rules`` of the module docstring: the larger of a forward
-    peak at a max pool, the backward pass's start, the combined gradient
-    all-reduce (``d > 1``) and the optimizer step."""
-    G, A, n = p["G"], p["A"] + p["X"], p["A"].size  # A: saved activations with the pools' index matrices
-    if not n:
-        return p["args"]
-    first = np.zeros(n, bool)
-    first[np.flatnonzero(p["copied"])[:1]] = True  # the first weighted layer: no copy
-    C = np.where(p["copied"] & ~first & ~p["channel_dense"], G, 0.0)  # one kernel copy per layer
-    S = np.where(p["swapped"], p["K"], 0.0)  # ConvOperandSwapper's reversed kernel (forward only)
-    Z = np.where(p["max_pool"], p["A"], 0.0)  # a max pool's zero broadcast, kept into the backward pass
-    forward = 0.0
-    pools = np.flatnonzero(p["max_pool"])
-    if pools.size:
-        made, iotas = np.cumsum(A), np.cumsum(p["I"][::-1])[::-1]  # activations so far; iotas still to use
-        forward = C.sum() + S.sum() + max(made[i] + iotas[i] + Z.sum() - Z[i] + 2 * p["pool_out"][i] for i in pools)
-    backward = C.sum() + A.sum() + Z.sum() + float((p["W"] + p["Y"]).max())
-    reduce = 0.0
-    if p["d"] > 1:  # the gradients made so far live twice (inputs and outputs of one all-reduce); worst cut
-        kept = np.cumsum(A + Z) - (A + Z)
-        reduce = float(np.max(np.cumsum(C) - C + 2 * np.cumsum(G[::-1])[::-1] + kept))
-    return p["args"] + max(forward, backward, reduce, 2 * G.sum())
 
 
 MODELS = {
@@ -200,7 +167,7 @@ MODELS = {
     "forward+copies": lambda p: p["args"] + max(p["G"].sum() + p["A"].sum() + p["W"].max() + p["X"].sum(),
                                                 p["K"].sum() + p["I"].sum() + p["X"].sum() + p["A"].sum(),
                                                 2 * p["G"].sum()),
-    "xla-cpu-rules": _xla_cpu_rules,
+    "xla-cpu-rules": lambda p: p["scheduled"],
 }
 
 

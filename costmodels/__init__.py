@@ -43,6 +43,7 @@ from costmodels.levers import (
 )
 from costmodels.strategies import STRATEGY_NAMES, Layout, Strategy, parse_strategy
 from costmodels.table import CostSettings, CostTable, cost_table
+from costmodels.xla_cpu import XlaCpuBuffers, scheduled_memory_per_device
 
 __all__ = [
     "HARDWARE_SCHEMA",
@@ -64,6 +65,7 @@ __all__ = [
     "Layout",
     "NetworkTier",
     "Strategy",
+    "XlaCpuBuffers",
     "calibration_arrays",
     "cost_table",
     "expected_time",
@@ -77,6 +79,7 @@ __all__ = [
     "load_hardware",
     "memory_per_device",
     "one_hot",
+    "scheduled_memory_per_device",
     "option_name",
     "option_strategy",
     "parse_option",

@@ -35,6 +35,7 @@ from costmodels.levers import LeverInputs, lever_costs, lever_menu
 from costmodels.reshard import conversion_s
 from costmodels.shards import halo_rows, row_padding, shard_shapes
 from costmodels.strategies import Layout, Strategy, strategy_layouts, strategy_mask
+from costmodels.xla_cpu import XlaCpuBuffers
 
 __all__ = ["CostSettings", "CostTable", "cost_table", "OPTIMIZER_SLOTS", "PLATFORMS"]
 
@@ -123,6 +124,7 @@ class CostTable(NamedTuple):
     edge_mask: jnp.ndarray  # [E] 1 for real edges
     gradient_overlap: jnp.ndarray  # [] fraction of gradient sync hidden behind backward compute
     memory_capacity_bytes: jnp.ndarray  # [] per device
+    xla_cpu: XlaCpuBuffers | None = None  # XLA:CPU's own buffers (platform cpu), for costmodels.xla_cpu
 
     @property
     def layer_time_s(self):  # [L, O] everything attributed to a layer except resharding
@@ -339,6 +341,28 @@ def cost_table(
         K = lc.activation_bytes.shape[-1] // S
         activation_out = activation_out + jnp.repeat(index_bytes, K, axis=-1)  # option s K + k: strategy s
         workspace_out = workspace_out + jnp.repeat(iota_bytes + dy_copy, K, axis=-1)
+        # XLA:CPU's schedule (costmodels/xla_cpu.py, measured rule by rule): a copy of every
+        # conv and dense kernel but the first weighted layer's and a channel dense layer's,
+        # a reversed kernel where ConvOperandSwapper swaps a conv's operands (window larger
+        # than the input), each max pool's zero broadcast (its input's size).
+        conv = kind == LayerKind.CONV
+        weighted = (conv | (kind == LayerKind.DENSE)) & (params > 0) & (real > 0)
+        first = weighted & (jnp.cumsum(weighted) == 1)
+        gradients = settings.gradient_bytes_per_param * local_params  # [L, S] without levers
+        copied = (weighted & ~first)[:, None] & ~((kind == LayerKind.DENSE)[:, None] & (strat == Strategy.CHANNEL))
+        swapped = conv & (jnp.prod(f32(a.kernel), axis=-1) > jnp.prod(f32(a.in_spatial), axis=-1))
+        xla_cpu = XlaCpuBuffers(
+            gradient_bytes=gradients * real[:, None],
+            kernel_copy_bytes=jnp.where(copied, gradients, 0.0),
+            reversed_kernel_bytes=jnp.where(swapped[:, None], gradients, 0.0),
+            pool_input_bytes=jnp.where(max_pool, delta * pool_in, 0.0),
+            pool_iota_bytes=iota_bytes,
+            pool_output_bytes=jnp.where(max_pool, delta * pool_out, 0.0),
+            max_pool=f32(max_pool[:, 0]),
+            reduces_gradients=f32(d > 1),
+        )
+    else:
+        xla_cpu = None
 
     keep = real[:, None]
     return CostTable(
@@ -360,4 +384,5 @@ def cost_table(
         edge_mask=emask,
         gradient_overlap=hw.gradient_overlap,
         memory_capacity_bytes=hw.memory_bytes,
+        xla_cpu=xla_cpu,
     )

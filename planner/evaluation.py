@@ -40,6 +40,7 @@ from costmodels import (
     iteration_time,
     lever_menu,
     memory_per_device,
+    scheduled_memory_per_device,
     menu_covering,
     one_hot,
     option_index,
@@ -418,6 +419,17 @@ def evaluate(
     return evaluation_of(graph, hardware, devices, (d, m), B, settings, table, strategy=strategy, plan=plan)
 
 
+def planned_memory(table, probs, levers: Iterable[Lever]) -> float:
+    """The plan's peak memory per device: on a ``cpu`` table, for a plan
+    without memory levers, XLA:CPU's schedule
+    (:func:`costmodels.scheduled_memory_per_device`, measured rule by rule
+    on such plans); otherwise the solvers' two phases
+    (:func:`costmodels.memory_per_device`)."""
+    if table.xla_cpu is not None and not any(x.zero_stage or x.remat for x in levers):
+        return float(scheduled_memory_per_device(table, probs))
+    return float(memory_per_device(table, probs))
+
+
 def evaluation_of(graph: LayerGraph, hardware: Hardware, devices: int, mesh: tuple[int, int], batch: int,
                   settings: CostSettings, table, *, strategy: Strategy | None = None,
                   plan: Mapping[str, str] | None = None) -> Evaluation:
@@ -471,7 +483,7 @@ def evaluation_of(graph: LayerGraph, hardware: Hardware, devices: int, mesh: tup
         dtype=dtype,
         optimizer=optimizer,
         iteration_s=float(iteration_time(table, probs)),
-        memory_bytes_per_device=float(memory_per_device(table, probs)),
+        memory_bytes_per_device=planned_memory(table, probs, lever_of),
         memory_capacity_bytes=hardware.device.memory_bytes,
         layers=layers,
         collectives=plan_collectives(graph, choice, B, d, m, settings, lever_of),

@@ -50,6 +50,7 @@ from planner.plan_inputs import (
 from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION  # the file format
 from planner.plans.record import MeshResult, Plan
 from planner.plans.specs import layer_specs
+from planner.schedule_fit import choice_peak, fit_schedule
 from search import (
     GradientConfig,
     SearchEvent,
@@ -110,7 +111,7 @@ TIE_RTOL = 1e-6
 FLOAT32_ROUNDING = 1e-5
 
 
-def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshes, margin: float = 0.0,
+def _infeasible_message(graph: LayerGraph, P: int, limit: float, tables, meshes, margin: float = 0.0,
                         inputs: float = 0.0, *, batch: int = 0, batch_is_global: bool = True,
                         devices_per_node: int | None = None) -> tuple[str, float]:
     """The message and the smallest limit under which some plan fits: the
@@ -119,9 +120,14 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshe
     would help: more devices only where the global ``batch`` is fixed (each
     then holds fewer samples) or the model axis could still grow inside a
     node of ``devices_per_node``; with the per-device batch fixed, more
-    devices bring more samples, not room."""
+    devices bring more samples, not room. On a ``cpu`` table a plan's memory
+    is also what XLA:CPU's schedule holds (:mod:`planner.schedule_fit`): each
+    mesh's smallest plan needs the larger of the two."""
+    problems = [discrete_problem(t) for t in tables]
     mins = [minimum_memory(p) for p in problems]
-    k = int(np.argmin([m.memory_bytes for m in mins]))
+    peaks = [choice_peak(t, mm.choice) for t, mm in zip(tables, mins, strict=True)]  # None: no schedule
+    needs = [max(mm.memory_bytes, pk or 0.0) for mm, pk in zip(mins, peaks, strict=True)]
+    k = int(np.argmin(needs))
     p, mm = problems[k], mins[k]
     rows = np.arange(p.num_layers)
     persistent = p.persistent_bytes[rows, mm.choice]
@@ -140,11 +146,14 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, problems, meshe
         parts = ", ".join(f"{graph.names[i]} {format_bytes_up(state[i])}" for i in top)
         held = (f"at its peak, the optimizer step, {format_bytes_up(float(state.sum()))} are weights, gradients, "
                 f"optimizer state and the optimizer's update (largest: {parts})")
+    if peaks[k] is not None and peaks[k] > mm.memory_bytes:
+        held += (f"; XLA:CPU's schedule holds more, {format_bytes_up(peaks[k])} at its peak (its kernel copies, "
+                 "max-pool buffers and gradient all-reduce: costmodels.xla_cpu)")
     d, m = meshes[k]
     # planning at exactly this limit must fit after the margin and the rounding slack are taken off again
-    required = (mm.memory_bytes + inputs) / (1.0 - margin) / (1.0 - FLOAT32_ROUNDING) * (1.0 + 1e-9)
+    required = (needs[k] + inputs) / (1.0 - margin) / (1.0 - FLOAT32_ROUNDING) * (1.0 + 1e-9)
     need = format_bytes_up(required)
-    kept = (f": {format_bytes_up(mm.memory_bytes)} for the plan, {format_bytes_up(inputs)} for the input batch and "
+    kept = (f": {format_bytes_up(needs[k])} for the plan, {format_bytes_up(inputs)} for the input batch and "
             f"{margin:.0%} of the limit kept free for the platform's compiler (MEMORY_MARGIN)") if margin or inputs else ""
     message = (
         f"no plan of {graph.model_name} on {P} devices fits {format_bytes_up(limit)} per device: the smallest memory "
@@ -259,6 +268,9 @@ def plan(
     budget = max((limit - margin) * (1.0 - FLOAT32_ROUNDING), 1.0)
     solutions: list[Solution] = solve_many(tables, budget, method, seed, callback, config=config,
                                            milp_time_limit_s=milp_time_limit_s)
+    # on cpu, what XLA:CPU's schedule holds must fit too (planner/schedule_fit.py)
+    solutions = fit_schedule(tables, solutions, budget, lambda t, b: solve_many(
+        [t], b, method, seed, callback, config=config, milp_time_limit_s=milp_time_limit_s)[0])
     results = tuple(
         MeshResult(mesh, s.feasible, s.time_s if s.feasible else None, s.memory_bytes, s.min_memory_bytes,
                    s.method, s.optimality_gap)
@@ -266,7 +278,7 @@ def plan(
     )
     fitting = [i for i, s in enumerate(solutions) if s.feasible]
     if not fitting:
-        message, required = _infeasible_message(graph, P, limit, [discrete_problem(t) for t in tables], meshes,
+        message, required = _infeasible_message(graph, P, limit, tables, meshes,
                                                 MEMORY_MARGIN[platform], inputs, batch=B,
                                                 batch_is_global=batch is not None,
                                                 devices_per_node=None if allow_cross_node_model_axis

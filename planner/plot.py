@@ -185,7 +185,8 @@ def plot_plan_memory(plan: Any, ax: Any = None) -> Any:
     and saved activations) as bars in strategy colours, their running total
     (a step line labelled ``cumulative``), the plan's peak
     (``memory_bytes_per_device``: the larger of the backward pass, which adds the
-    transient workspace, and the optimizer step, search.problem) and the
+    transient workspace, and the optimizer step, search.problem; on the
+    ``cpu`` platform what XLA:CPU's schedule holds, costmodels.xla_cpu) and the
     memory limit (``memory_limit_bytes``, a horizontal line labelled
     ``limit``), on a logarithmic byte axis. Returns the axes."""
     _require_matplotlib()

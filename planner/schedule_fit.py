@@ -1,0 +1,86 @@
+"""Plans for the ``cpu`` platform must fit under XLA:CPU's schedule too.
+
+The solvers keep each plan's memory (:func:`costmodels.memory_per_device`:
+two phases, sums plus one largest transient) within the budget. On the
+``cpu`` platform the plan's memory is what XLA:CPU's schedule holds
+(:func:`costmodels.scheduled_memory_per_device`: kernel copies, max-pool
+expansions and the gradient all-reduce along the layer order, which the
+solvers cannot express), and it can exceed the solvers' figure. So each
+plan the search returns on a ``cpu`` table is checked against it; one that
+exceeds the budget is searched again on its mesh with the budget lowered by
+the excess, up to :data:`SCHEDULE_RETRIES` times; where that finds nothing
+that fits, the plan needing the least of the solvers' memory is taken if it
+fits both (so the smallest limit an infeasible plan's error names always
+fits), and otherwise the mesh counts as not fitting. Plans with memory levers keep the solvers'
+memory (the schedule was measured without them: docs/validation.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from costmodels import CostTable, one_hot, scheduled_memory_per_device
+from costmodels.levers import menu_of
+from search import Solution, discrete_problem, minimum_memory, plan_time
+
+__all__ = ["SCHEDULE_RETRIES", "choice_peak", "fit_schedule", "schedule_peak"]
+
+SCHEDULE_RETRIES = 4  # searches again per mesh; each lowers the budget by the last plan's excess
+
+
+def schedule_peak(table: CostTable, solution: Solution) -> float | None:
+    """The peak of ``solution``'s plan under XLA:CPU's schedule, or None where
+    it does not apply (a table not built for ``cpu``, a plan with levers)."""
+    return choice_peak(table, solution.choice)
+
+
+def choice_peak(table: CostTable, choice) -> float | None:
+    """:func:`schedule_peak` of the plan ``choice`` (an option code per real layer)."""
+    if table.xla_cpu is None:
+        return None
+    menu = menu_of(table.feasible.shape[1])
+    if any(menu[int(c) % len(menu)].zero_stage or menu[int(c) % len(menu)].remat for c in choice):
+        return None
+    rows = table.feasible.shape[0]
+    choice = np.concatenate([np.asarray(choice, dtype=np.int64), np.zeros(rows - len(choice), dtype=np.int64)])
+    return float(scheduled_memory_per_device(table, one_hot(choice, table.feasible.shape[1])))
+
+
+def fit_schedule(tables: Sequence[CostTable], solutions: Sequence[Solution], budget: float,
+                 solve: Callable[[CostTable, float], Solution]) -> list[Solution]:
+    """``solutions`` (one per table, searched within ``budget``) with every
+    fitting plan's memory its schedule's peak where that applies, each plan
+    whose peak exceeds ``budget`` replaced by ``solve(table, lower_budget)``'s
+    (module docstring); a mesh where none fits is returned as not fitting."""
+    out = []
+    for table, sol in zip(tables, solutions, strict=True):
+        first = sol
+        for _ in range(SCHEDULE_RETRIES):
+            peak = schedule_peak(table, sol) if sol.feasible else None
+            if peak is None or peak <= budget:
+                break
+            # a plan whose solvers' memory is below this one's by its excess
+            sol = solve(table, min(sol.memory_limit_bytes, sol.memory_bytes) - (peak - budget))
+        peak = schedule_peak(table, sol) if sol.feasible else None
+        if peak is not None and peak <= budget:
+            sol = dataclasses.replace(sol, memory_bytes=peak, memory_limit_bytes=budget)
+        elif peak is not None or (not sol.feasible and first.feasible):
+            sol = _smallest(table, budget, first)
+        out.append(sol)
+    return out
+
+
+def _smallest(table: CostTable, budget: float, like: Solution) -> Solution:
+    """The plan needing the least of the solvers' memory, if it fits
+    ``budget`` under both; else ``like`` marked as not fitting."""
+    p = discrete_problem(table)
+    mm = minimum_memory(p)
+    peak = choice_peak(table, mm.choice)
+    need = max(mm.memory_bytes, peak if peak is not None else 0.0)
+    if need > budget:
+        return dataclasses.replace(like, memory_bytes=need, memory_limit_bytes=budget, feasible=False)
+    return dataclasses.replace(like, choice=tuple(int(c) for c in mm.choice), time_s=plan_time(p, mm.choice),
+                               memory_bytes=need, memory_limit_bytes=budget, lower_bound_s=None, optimality_gap=None)
