@@ -35,7 +35,13 @@ from costmodels.strategies import (
 )
 from costmodels.table import CostSettings
 
-__all__ = ["CollectiveRecord", "auxiliary_collectives", "plan_collectives", "sharded_parameters"]
+__all__ = [
+    "CollectiveRecord",
+    "adds_run_batch_split",
+    "auxiliary_collectives",
+    "plan_collectives",
+    "sharded_parameters",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,11 +98,14 @@ def plan_collectives(
 
     consumers = set()
     produced = {v for _, v in graph.edges}
+    batch_adds = adds_run_batch_split(graph, choice, d, m)
+    fwd_in = lambda v: Layout.BATCH if v in batch_adds else lay[v, choice[v], 0]  # noqa: E731
+    fwd_out = lambda u: Layout.BATCH if u in batch_adds else lay[u, choice[u], 1]  # noqa: E731
     for u, v in graph.edges:
         consumers.add(u)
         nbytes = float(out_el[u]) * gb * delta
         where = f"{graph.names[u]} -> {graph.names[v]}"
-        convert(lay[u, choice[u], 1], lay[v, choice[v], 0], nbytes, "forward", where, u)
+        convert(fwd_out(u), fwd_in(v), nbytes, "forward", where, u)
         convert(lay[v, choice[v], 2], lay[u, choice[u], 3], nbytes, "backward", where, u)
     attention = is_kind(np.asarray(a.kind), ATTENTION_KINDS)
     for i in range(n):
@@ -158,6 +167,46 @@ def plan_collectives(
         elif z:  # the updated shards gathered after the optimizer step
             recs.append(CollectiveRecord("all-gather", axes, "update", f"{name} (weights)", weights))
     return tuple(recs)
+
+
+def adds_run_batch_split(graph: LayerTable, choice: Sequence[int], d: int, m: int) -> set[int]:
+    """The adds whose forward XLA runs batch-split whatever the plan says: an
+    add planned in a layout other than the batch split, whose two operands
+    arrive one batch-split and one in the add's layout, and whose result
+    feeds a ReLU planned in the add's layout, on a mesh with ``d > 1`` and
+    ``m > 1``. The plan converts the batch-split operand; XLA converts the
+    other one to the batch split, adds there, and converts the result back
+    for the ReLU: one all-to-all more, forward only. Why: the ReLU's
+    derivative reads its input, so the add's result has two users (the
+    ReLU's ``max`` and its mask's ``gt``), and with two users Shardy takes
+    the add's sharding from its batch-split operand (isolated on ``relu(h +
+    x)`` under ``grad``: on 2x4 and 4x2 whatever the operand order, never
+    with ``tanh``; docs/validation.md "An add whose operands arrive split
+    differently"). A ReLU is an element-wise layer named for it
+    (``relu``, ``relu_1``: the extraction names functional layers by op)."""
+    if d <= 1 or m <= 1:
+        return set()
+    a = graph.unpadded()
+    n = graph.num_layers
+    choice = np.asarray(choice, dtype=int)[:n]
+    lay = np.asarray(strategy_layouts(np.asarray(a.kind, dtype=np.int32)))  # [L, S, 4]
+    producers: dict[int, list[int]] = {}
+    users: dict[int, list[int]] = {}
+    for u, v in graph.edges:
+        producers.setdefault(v, []).append(u)
+        users.setdefault(u, []).append(v)
+    out = set()
+    for v in range(n):
+        if graph.kind_names[v] != "add" or len(producers.get(v, [])) != 2 or len(users.get(v, [])) != 1:
+            continue
+        at = lay[v, choice[v], 0]
+        arriving = sorted(int(lay[u, choice[u], 1]) for u in producers[v])
+        w = users[v][0]
+        relu = graph.kind_names[w] == "elementwise" and graph.names[w].rsplit("/", 1)[-1].startswith("relu")
+        if at != Layout.BATCH and arriving == sorted((int(Layout.BATCH), int(at))) and relu \
+                and lay[w, choice[w], 0] == at:
+            out.add(v)
+    return out
 
 
 def sharded_parameters(graph: LayerTable, choice: Sequence[int], m: int) -> np.ndarray:

@@ -29,6 +29,7 @@ import pytest
 from builders import TINY_CNN_BATCH, TinyCNN, tiny_cnn
 from flax import nnx
 
+from costmodels.strategies import parse_strategy
 from planner.runtime.validation import collective_rows, fixed_plan, validate
 
 B = TINY_CNN_BATCH  # global batch; input 16x16x3
@@ -224,3 +225,35 @@ def test_residual_block_input_is_pinned(devices):
     rows = collective_rows(model, plan, lowered.compile().as_text(), mesh=make_mesh(2, 4))
     bad = [(r.kind, r.axes, r.predicted_bytes, r.compiled_bytes) for r in rows if not r.ok]
     assert bad == [("all-to-all", ("model",), 131_072.0, 163_840.0)]
+
+
+@pytest.mark.slow
+def test_an_add_between_split_operands_runs_batch_split_before_its_relu(devices):
+    # TinyResNet's identity block blocks/0 with its second half `filter` (conv2, bn2, the
+    # add and the ReLU after it), everything else data, batch 32: the add's operands
+    # arrive split by channels (bn2) and by batch (the block input). On 2x4 and 4x2
+    # XLA converts bn2's output to the batch split, adds there and converts the ReLU's
+    # input back (costmodels.collective_list.adds_run_batch_split): one all-to-all over
+    # `model` of the add's output more than converting the shortcut, 16 x 16 x 8 per
+    # sample x (32 / d) samples x 4 B / m = 32,768 B on both meshes. On 1x8 it does not.
+    from builders import TinyResNet
+
+    from costmodels.collective_list import adds_run_batch_split
+    from planner import extract
+
+    model = nnx.eval_shape(lambda: TinyResNet(nnx.Rngs(0)))
+    x = jax.ShapeDtypeStruct((32, 16, 16, 3), jnp.float32)
+    graph = extract(model, x)
+    second_half = {n: "filter" for n in ("blocks/0/conv2", "blocks/0/bn2", "blocks/0/add", "blocks/0/relu_1")}
+    plain = {}
+    for mesh in ((2, 4), (4, 2), (1, 8)):
+        plan = fixed_plan(model, x, mesh, strategies=second_half, batch=32)
+        choice = [int(parse_strategy(plan.strategies[n])) for n in graph.names]
+        runs = {graph.names[i] for i in adds_run_batch_split(graph, choice, *mesh)}
+        assert runs == ({"blocks/0/add"} if mesh != (1, 8) else set())
+        row = _by(validate(model, plan, memory_rtol=0.5).collectives)[("all-to-all", ("model",))]
+        assert row.ok and row.predicted_bytes == row.compiled_bytes, (mesh, row)
+        plain[mesh] = row.compiled_bytes
+    # the extra conversion, by hand: the compiled all-to-alls of 2x4 and 4x2 beside 1x8's
+    # (on 1x8 every conversion is of the group's whole batch: 32 samples / 8, the same shards)
+    assert plain[(2, 4)] - plain[(1, 8)] == plain[(4, 2)] - plain[(1, 8)] == 32_768
