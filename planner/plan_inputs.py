@@ -17,24 +17,25 @@ __all__ = ["MEMORY_MARGIN", "memory_margin_bytes", "mesh_shapes", "parse_memory_
 
 # The share of a memory limit the search keeps free, per XLA platform: what
 # the cost model does not capture (docs/validation.md, "The memory promise").
-# cpu, measured with what XLA:CPU does counted by the cost model
-# (CostSettings(platform="cpu"): its max-pool expansion and transposed
-# convolution output gradients, beside the two phases every platform has;
+# cpu, measured with what XLA:CPU does counted by the cost model (its
+# max-pool expansion and transposed convolution output gradients, and for
+# plans without levers its schedule, costmodels.xla_cpu: kernel copies,
+# reversed kernels, the pools' iotas, the gradient all-reduce;
 # benchmarks/xla_agreement.py: 96 plans of four models, batches 64 and 256,
-# every 8-device mesh, limits none / mid / tight; benchmarks/zero_xla.py;
-# tests/test_memory_promise.py's tiny CNN): what is left is XLA:CPU's
-# breadth-first schedule computing parameter-only values (transposed and
-# reversed kernel copies) early, in the forward pass, and buffer
-# assignment's fragmentation (7.6% on VGG16-CIFAR-10, batch 256, 2x4).
-# Worst compiled / predicted: 1.100 on the grid (SplitBrain VGG16, batch 256,
-# 4x2, mid), 1.129 under ZeRO (the ResNet's stage 2, batch 64, 4x2, every
-# layer data; VGG16-CIFAR-10's stage 1 was 1.162 before its gathered update
-# was counted), 1.036 on the tiny CNN (1x8, tight) and 0.99 on the full-size
-# transformers (docs/transformers.md), so plans are predicted at most 0.8 x
-# the limit (1 / 0.8 = 1.25, one more fragmentation's worth above 1.162).
-# It was 45% (1.82) while the model added the optimizer's update to the
-# activations and left XLA:CPU's buffers out (worst 1.69). gpu, tpu: not measured yet (no GPU was at hand), so no
-# margin: validate there first.
+# every 8-device mesh, limits none / mid / tight, and 36 held out at batch
+# 128; benchmarks/zero_xla.py; tests/test_memory_promise.py's tiny CNN):
+# what is left is a channel dense layer's weight gradient that the schedule
+# does not count at the backward's start, and buffer assignment's
+# fragmentation (7.6% on VGG16-CIFAR-10, batch 256, 2x4). Worst compiled /
+# predicted: 1.097 on the grid (SplitBrain VGG16, batch 64, 1x8, tight),
+# 1.150 held out (SplitBrain VGG16, batch 128, 1x8, mid), 1.129 under ZeRO
+# (the ResNet's stage 2, batch 64, 4x2, every layer data, two phases;
+# VGG16-CIFAR-10's stage 1 was 1.162 before its gathered update was counted)
+# and 1.056 on the full-size transformers (docs/transformers.md), so plans
+# are predicted at most 0.8 x the limit (1 / 0.8 = 1.25). It was 45% (1.82)
+# while the model added the optimizer's update to the activations and left
+# XLA:CPU's buffers out (worst 1.69). gpu, tpu: not measured yet (no GPU was
+# at hand), so no margin: validate there first.
 MEMORY_MARGIN: dict[str, float] = {"cpu": 0.20, "gpu": 0.0, "tpu": 0.0}
 
 _UNITS = {
