@@ -40,7 +40,6 @@ from costmodels import (
     iteration_time,
     lever_menu,
     memory_per_device,
-    scheduled_memory_per_device,
     menu_covering,
     one_hot,
     option_index,
@@ -54,6 +53,7 @@ from costmodels.layers import ATTENTION_KINDS, CHANNELWISE_KINDS, tied_output
 from costmodels.levers import levers_per_strategy, menu_of, with_lever
 from planner.ir.graph import LayerGraph, LayerKind
 from planner.plan_inputs import platform_of
+from planner.schedule_fit import choice_peak
 
 __all__ = [
     "evaluation_of",
@@ -419,15 +419,12 @@ def evaluate(
     return evaluation_of(graph, hardware, devices, (d, m), B, settings, table, strategy=strategy, plan=plan)
 
 
-def planned_memory(table, probs, levers: Iterable[Lever]) -> float:
-    """The plan's peak memory per device: on a ``cpu`` table, for a plan
-    without memory levers, XLA:CPU's schedule
-    (:func:`costmodels.scheduled_memory_per_device`, measured rule by rule
-    on such plans); otherwise the solvers' two phases
-    (:func:`costmodels.memory_per_device`)."""
-    if table.xla_cpu is not None and not any(x.zero_stage or x.remat for x in levers):
-        return float(scheduled_memory_per_device(table, probs))
-    return float(memory_per_device(table, probs))
+def _planned_memory(table, probs, choice) -> float:
+    """The plan's peak memory per device: XLA:CPU's schedule where it applies
+    (a ``cpu`` table, a plan without levers: :func:`planner.schedule_fit.choice_peak`),
+    else the solvers' two phases (:func:`costmodels.memory_per_device`)."""
+    peak = choice_peak(table, choice)
+    return float(memory_per_device(table, probs)) if peak is None else peak
 
 
 def evaluation_of(graph: LayerGraph, hardware: Hardware, devices: int, mesh: tuple[int, int], batch: int,
@@ -483,7 +480,7 @@ def evaluation_of(graph: LayerGraph, hardware: Hardware, devices: int, mesh: tup
         dtype=dtype,
         optimizer=optimizer,
         iteration_s=float(iteration_time(table, probs)),
-        memory_bytes_per_device=planned_memory(table, probs, lever_of),
+        memory_bytes_per_device=_planned_memory(table, probs, o),
         memory_capacity_bytes=hardware.device.memory_bytes,
         layers=layers,
         collectives=plan_collectives(graph, choice, B, d, m, settings, lever_of),
