@@ -270,7 +270,7 @@ def plan(
                                            milp_time_limit_s=milp_time_limit_s)
     # on cpu, what XLA:CPU's schedule holds must fit too (planner/schedule_fit.py)
     solutions = fit_schedule(tables, solutions, budget, lambda t, b: solve_many(
-        [t], b, method, seed, callback, config=config, milp_time_limit_s=milp_time_limit_s)[0])
+        [t], b, method, seed, callback, config=config, milp_time_limit_s=milp_time_limit_s)[0], callback)
     results = tuple(
         MeshResult(mesh, s.feasible, s.time_s if s.feasible else None, s.memory_bytes, s.min_memory_bytes,
                    s.method, s.optimality_gap)

@@ -24,7 +24,7 @@ import numpy as np
 
 from costmodels import CostTable, one_hot, scheduled_memory_per_device
 from costmodels.levers import menu_of
-from search import Solution, discrete_problem, minimum_memory, plan_time
+from search import SearchEvent, Solution, discrete_problem, minimum_memory, plan_time
 
 __all__ = ["SCHEDULE_RETRIES", "choice_peak", "fit_schedule", "schedule_peak"]
 
@@ -50,20 +50,27 @@ def choice_peak(table: CostTable, choice) -> float | None:
 
 
 def fit_schedule(tables: Sequence[CostTable], solutions: Sequence[Solution], budget: float,
-                 solve: Callable[[CostTable, float], Solution]) -> list[Solution]:
+                 solve: Callable[[CostTable, float], Solution],
+                 callback: Callable[[SearchEvent], None] | None = None) -> list[Solution]:
     """``solutions`` (one per table, searched within ``budget``) with every
     fitting plan's memory its schedule's peak where that applies, each plan
     whose peak exceeds ``budget`` replaced by ``solve(table, lower_budget)``'s
-    (module docstring); a mesh where none fits is returned as not fitting."""
+    (module docstring); a mesh where none fits is returned as not fitting.
+    Each search again is reported to ``callback`` (stage ``schedule``, the
+    table's index)."""
     out = []
-    for table, sol in zip(tables, solutions, strict=True):
+    for i, (table, sol) in enumerate(zip(tables, solutions, strict=True)):
         first = sol
         for _ in range(SCHEDULE_RETRIES):
             peak = schedule_peak(table, sol) if sol.feasible else None
             if peak is None or peak <= budget:
                 break
             # a plan whose solvers' memory is below this one's by its excess
-            sol = solve(table, min(sol.memory_limit_bytes, sol.memory_bytes) - (peak - budget))
+            lower = min(sol.memory_limit_bytes, sol.memory_bytes) - (peak - budget)
+            if callback is not None:
+                callback(SearchEvent("schedule", f"XLA:CPU's schedule holds {peak:,.0f} B, {peak - budget:,.0f} B "
+                                                 f"over the budget; searching again within {lower:,.0f} B", table=i))
+            sol = solve(table, lower)
         peak = schedule_peak(table, sol) if sol.feasible else None
         if peak is not None and peak <= budget:
             sol = dataclasses.replace(sol, memory_bytes=peak, memory_limit_bytes=budget)

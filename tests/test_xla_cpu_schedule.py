@@ -72,9 +72,12 @@ def test_fit_schedule_searches_again_below_the_excess():
 
     ok = fit_schedule([t], [_sol([0, 0, 0], 200.0, 300.0)], 300.0, solve)[0]
     assert (ok.feasible, ok.memory_bytes, asked) == (True, 256.0, [])  # fits: reported at its schedule's peak
-    out = fit_schedule([t], [_sol([0, 0, 0], 200.0, 250.0)], 250.0, solve)[0]
+    events = []
+    out = fit_schedule([t], [_sol([0, 0, 0], 200.0, 250.0)], 250.0, solve, events.append)[0]
     # 6 bytes over: searched again 6 below the lower of the plan's solvers' memory and its budget
     assert asked == [194.0, 188.0, 182.0, 176.0][:SCHEDULE_RETRIES]
+    assert [(e.stage, e.table) for e in events] == [("schedule", 0)] * SCHEDULE_RETRIES
+    assert "256 B, 6 B over the budget; searching again within 194 B" in events[0].message
     # then the table's least-memory plan is tried: its schedule too needs 256
     assert (out.feasible, out.memory_bytes, out.memory_limit_bytes) == (False, 256.0, 250.0)
     # a mesh the search found nothing on stays so, unsearched
