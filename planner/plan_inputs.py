@@ -22,7 +22,7 @@ __all__ = ["MEMORY_MARGIN", "memory_margin_bytes", "mesh_shapes", "parse_memory_
 # plans without levers its schedule, costmodels.xla_cpu: kernel copies,
 # reversed kernels, the pools' iotas, the gradient all-reduce;
 # benchmarks/xla_agreement.py: 96 plans of four models, batches 64 and 256,
-# every 8-device mesh, limits none / mid / tight, and 36 held out at batch
+# every 8-device mesh, limits none / mid / tight, and 48 held out at batch
 # 128; benchmarks/zero_xla.py; tests/test_memory_promise.py's tiny CNN):
 # what is left is a channel dense layer's weight gradient that the schedule
 # does not count at the backward's start, and buffer assignment's
