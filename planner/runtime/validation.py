@@ -14,7 +14,9 @@ Memory rows (jax-notes.md §3):
 * ``arguments``: their sum against XLA's ``argument_size_in_bytes``, exact.
 * ``activations and temporaries``: the plan's predicted memory per device
   (:func:`costmodels.memory_per_device`, which counts gradients, the
-  optimizer's update, saved activations and the largest workspace) less its weights, optimizer state
+  optimizer's update, saved activations and the largest workspace; for a
+  ``cpu`` plan without levers XLA:CPU's schedule,
+  :func:`costmodels.scheduled_memory_per_device`) less its weights, optimizer state
   and buffers, against ``output - alias + temp`` with the state donated.
   Within ``activation_rtol``.
 * ``total``: ``argument + output - alias + temp`` (on CPU ``peak`` leaves out
@@ -311,7 +313,7 @@ def _memory_rows(graph: Any, plan: Plan, compiled: Any, abstract: Any, x: Any, r
             ", batch over every device"),
         row("arguments", arguments, arg, 0.0, "XLA argument_size_in_bytes"),
         row("activations and temporaries", total - arguments, got_total - arg, act_rtol,
-            "gradients, update, saved activations, workspace; XLA output - alias + temp"),
+            "gradients (or kernel copies), update, saved activations, workspace; XLA output - alias + temp"),
         row("total", total, got_total, rtol, "XLA argument + output - alias + temp"),
     )
     return (*rows, _limit_row(plan, rows, got_total))
