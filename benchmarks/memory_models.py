@@ -89,7 +89,6 @@ def parts(row: dict, graphs: dict) -> dict[str, np.ndarray | float]:
     from costmodels.layers import LayerKind
     from costmodels.strategies import Layout, Strategy, strategy_layouts
     from costmodels.table import CostSettings, cost_table
-    from planner.runtime.validation import _COUNTER_BYTES  # the optimizer's step count, an argument
 
     name, batch, (d, m) = row["model"], row["batch"], row["mesh"]
     if (name, batch) not in graphs:
@@ -124,8 +123,9 @@ def parts(row: dict, graphs: dict) -> dict[str, np.ndarray | float]:
     padded = np.pad(c, (0, cpu.feasible.shape[0] - c.size))
     peak = scheduled_memory_per_device(cpu, one_hot(padded, cpu.feasible.shape[1]))
     return {
-        # XLA:CPU's schedule (costmodels/xla_cpu.py), with the inputs and the optimizer's step count
-        "scheduled": float(peak) + float(report["inputs"]["predicted_bytes"]) + _COUNTER_BYTES[grid.OPTIMIZER],
+        # XLA:CPU's schedule (costmodels/xla_cpu.py), with what validate adds to a plan's memory
+        # (the inputs and the optimizer's step count: the grid row's predicted total less the plan's)
+        "scheduled": float(peak) + row["predicted_total_bytes"] - row["plan_memory_bytes"],
         "args": float(report["arguments"]["compiled_bytes"]),
         "G": settings.gradient_bytes_per_param * np.maximum(held, 0.0),
         "A": act,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from costmodels.calibration import Calibration
 from costmodels.compute import DTYPE_BYTES
 from costmodels.hardware import Hardware
-from costmodels.layers import LayerKind, LayerTable
+from costmodels.layers import ATTENTION_KINDS, LayerKind, LayerTable
 from costmodels.levers import Lever, lever_menu
 from costmodels.strategies import STRATEGY_NAMES, Layout, Strategy
 from costmodels.table import OPTIMIZER_SLOTS, CostSettings
@@ -208,7 +208,7 @@ def _shard_seconds(graph: LayerTable, i: int, s: int, hw: Hardware, dtype: str, 
         t = [_kernel_seconds(hw, fl[j], *shapes[j], moved if fl[j] > 0 else 0.0, peak, eff) for j in range(3)]
         return t[0] + t[1] + t[2], t[1] + t[2]
     peak, eff = dev.peak_flops_per_s["float32"], dev.efficiency_of("elementwise", "float32")
-    if kind in (LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION):
+    if kind in ATTENTION_KINDS:
         # per head: scores = q k^T and out = p v forward; d(scores), dq, dk, dv backward;
         # the softmax an element-wise kernel each way over the scores
         mode = dev.math_mode(dtype)
@@ -294,7 +294,7 @@ def reference_iteration_time(
                 msgs += [lo * xr, hi * xr]
             for nbytes in msgs:
                 halo += ma + nbytes / mb if nbytes > 0 else 0.0
-            if int(a.kind[i]) in (LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION):
+            if int(a.kind[i]) in ATTENTION_KINDS:
                 # sequence parallel: gather the keys and the values (a third of the input each),
                 # reduce-scatter their gradients; no halo
                 rows_in = float(a.in_spatial[i][0])
@@ -358,7 +358,7 @@ def reference_memory(
             state += local * weights
             updates += local * weights
         state += 4.0 * float(a.buffers[i]) / (m if s == Strategy.FILTER else 1)  # statistics follow channels
-        attention = int(a.kind[i]) in (LayerKind.ATTENTION, LayerKind.CAUSAL_ATTENTION)
+        attention = int(a.kind[i]) in ATTENTION_KINDS
         probs = float(a.groups[i]) * float(a.out_spatial[i][0]) ** 2 * gb * delta / split(in_l) if attention else 0.0
         saved = float(a.saved_elements[i]) * gb * delta / split(in_l)
         if s == Strategy.SPATIAL and attention:

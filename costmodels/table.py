@@ -330,13 +330,14 @@ def cost_table(
     # (`transpose_copy_fusion`, live-range dumps, measured on the grid). Levers leave both alone.
     activation_out, workspace_out = lc.activation_bytes, lc.workspace_bytes
     if settings.platform == "cpu":
+        conv = kind == LayerKind.CONV
         max_pool = ((kind == LayerKind.POOL) & (f32(a.saved_elements) > 0))[:, None]  # average pools save nothing
         dims = f32(a.spatial_rank)[:, None] + 2.0
         pool_in = f32(a.saved_elements)[:, None] * group_batch / split_of(in_lay)  # [L, S] a max pool saves its input
         pool_out = out_el[:, None] * group_batch / split_of(out_lay)  # [L, S] elements per device
         index_bytes = jnp.where(max_pool, 4.0 * dims * pool_out, 0.0)
         iota_bytes = jnp.where(max_pool, 4.0 * dims * pool_in, 0.0)
-        dy_copy = jnp.where((kind == LayerKind.CONV)[:, None], delta * out_el[:, None] * group_batch / split_of(gout_lay),
+        dy_copy = jnp.where(conv[:, None], delta * out_el[:, None] * group_batch / split_of(gout_lay),
                             0.0)  # [L, S] the transposed output gradient
         K = lc.activation_bytes.shape[-1] // S
         activation_out = activation_out + jnp.repeat(index_bytes, K, axis=-1)  # option s K + k: strategy s
@@ -345,7 +346,6 @@ def cost_table(
         # conv and dense kernel but the first weighted layer's and a channel dense layer's,
         # a reversed kernel where ConvOperandSwapper swaps a conv's operands (window larger
         # than the input), each max pool's zero broadcast (its input's size).
-        conv = kind == LayerKind.CONV
         weighted = (conv | (kind == LayerKind.DENSE)) & (params > 0) & (real > 0)
         first = weighted & (jnp.cumsum(weighted) == 1)
         gradients = settings.gradient_bytes_per_param * local_params  # [L, S] without levers

@@ -26,23 +26,19 @@ from costmodels import CostTable, one_hot, scheduled_memory_per_device
 from costmodels.levers import menu_of
 from search import SearchEvent, Solution, discrete_problem, minimum_memory, plan_time
 
-__all__ = ["SCHEDULE_RETRIES", "choice_peak", "fit_schedule", "schedule_peak"]
+__all__ = ["SCHEDULE_RETRIES", "choice_peak", "fit_schedule"]
 
 SCHEDULE_RETRIES = 4  # searches again per mesh; each lowers the budget by the last plan's excess
 
 
-def schedule_peak(table: CostTable, solution: Solution) -> float | None:
-    """The peak of ``solution``'s plan under XLA:CPU's schedule, or None where
-    it does not apply (a table not built for ``cpu``, a plan with levers)."""
-    return choice_peak(table, solution.choice)
-
-
 def choice_peak(table: CostTable, choice) -> float | None:
-    """:func:`schedule_peak` of the plan ``choice`` (an option code per real layer)."""
+    """The peak of the plan ``choice`` (an option code per real layer) under
+    XLA:CPU's schedule, or None where it does not apply (a table not built
+    for ``cpu``, a plan with levers)."""
     if table.xla_cpu is None:
         return None
     menu = menu_of(table.feasible.shape[1])
-    if any(menu[int(c) % len(menu)].zero_stage or menu[int(c) % len(menu)].remat for c in choice):
+    if any(lever.zero_stage or lever.remat for lever in (menu[int(c) % len(menu)] for c in choice)):
         return None
     rows = table.feasible.shape[0]
     choice = np.concatenate([np.asarray(choice, dtype=np.int64), np.zeros(rows - len(choice), dtype=np.int64)])
@@ -61,8 +57,8 @@ def fit_schedule(tables: Sequence[CostTable], solutions: Sequence[Solution], bud
     out = []
     for i, (table, sol) in enumerate(zip(tables, solutions, strict=True)):
         first = sol
+        peak = choice_peak(table, sol.choice) if sol.feasible else None
         for _ in range(SCHEDULE_RETRIES):
-            peak = schedule_peak(table, sol) if sol.feasible else None
             if peak is None or peak <= budget:
                 break
             # a plan whose solvers' memory is below this one's by its excess
@@ -71,7 +67,7 @@ def fit_schedule(tables: Sequence[CostTable], solutions: Sequence[Solution], bud
                 callback(SearchEvent("schedule", f"XLA:CPU's schedule holds {peak:,.0f} B, {peak - budget:,.0f} B "
                                                  f"over the budget; searching again within {lower:,.0f} B", table=i))
             sol = solve(table, lower)
-        peak = schedule_peak(table, sol) if sol.feasible else None
+            peak = choice_peak(table, sol.choice) if sol.feasible else None
         if peak is not None and peak <= budget:
             sol = dataclasses.replace(sol, memory_bytes=peak, memory_limit_bytes=budget)
         elif peak is not None or (not sol.feasible and first.feasible):
