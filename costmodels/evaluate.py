@@ -19,13 +19,17 @@ p[src,s] p[dst,t]`` with ``p[l, s]`` the summed probability of strategy
 objective: the exact solvers' float64 host version
 (:func:`search.problem.plan_times`) is its value at one-hot probabilities.
 
-``memory = max(sum_l sum_o p[l,o] (state - update + activations)[l,o] + max_l sum_o p[l,o] workspace[l,o],
+``memory = max(sum_l sum_o p[l,o] (state - update + activations)[l,o] - credit
+                 + max_l (sum_o p[l,o] workspace[l,o] + transient[l]),
               sum_l sum_o p[l,o] state[l,o])``
 
 the larger of the backward phase (the saved activations and the largest
 transient beside the state, but not the optimizer's update) and the
 optimizer step (the state with the update; XLA frees the activations
 before it: buffer assignment, docs/validation.md "The memory promise").
+``credit`` and ``transient`` are what runs of consecutive recomputing
+layers change (:func:`recomputed_runs`); both are zero where no two
+consecutive layers recompute.
 
 The overlap term models the gradient all-reduce of a layer running while
 the backward pass of the layers before it computes (bucketed data-parallel
@@ -38,10 +42,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from costmodels.levers import strategy_probs
+from costmodels.levers import menu_of, strategy_probs
 from costmodels.table import CostTable
 
-__all__ = ["expected_time", "iteration_time", "memory_per_device", "one_hot", "reshard_per_edge"]
+__all__ = ["expected_time", "iteration_time", "memory_per_device", "one_hot", "recomputed_runs", "reshard_per_edge"]
 
 
 def one_hot(choice, num_options: int):
@@ -81,11 +85,65 @@ def iteration_time(table: CostTable, probs):
     return expected_time(table, probs, pair)
 
 
+def recomputed_runs(table: CostTable, probs):
+    """What runs of recomputing layers change in the backward phase's memory,
+    under option probabilities ``probs`` [L, O]: ``(credit, transient)``.
+
+    A *run* is a recomputing layer (``remat``) and the consecutive layers
+    after it, in the table's order (a topological one), that recompute
+    *joining* it (``remat+join``). The backward pass recomputes the whole
+    run from what enters it (``jax.checkpoint`` semantics: the residuals of
+    a checkpointed function are its inputs), so
+
+    * an edge ``(p, c)`` whose two ends are in one run (``p`` recomputes and
+      every layer ``p+1..c`` joins) needs no checkpoint: ``credit`` (bytes)
+      is the part of the joining consumers' kept inputs
+      (``checkpoint_bytes``, each edge its ``edge_input_share``) such edges
+      free;
+    * at layer ``l``'s backward step, the run's recomputed activations of
+      the layers up to ``l`` are live (those after it are freed):
+      ``transient`` [L] is what the run adds to ``l``'s workspace beyond its
+      own recomputed activations (which the workspace holds already),
+      ``R[l - 1]`` with ``R[l] = rec[l] + beta[l] R[l - 1]``, ``beta`` the
+      probability that a layer joins the run before it and ``rec`` its
+      expected recomputed bytes (Chen et al. 2016, "Training Deep Nets with
+      Sublinear Memory Cost", section 3: a segment's activations are
+      recomputed together during its backward pass).
+
+    A run of one layer has neither: its input is kept (``checkpoint_bytes``)
+    and its activations are its own transient; so has a joining layer after
+    one that keeps its activations. Layers are drawn
+    independently, as for the resharding in :func:`iteration_time`; at
+    one-hot probabilities both are the discrete plan's values."""
+    L, O = probs.shape
+    mask = table.layer_mask
+    menu = menu_of(O)
+    remat = jnp.asarray([lever.remat for lever in menu] * (O // len(menu)))  # [O] option o recomputes
+    joins = jnp.asarray([lever.joins for lever in menu] * (O // len(menu)))  # [O] ... in the run before it
+    rho = jnp.sum(jnp.where(remat[None, :], probs, 0.0), axis=-1) * mask  # [L] the layer recomputes
+    beta = jnp.sum(jnp.where(joins[None, :], probs, 0.0), axis=-1) * mask  # [L] ... joining the run before it
+    rec = jnp.sum(probs * table.recompute_bytes, axis=-1) * mask  # [L]
+
+    def link(left, right):  # composing x -> a x + b: R[l] = rec[l] + beta[l] R[l - 1]
+        return left[0] * right[0], right[0] * left[1] + right[1]
+
+    _, R = jax.lax.associative_scan(link, (beta, rec))
+    transient = R - rec
+    src, dst = table.edge_src, table.edge_dst
+    idx = jnp.arange(L)
+    joining = (idx[None, :] > src[:, None]) & (idx[None, :] < dst[:, None])  # [E, L] layers src+1..dst-1
+    in_run = rho[src] * jnp.prod(jnp.where(joining, beta[None, :], 1.0), axis=-1) * (src < dst)  # [E]
+    kept = jnp.sum(jnp.where(joins[None, :], probs[dst] * table.checkpoint_bytes[dst], 0.0), axis=-1)  # [E]
+    credit = jnp.sum(in_run * kept * table.edge_input_share * table.edge_mask)
+    return credit, transient
+
+
 @jax.jit
 def memory_per_device(table: CostTable, probs):
     """Peak bytes per device under the relaxed plan ``probs`` [L, O]."""
     mask = table.layer_mask[:, None]
-    persistent = jnp.sum(probs * (table.state_bytes - table.update_bytes + table.activation_bytes) * mask)
-    workspace = jnp.max(jnp.sum(probs * table.workspace_bytes * mask, axis=-1))
+    credit, transient = recomputed_runs(table, probs)
+    persistent = jnp.sum(probs * (table.state_bytes - table.update_bytes + table.activation_bytes) * mask) - credit
+    workspace = jnp.max(jnp.sum(probs * table.workspace_bytes * mask, axis=-1) + transient)
     optimizer_step = jnp.sum(probs * table.state_bytes * mask)
     return jnp.maximum(persistent + workspace, optimizer_step)

@@ -10,8 +10,9 @@ the levers a :class:`~costmodels.CostSettings` allows (``levers``):
 =========  ==========================================================
 ``none``   every strategy as is (today's menu, ``K = 1``)
 ``zero``   each strategy with ZeRO stage 0, 1, 2 or 3 (``K = 4``)
-``remat``  each strategy with activations kept or recomputed (``K = 2``)
-``all``    both (``K = 8``)
+``remat``  each strategy with activations kept, recomputed, or recomputed
+           in the run of the layer before (``K = 3``)
+``all``    both (``K = 12``)
 =========  ==========================================================
 
 An *option* is one (strategy, lever) pair; a :class:`~costmodels.CostTable`
@@ -51,7 +52,13 @@ Rematerialisation (``jax.checkpoint`` around the layer: its residuals are
 its inputs, and its forward runs again inside the backward pass) keeps only
 the layer's input instead of what the layer saves, recomputes the forward
 (compute, and a spatial layer's forward exchange) and holds the recomputed
-activations at its backward step as a transient.
+activations at its backward step as a transient. A recomputing layer may
+instead *join* the run of the layer before it (``remat+join``): where that
+layer recomputes too, the two are checkpointed as one (Chen et al. 2016,
+"Training Deep Nets with Sublinear Memory Cost", section 3), so the
+joining layer keeps no input and its activations are recomputed with the
+run's (:func:`costmodels.recomputed_runs`); after a layer that keeps its
+activations it is plain ``remat``.
 
 Masks rule out what cannot run or does nothing: ZeRO needs parameters, a
 group of more than one device and ``D`` dividing the output channels each
@@ -97,10 +104,12 @@ class Lever(NamedTuple):
 
     zero_stage: int  # 0: none; 1: optimizer state sharded; 2: and gradients; 3: and weights (FSDP)
     remat: bool  # activations recomputed in the backward pass instead of kept
+    joins: bool = False  # recomputed in the run of the layer before where that layer recomputes (needs remat)
 
     @property
     def name(self) -> str:
-        parts = ([f"zero{self.zero_stage}"] if self.zero_stage else []) + (["remat"] if self.remat else [])
+        parts = ([f"zero{self.zero_stage}"] if self.zero_stage else []) + (["remat"] if self.remat else []) \
+            + (["join"] if self.joins else [])
         return "+".join(parts) or "none"
 
 
@@ -110,8 +119,8 @@ def lever_menu(levers: str) -> tuple[Lever, ...]:
     if levers not in LEVER_CHOICES:
         raise ValueError(f"unknown levers {levers!r}; choose from {', '.join(LEVER_CHOICES)}")
     stages = ZERO_STAGES if levers in ("zero", "all") else (0,)
-    remat = (False, True) if levers in ("remat", "all") else (False,)
-    return tuple(Lever(z, r) for r in remat for z in stages)
+    remat = ((False, False), (True, False), (True, True)) if levers in ("remat", "all") else ((False, False),)
+    return tuple(Lever(z, r, j) for r, j in remat for z in stages)
 
 
 _MENU_BY_SIZE = {len(lever_menu(c)): lever_menu(c) for c in LEVER_CHOICES}
@@ -157,22 +166,25 @@ def with_lever(strategy: str, lever: Lever) -> str:
 
 def parse_option(name: str) -> tuple[int, Lever]:
     """The strategy code and lever of an option name (:func:`option_name`'s
-    form: ``data``, ``data+zero2``, ``filter+zero3+remat``, ``spatial+remat``)."""
+    form: ``data``, ``data+zero2``, ``filter+zero3+remat``, ``spatial+remat``,
+    ``data+remat+join``)."""
     if not isinstance(name, str):
         raise ValueError(f"an option must be a name such as 'data' or 'data+zero2', got {name!r}")
     head, *parts = name.strip().lower().split("+")
     if head not in STRATEGY_NAMES:
         raise ValueError(f"unknown strategy {head!r} in {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
-    zero, remat = 0, False
+    zero, remat, joins = 0, False, False
     for part in parts:
         if part == "remat" and not remat:
             remat = True
+        elif part == "join" and remat and not joins:
+            joins = True
         elif part in ("zero1", "zero2", "zero3") and not zero:
             zero = int(part[-1])
         else:
             raise ValueError(f"unknown or repeated lever {part!r} in {name!r}; a strategy may carry one of "
-                             "zero1, zero2, zero3 and remat, e.g. 'data+zero3+remat'")
-    return STRATEGY_NAMES.index(head), Lever(zero, remat)
+                             "zero1, zero2, zero3 and remat, and join after remat, e.g. 'data+zero3+remat'")
+    return STRATEGY_NAMES.index(head), Lever(zero, remat, joins)
 
 
 def menu_covering(levers: Iterable[Lever]) -> str:
@@ -209,6 +221,7 @@ class LeverInputs(NamedTuple):
     reduce_scatter_bucket_s: jnp.ndarray  # [S] reduce-scatter of one gradient bucket over the group, seconds
     all_gather_bucket_s: jnp.ndarray  # [S] all-gather of one bucket of weights over the group, seconds
     zero_ok: jnp.ndarray  # [L, S] bool, ZeRO can shard this layer's state under the strategy
+    joinable: jnp.ndarray  # [L] bool, a producer of the layer can recompute (a run can reach it)
 
 
 class LeverCosts(NamedTuple):
@@ -225,6 +238,8 @@ class LeverCosts(NamedTuple):
     update_bytes: jnp.ndarray  # the optimizer's update buffer (part of state_bytes)
     activation_bytes: jnp.ndarray
     workspace_bytes: jnp.ndarray
+    recompute_bytes: jnp.ndarray  # what a recomputing option runs again: its activations kept without the lever
+    checkpoint_bytes: jnp.ndarray  # what a recomputing option keeps instead: its input
 
 
 def lever_costs(x: LeverInputs, menu: tuple[Lever, ...], *, weight_bytes: float, gradient_bytes: float,
@@ -266,16 +281,20 @@ def lever_costs(x: LeverInputs, menu: tuple[Lever, ...], *, weight_bytes: float,
             # (stages 2, 3) and the gathered weights (stage 3)
             extra = ((gradient_bytes if z >= 2 else 0.0) + (weight_bytes if z >= 3 else 0.0)) * x.params
         compute, backward, halo, activation = x.compute_s, x.backward_s, x.halo_s, x.activation_bytes
+        recompute = checkpoint = jnp.zeros_like(x.activation_bytes)
         if lever.remat:
             # jax.checkpoint: keep the input, run the forward again inside the backward pass
             feasible = feasible & (x.activation_bytes > x.input_bytes)
+            if lever.joins:
+                feasible = feasible & x.joinable[:, None]
             compute = compute + (x.compute_s - x.backward_s)
             backward = backward + (x.compute_s - x.backward_s)
             halo = halo + x.forward_halo_s
-            activation = x.input_bytes
+            activation = checkpoint = x.input_bytes
+            recompute = x.activation_bytes
             extra = extra + x.activation_bytes
         fields.append((feasible, compute, backward, grad_sync, gather, halo, x.output_s, state, update, activation,
-                       x.workspace_bytes + extra))
+                       x.workspace_bytes + extra, recompute, checkpoint))
     K = len(menu)
 
     def interleave(arrays):  # K arrays [L, S] -> [L, S K], option s K + k

@@ -117,11 +117,14 @@ class CostTable(NamedTuple):
     update_bytes: jnp.ndarray  # [L, O] the optimizer's update, part of state_bytes, live at the optimizer step only
     activation_bytes: jnp.ndarray  # [L, O] activations kept for the backward pass per device
     workspace_bytes: jnp.ndarray  # [L, O] transient input and output gradients (and levers' transients) per device
+    recompute_bytes: jnp.ndarray  # [L, O] a recomputing option's activations, made again in the backward pass (0: keeps them)
+    checkpoint_bytes: jnp.ndarray  # [L, O] what a recomputing option keeps instead: its input (part of activation_bytes)
     reshard_s: jnp.ndarray  # [E, S, S] converting edge src's output under s to dst's input under t, fwd + bwd
     layer_mask: jnp.ndarray  # [L] 1 for real layers
     edge_src: jnp.ndarray  # [E] int32
     edge_dst: jnp.ndarray  # [E] int32
     edge_mask: jnp.ndarray  # [E] 1 for real edges
+    edge_input_share: jnp.ndarray  # [E] the edge's part of its destination's input (1 for a one-input layer)
     gradient_overlap: jnp.ndarray  # [] fraction of gradient sync hidden behind backward compute
     memory_capacity_bytes: jnp.ndarray  # [] per device
     xla_cpu: XlaCpuBuffers | None = None  # XLA:CPU's own buffers (platform cpu), for costmodels.xla_cpu
@@ -307,13 +310,18 @@ def cost_table(
                    | (kind == LayerKind.BATCH_NORM) | (kind == LayerKind.NORM)) & (params > 0)
     shares_table = jnp.any(tied[:, 0] & (real > 0)) & (kind == LayerKind.EMBED)  # the table a tied output reads
     zero_ok = (holds_state & ~shares_table)[:, None] & (group[None, :] > 1) & (jnp.mod(out_local, group[None, :]) == 0)
+    input_bytes = delta * group_batch * in_el[:, None] / split_of(in_lay)  # [L, S] what recomputing keeps
+    # a run of recomputing layers can reach a layer from a producer that can recompute
+    can_recompute = jnp.any(feasible & (activation > input_bytes), axis=-1) & (real > 0)  # [L] (levers.py's mask)
+    joinable = jnp.zeros(L, bool).at[dst].max(can_recompute[src] & (emask > 0))
     inputs = LeverInputs(
         feasible=feasible, compute_s=compute, backward_s=backward, grad_sync_s=grad_sync, halo_s=halo,
         forward_halo_s=forward_halo, output_s=output, params=local_params,
         buffer_bytes=4.0 * f32(a.buffers)[:, None] / buffer_split, activation_bytes=activation,
-        input_bytes=delta * group_batch * in_el[:, None] / split_of(in_lay), workspace_bytes=workspace,
+        input_bytes=input_bytes, workspace_bytes=workspace,
         group=group, reduce_scatter_bucket_s=reduce_scatter_group_s(net, group, ranks_per_node, bucket),
         all_gather_bucket_s=allgather_group_s(net, group, ranks_per_node, bucket), zero_ok=zero_ok,
+        joinable=joinable,
     )
     lc = lever_costs(inputs, lever_menu(settings.levers), weight_bytes=settings.weight_bytes_per_param,
                      gradient_bytes=settings.gradient_bytes_per_param,
@@ -364,6 +372,10 @@ def cost_table(
     else:
         xla_cpu = None
 
+    # each in-edge's part of its destination's input (a concatenation's inputs differ in size)
+    sent = out_el[src] * emask  # [E]
+    input_share = jnp.where(emask > 0, sent / jnp.maximum(jnp.zeros(L).at[dst].add(sent)[dst], 1.0), 0.0)
+
     keep = real[:, None]
     return CostTable(
         feasible=lc.feasible | (real == 0)[:, None],  # padding rows allow every option (they cost nothing)
@@ -377,11 +389,14 @@ def cost_table(
         update_bytes=lc.update_bytes * keep,
         activation_bytes=activation_out * keep,
         workspace_bytes=workspace_out * keep,
+        recompute_bytes=lc.recompute_bytes * keep,
+        checkpoint_bytes=lc.checkpoint_bytes * keep,
         reshard_s=reshard,
         layer_mask=real,
         edge_src=src,
         edge_dst=dst,
         edge_mask=emask,
+        edge_input_share=input_share,
         gradient_overlap=hw.gradient_overlap,
         memory_capacity_bytes=hw.memory_bytes,
         xla_cpu=xla_cpu,

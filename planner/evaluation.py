@@ -353,6 +353,8 @@ def lever_unavailable_reason(lever: Lever) -> str:
                    "each device holds")
     if lever.remat:
         why.append("recomputing is offered only where a layer saves more than its input")
+    if lever.joins:
+        why.append("joining the run before a layer needs a producer that can recompute")
     return "; or ".join(why)
 
 

@@ -34,9 +34,9 @@ import numpy as np
 import scipy.sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from search.problem import DiscreteProblem, minimum_memory, plan_memory, plan_time
+from search.problem import DiscreteProblem, MinimumMemory, has_runs, minimum_memory, plan_memory, plan_time
 
-__all__ = ["MILPResult", "solve_milp"]
+__all__ = ["MILPResult", "minimum_memory_milp", "solve_milp"]
 
 
 class MILPResult(NamedTuple):
@@ -50,7 +50,10 @@ class MILPResult(NamedTuple):
     seconds: float
 
 
-def _model(p: DiscreteProblem, limit: float, tighten: float):
+def _model(p: DiscreteProblem, limit: float, tighten: float, minimize_memory: bool = False):
+    """The MILP's arrays. With ``minimize_memory``, the objective is the
+    plan's memory instead (a variable ``P`` above both phases; ``limit`` then
+    only scales the bytes)."""
     n, O = p.layer_time_s.shape
     F = p.feasible
     t0 = max(float(np.sum(np.min(p.layer_time_s, axis=1))), 1e-30)
@@ -74,15 +77,29 @@ def _model(p: DiscreteProblem, limit: float, tighten: float):
     if levered:
         Xi[Fs] = nvar + np.arange(int(Fs.sum()))
         nvar += int(Fs.sum())
-    has_limit = np.isfinite(limit)
+    has_limit = np.isfinite(limit) or minimize_memory
     zi = nvar if has_limit else -1
     nvar += int(has_limit)
-    hi = nvar if p.gradient_overlap else -1
-    nvar += int(bool(p.gradient_overlap))
+    hi = nvar if p.gradient_overlap and not minimize_memory else -1
+    nvar += int(hi >= 0)
+    pi = nvar if minimize_memory else -1
+    nvar += int(minimize_memory)
+    # runs of recomputing layers (search.problem.run_terms): v[e, o] <= "edge e is inside a run and its
+    # destination runs joining option o" (its checkpoint credit), a[l] >= the run's recomputed bytes up to l
+    runs = has_limit and has_runs(p)
+    if runs:
+        ve, vo = np.nonzero((p.checkpoint_credit > 0) & F[p.edge_dst] & (p.edge_src < p.edge_dst)[:, None])
+        vi = nvar + np.arange(ve.size)
+        nvar += ve.size
+        ai = nvar + np.arange(n)
+        nvar += n
 
     c = np.zeros(nvar)
-    c[xi[F]] = p.layer_time_s[F] / t0
-    c[yi[Fy]] = p.strategy_reshard_s[Fy] / t0
+    if minimize_memory:
+        c[pi] = 1.0
+    else:
+        c[xi[F]] = p.layer_time_s[F] / t0
+        c[yi[Fy]] = p.strategy_reshard_s[Fy] / t0
     if hi >= 0:
         c[hi] = -p.gradient_overlap
 
@@ -126,20 +143,32 @@ def _model(p: DiscreteProblem, limit: float, tighten: float):
         up.append(np.zeros(lx.size))
         r += lx.size
     if has_limit:
+        bound = 0.0 if minimize_memory else 1.0 - tighten
         add(np.full(nx, r), xi[F], p.persistent_bytes[F] / m0)
         add([r], [zi], [1.0])
+        if runs:  # the checkpoints runs free
+            add(np.full(ve.size, r), vi, -p.checkpoint_credit[ve, vo] / m0)
+        if minimize_memory:
+            add([r], [pi], [-1.0])
         lo.append([-np.inf])
-        up.append([1.0 - tighten])
+        up.append([bound])
         r += 1
         add(np.full(nx, r), xi[F], p.optimizer_bytes[F] / m0)  # the optimizer phase
+        if minimize_memory:
+            add([r], [pi], [-1.0])
         lo.append([-np.inf])
-        up.append([1.0 - tighten])
+        up.append([bound])
         r += 1
         add(r + ll, xi[ll, ss], p.workspace_bytes[ll, ss] / m0)
         add(r + np.arange(n), np.full(n, zi), -np.ones(n))
+        if runs:  # z >= W[l] + a[l] - rec[l]: the run's recomputed bytes before l
+            add(r + ll, xi[ll, ss], -p.recompute_bytes[ll, ss] / m0)
+            add(r + np.arange(n), ai, np.ones(n))
         lo.append(np.full(n, -np.inf))
         up.append(np.zeros(n))
         r += n
+        if runs:
+            r = _run_rows(p, add, lo, up, r, xi, vi, ve, vo, ai, m0)
     if hi >= 0:
         for per_layer in (p.grad_sync_s, p.backward_s):
             add(np.full(nx, r), xi[F], -per_layer[F] / t0)
@@ -160,8 +189,83 @@ def _model(p: DiscreteProblem, limit: float, tighten: float):
         ub[zi] = np.inf
     if hi >= 0:
         ub[hi] = np.inf
+    if pi >= 0:
+        ub[pi] = np.inf
+    if runs:
+        ub[ai] = np.inf
     cons = LinearConstraint(A, np.concatenate([np.ravel(x) for x in lo]), np.concatenate([np.ravel(x) for x in up]))
     return c, cons, integrality, Bounds(lb, ub), xi, t0
+
+
+def _run_rows(p: DiscreteProblem, add, lo: list, up: list, r: int, xi, vi, ve, vo, ai, m0: float) -> int:
+    """The rows that bound a plan's runs (:func:`search.problem.run_terms`):
+
+    * ``v[e, o] <= x[dst, o]``, ``v[e, o] <= sum of the recomputing x[src]``
+      and ``v[e, o] <= sum of the joining x[j]`` for every layer ``j``
+      strictly between the edge's ends: the credit goes only to an edge
+      inside a run (the memory row subtracts it, so ``v`` rises to its bound);
+    * ``a[l] >= rec[l]`` and ``a[l] >= rec[l] + a[l - 1] - M[l] (1 - J[l])``
+      (``J[l]``: the joining options, ``M[l]`` every recomputed byte before
+      ``l``): ``a[l]`` is at least the run's recomputed bytes up to ``l``
+      (the workspace rows add it, so ``a`` falls to its bound).
+
+    Returns the next row."""
+    n = p.num_layers
+    F = p.feasible
+    recomputing = F & p.option_recomputes[None, :]
+    joining = F & p.option_joins[None, :]
+    src, dst = p.edge_src[ve], p.edge_dst[ve]
+    m = ve.size
+    add(r + np.arange(m), vi, np.ones(m))  # v <= x[dst, o]
+    add(r + np.arange(m), xi[dst, vo], -np.ones(m))
+    lo.append(np.full(m, -np.inf))
+    up.append(np.zeros(m))
+    r += m
+    for k in range(m):  # v <= R[src] and v <= J[j] between
+        for layer, allowed in [(src[k], recomputing)] + [(j, joining) for j in range(src[k] + 1, dst[k])]:
+            o = np.flatnonzero(allowed[layer])
+            add(np.full(o.size + 1, r), np.r_[vi[k], xi[layer, o]], np.r_[1.0, -np.ones(o.size)])
+            lo.append([-np.inf])
+            up.append([0.0])
+            r += 1
+    rec = np.where(F, p.recompute_bytes, 0.0) / m0
+    big = np.r_[0.0, np.cumsum(rec.max(axis=1))[:-1]]  # [n] every recomputed byte before l
+    ll, oo = np.nonzero(F)
+    add(r + ll, xi[ll, oo], rec[ll, oo])  # rec[l] - a[l] <= 0
+    add(r + np.arange(n), ai, -np.ones(n))
+    lo.append(np.full(n, -np.inf))
+    up.append(np.zeros(n))
+    r += n
+    for layer in range(1, n):  # rec[l] + a[l-1] - a[l] + M J[l] <= M
+        o = np.flatnonzero(F[layer])
+        jo = np.flatnonzero(joining[layer])
+        add(np.full(o.size + jo.size + 2, r), np.r_[xi[layer, o], xi[layer, jo], ai[layer - 1], ai[layer]],
+            np.r_[rec[layer, o], np.full(jo.size, big[layer]), 1.0, -1.0])
+        lo.append([-np.inf])
+        up.append([big[layer]])
+        r += 1
+    return r
+
+
+def minimum_memory_milp(p: DiscreteProblem, time_limit_s: float | None = None) -> MinimumMemory:
+    """The exact smallest memory of any plan, as a MILP: for problems with
+    runs of recomputing layers (:func:`search.problem.has_runs`), whose memory
+    :func:`search.problem.minimum_memory`'s layer-by-layer search cannot
+    add up; it answers the same elsewhere."""
+    n = p.num_layers
+    if n == 0:
+        return MinimumMemory(0.0, np.zeros(0, dtype=np.int64), 0.0)
+    rows = np.arange(n)
+    scale = float(np.sum(np.min(np.where(p.feasible, p.optimizer_bytes, np.inf), axis=1))) or 1.0
+    options = {"disp": False, "mip_rel_gap": 1e-9, "presolve": True}
+    if time_limit_s is not None:
+        options["time_limit"] = float(time_limit_s)
+    c, cons, integrality, bounds, xi, _ = _model(p, scale, 0.0, minimize_memory=True)
+    res = milp(c, constraints=cons, integrality=integrality, bounds=bounds, options=options)
+    if res.x is None:
+        raise RuntimeError(f"the smallest-memory MILP found no plan: {res.message}")
+    choice = np.argmax(np.where(xi >= 0, res.x[np.maximum(xi, 0)], -1.0), axis=1)
+    return MinimumMemory(plan_memory(p, choice), choice, float(np.max(p.workspace_bytes[rows, choice])))
 
 
 def solve_milp(p: DiscreteProblem, memory_limit: float = np.inf, *, time_limit_s: float | None = None,
@@ -170,7 +274,7 @@ def solve_milp(p: DiscreteProblem, memory_limit: float = np.inf, *, time_limit_s
     start = _time.perf_counter()
     limit = float(memory_limit)
     n = p.num_layers
-    mm = minimum_memory(p)
+    mm = minimum_memory_milp(p) if has_runs(p) else minimum_memory(p)
     if mm.memory_bytes > limit:
         return MILPResult(mm.choice, plan_time(p, mm.choice), mm.memory_bytes, False, np.inf, False,
                           "infeasible: no plan fits the memory limit", _time.perf_counter() - start)

@@ -41,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse
 
-from costmodels.levers import levers_per_strategy, option_strategy
+from costmodels.levers import levers_per_strategy, menu_of, option_strategy
 
 __all__ = [
     "DiscreteProblem",
@@ -51,6 +51,8 @@ __all__ = [
     "plan_memory",
     "plan_times",
     "plan_memories",
+    "run_terms",
+    "has_runs",
     "minimum_memory",
     "memory_by_workspace_cap",
     "chain_order",
@@ -85,6 +87,11 @@ class DiscreteProblem(NamedTuple):
     neighbor_idx: np.ndarray  # [...] neighbours of each layer
     gradient_overlap: float
     memory_capacity_bytes: float
+    recompute_bytes: np.ndarray  # [n, O] a recomputing option's activations, made again in the backward pass (else 0)
+    option_recomputes: np.ndarray  # [O] bool, the option's lever recomputes
+    option_joins: np.ndarray  # [O] bool, ... joining the run of the layer before (remat+join)
+    checkpoint_credit: np.ndarray  # [e, O] bytes of its destination's kept input the edge frees, by the destination's
+    # (joining) option, when both ends are in one run of recomputing layers (costmodels.recomputed_runs)
 
     @property
     def num_layers(self) -> int:
@@ -136,11 +143,17 @@ def discrete_problem(table) -> DiscreteProblem:
     workspace = np.where(feasible, _f64(table.workspace_bytes)[:n], inf)
     grad = np.where(feasible, _f64(table.grad_sync_s)[:n], 0.0)
     bwd = np.where(feasible, _f64(table.backward_compute_s)[:n], 0.0)
+    recompute = np.where(feasible, _f64(table.recompute_bytes)[:n], 0.0)
 
     emask = _f64(table.edge_mask) > 0
     src = np.asarray(table.edge_src, dtype=np.int64)[emask]
     dst = np.asarray(table.edge_dst, dtype=np.int64)[emask]
     reshard = _f64(table.reshard_s)[emask]
+    menu = menu_of(feasible.shape[1])
+    K = levers_per_strategy(feasible.shape[1])
+    recomputes = np.asarray([lv.remat for lv in menu] * (feasible.shape[1] // K), dtype=bool)
+    joins = np.asarray([lv.joins for lv in menu] * (feasible.shape[1] // K), dtype=bool)
+    credit = _f64(table.edge_input_share)[emask][:, None] * _f64(table.checkpoint_bytes)[dst] * joins  # [e, O]
     if src.size and (src.max() >= n or dst.max() >= n or np.any(src == dst)):
         raise ValueError("edges must join two different real layers")
     # merge parallel edges (same source and destination): their costs add up
@@ -148,6 +161,8 @@ def discrete_problem(table) -> DiscreteProblem:
     uniq, inverse = np.unique(key, return_inverse=True)
     merged = np.zeros((uniq.size,) + reshard.shape[1:])
     np.add.at(merged, inverse, reshard)
+    merged_credit = np.zeros((uniq.size, feasible.shape[1]))
+    np.add.at(merged_credit, inverse, credit)
     src, dst = uniq // max(n, 1), uniq % max(n, 1)
     e = src.size
     ones = np.ones(e)
@@ -177,6 +192,10 @@ def discrete_problem(table) -> DiscreteProblem:
         neighbor_idx=np.asarray(adj.indices, dtype=np.int64),
         gradient_overlap=float(np.asarray(table.gradient_overlap)),
         memory_capacity_bytes=float(np.asarray(table.memory_capacity_bytes)),
+        recompute_bytes=recompute,
+        option_recomputes=recomputes,
+        option_joins=joins,
+        checkpoint_credit=merged_credit,
     )
 
 
@@ -212,15 +231,17 @@ def drop_duplicate_options(p: DiscreteProblem) -> tuple[DiscreteProblem, np.ndar
     F = p.feasible
     if n == 0 or O < 2:
         return p, np.where(F, np.arange(O)[None, :], -1)
+    flags = np.broadcast_to(p.option_recomputes + 2.0 * p.option_joins, (n, O))
     per_layer = np.stack([p.layer_time_s, p.persistent_bytes, p.workspace_bytes, p.optimizer_bytes, p.grad_sync_s,
-                          p.backward_s], axis=-1)  # [n, O, 6]
+                          p.backward_s, p.recompute_bytes, flags], axis=-1)  # [n, O, 8]
     same = np.all(per_layer[:, :, None, :] == per_layer[:, None, :, :], axis=-1)  # [n, O, O]
     if p.num_edges:
         R = p.reshard_s  # [e, O, O]
         rows = np.all(R[:, :, None, :] == R[:, None, :, :], axis=-1)  # [e, O, O]: as the edge's source
         cols = np.all(R[:, :, :, None] == R[:, :, None, :], axis=1)  # [e, O, O]: as its destination
+        credit = p.checkpoint_credit[:, :, None] == p.checkpoint_credit[:, None, :]  # [e, O, O]: as its destination
         differ = (p.src_incidence @ (~rows).reshape(p.num_edges, -1).astype(np.float64)
-                  + p.dst_incidence @ (~cols).reshape(p.num_edges, -1).astype(np.float64))  # [n, O O]
+                  + p.dst_incidence @ (~(cols & credit)).reshape(p.num_edges, -1).astype(np.float64))  # [n, O O]
         same &= np.asarray(differ).reshape(n, O, O) == 0
     same &= F[:, :, None] & F[:, None, :]
     # the lowest equivalent option stands for each (an option is its own equivalent)
@@ -233,7 +254,7 @@ def drop_duplicate_options(p: DiscreteProblem) -> tuple[DiscreteProblem, np.ndar
     return p._replace(feasible=feasible, layer_time_s=inf(p.layer_time_s), persistent_bytes=inf(p.persistent_bytes),
                       workspace_bytes=inf(p.workspace_bytes), optimizer_bytes=inf(p.optimizer_bytes),
                       grad_sync_s=zero(p.grad_sync_s),
-                      backward_s=zero(p.backward_s)), rep
+                      backward_s=zero(p.backward_s), recompute_bytes=zero(p.recompute_bytes)), rep
 
 
 def _columns(p: DiscreteProblem, keep: np.ndarray) -> DiscreteProblem:
@@ -245,6 +266,9 @@ def _columns(p: DiscreteProblem, keep: np.ndarray) -> DiscreteProblem:
         grad_sync_s=cols(p.grad_sync_s),
         backward_s=cols(p.backward_s), feasible=cols(p.feasible), reshard_s=p.reshard_s[:, keep][:, :, keep],
         option_strategy=p.option_strategy[keep], option_lever=p.option_lever[keep],
+        recompute_bytes=cols(p.recompute_bytes), option_recomputes=p.option_recomputes[keep],
+        option_joins=p.option_joins[keep],
+        checkpoint_credit=p.checkpoint_credit[:, keep],
     )
 
 
@@ -288,8 +312,41 @@ def plan_memories(p: DiscreteProblem, choices: np.ndarray) -> np.ndarray:
     rows = np.arange(p.num_layers)
     if p.num_layers == 0:
         return np.zeros(c.shape[:-1])
-    backward = p.persistent_bytes[rows, c].sum(axis=-1) + p.workspace_bytes[rows, c].max(axis=-1)
+    credit, transient = run_terms(p, c)
+    backward = p.persistent_bytes[rows, c].sum(axis=-1) - credit + (p.workspace_bytes[rows, c] + transient).max(axis=-1)
     return np.maximum(backward, p.optimizer_bytes[rows, c].sum(axis=-1))
+
+
+def run_terms(p: DiscreteProblem, choices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What runs of consecutive recomputing layers change in the backward
+    phase of plans ``choices`` [N, n] (:func:`costmodels.recomputed_runs` at
+    one-hot probabilities): the checkpoint bytes freed by the edges inside a
+    run ``[N]``, and each layer's transient beyond its workspace ``[N, n]``,
+    the recomputed activations of the run's layers before it."""
+    c = np.asarray(choices, dtype=np.int64)
+    n = p.num_layers
+    j = p.option_joins[c] & (np.arange(n) > 0)  # [N, n] (the first layer has no run to join)
+    if not np.any(j[..., 1:] & p.option_recomputes[c[..., :-1]]):  # no layer joins a run: nothing changes
+        return np.zeros(c.shape[:-1]), np.zeros(c.shape)
+    rec = p.recompute_bytes[np.arange(n), c]  # [N, n]
+    start = np.maximum.accumulate(np.where(j, -1, np.arange(n)), axis=-1)  # [N, n] last layer <= l not joining
+    before = np.concatenate([np.zeros(c.shape[:-1] + (1,)), np.cumsum(rec, axis=-1)], axis=-1)  # sums of rec[< k]
+    run = before[..., 1:] - np.take_along_axis(before, start, axis=-1)  # [N, n] rec over the run up to l
+    src_recomputes = p.option_recomputes[np.take(c, p.edge_src, axis=-1)]  # [N, e]
+    inside = src_recomputes & (np.take(start, p.edge_dst, axis=-1) <= p.edge_src) & (p.edge_src < p.edge_dst)
+    credit = np.sum(np.where(inside, p.checkpoint_credit[np.arange(p.num_edges), np.take(c, p.edge_dst, axis=-1)], 0.0),
+                    axis=-1)
+    return credit, run - rec
+
+
+def has_runs(p: DiscreteProblem) -> bool:
+    """Whether a plan may hold a run of recomputing layers that changes its
+    memory (:func:`run_terms`), which is then not a sum over layers: a layer
+    can join the run of a recomputing layer before it, and some recomputing
+    option has activations or a checkpoint to share."""
+    can = (p.feasible & p.option_recomputes[None, :]).any(axis=1)  # [n]
+    join = (p.feasible & p.option_joins[None, :]).any(axis=1)  # [n]
+    return bool(np.any(join[1:] & can[:-1]) and (np.any(p.recompute_bytes > 0) or np.any(p.checkpoint_credit > 0)))
 
 
 def plan_time(p: DiscreteProblem, choice) -> float:

@@ -39,6 +39,7 @@ from search.problem import (
     chain_order,
     compact_options,
     discrete_problem,
+    has_runs,
     minimum_memory,
     plain_options,
     plan_memory,
@@ -119,6 +120,10 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
     # the solvers search each problem without the options no layer can run, and map back
     compact = [compact_options(discrete_problem(t)) for t in tables]
     problems = [c.problem for c in compact]
+    if any(has_runs(p) for p in problems):
+        raise NotImplementedError(
+            "this table lets two consecutive layers both recompute (a run of recomputed layers), whose memory "
+            "is not a sum over layers; only search.solve_brute handles it yet (docs/levers.md, issue 15)")
     option_ids = [c.option_ids for c in compact]
     limits = [_limit(memory_limit, p) for p in problems]
     mins = [minimum_memory(p) for p in problems]

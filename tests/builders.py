@@ -142,11 +142,14 @@ def synthetic_table(seed: int, n: int, edges, *, overlap: float = 0.0, p_feasibl
         update_bytes=f32(pad(update, layers)),
         activation_bytes=f32(pad(act, layers)),
         workspace_bytes=f32(pad(work, layers)),
+        recompute_bytes=f32(np.zeros((layers, O))),  # recomputing options keep what they would (no runs)
+        checkpoint_bytes=f32(np.zeros((layers, O))),
         reshard_s=f32(pad(reshard, edge_rows)),
         layer_mask=f32(pad(np.ones(n), layers)),
         edge_src=jnp.asarray(pad(src, edge_rows, 0), jnp.int32),
         edge_dst=jnp.asarray(pad(dst, edge_rows, 0), jnp.int32),
         edge_mask=f32(pad(np.ones(e), edge_rows)),
+        edge_input_share=f32(pad(np.ones(e), edge_rows)),
         gradient_overlap=f32(overlap),
         memory_capacity_bytes=f32(1e12),
     )

@@ -29,6 +29,7 @@ from costmodels.levers import (
     option_index,
     option_name,
     option_strategy,
+    parse_option,
 )
 from costmodels.reference import reference_iteration_time, reference_memory
 from costmodels.strategies import Strategy
@@ -64,7 +65,7 @@ def _dense_graph(f_in: int, f_out: int, name: str = "one-dense"):
 
 
 def test_menu_sizes_codes_and_names():
-    assert [len(lever_menu(x)) for x in ("none", "zero", "remat", "all")] == [1, 4, 2, 8]
+    assert [len(lever_menu(x)) for x in ("none", "zero", "remat", "all")] == [1, 4, 3, 12]
     for choice in ("none", "zero", "remat", "all"):
         menu = lever_menu(choice)
         assert menu[0] == Lever(0, False)  # option s K is always the plain strategy
@@ -76,12 +77,16 @@ def test_menu_sizes_codes_and_names():
     assert option_name(option_index(Strategy.DATA, Lever(3, True), menu), menu) == "data+zero3+remat"
     assert option_name(option_index(Strategy.FILTER, Lever(0, False), menu), menu) == "filter"
     assert option_name(option_index(Strategy.CHANNEL, Lever(2, False), menu), menu) == "channel+zero2"
+    assert option_name(option_index(Strategy.DATA, Lever(1, True, True), menu), menu) == "data+zero1+remat+join"
+    assert parse_option("data+zero1+remat+join") == (Strategy.DATA, Lever(1, True, True))
+    with pytest.raises(ValueError, match="join after remat"):
+        parse_option("data+join")
     with pytest.raises(ValueError, match="unknown levers"):
         lever_menu("zero4")
     with pytest.raises(ValueError, match="unknown levers"):
         CostSettings(levers="fsdp")
     with pytest.raises(ValueError, match="options is not"):
-        levers_per_strategy(S * 3)
+        levers_per_strategy(S * 5)
     with pytest.raises(ValueError, match="not in this menu"):
         option_index(0, Lever(1, False), lever_menu("remat"))
 
@@ -223,7 +228,11 @@ def test_remat_by_hand():
     c = GraphBuilder("conv", (8, 16, 16))
     c.conv("conv", c.input, 8, 3)
     tc = _table(c.build(), hw, 64, 4, 2, levers="remat")
-    assert not np.asarray(tc.feasible)[0, 1::2].any()
+    recomputing = [o for o in range(S * len(menu)) if menu[o % len(menu)].remat]
+    assert not np.asarray(tc.feasible)[0, recomputing].any()
+    # nor does joining the run before a layer: the attention's producer, the model input, cannot recompute
+    joining = [o for o in range(S * len(menu)) if menu[o % len(menu)].joins]
+    assert not np.asarray(t.feasible)[0, joining].any()
 
 
 # -- the one-hot identity and the plain-Python reference under levers -----------------------------
@@ -244,14 +253,14 @@ def test_lever_plans_agree_with_the_reference(name, hw_name, batch, mesh, dtype)
     assert t.reshard_s.shape == plain.reshard_s.shape  # resharding stays by strategy
     for field in ("feasible", "compute_s", "backward_compute_s", "grad_sync_s", "weight_gather_s", "halo_s",
                   "output_s", "state_bytes", "activation_bytes", "workspace_bytes"):
-        np.testing.assert_array_equal(np.asarray(getattr(t, field))[:, ::8], np.asarray(getattr(plain, field)),
+        np.testing.assert_array_equal(np.asarray(getattr(t, field))[:, ::len(lever_menu("all"))], np.asarray(getattr(plain, field)),
                                       err_msg=field)
     p = discrete_problem(t)
     feas = np.asarray(t.feasible)[: g.num_layers]
     rng = np.random.default_rng(0)
     for _ in range(3):
         c = np.array([rng.choice(np.flatnonzero(f)) for f in feas])
-        assert any(o % 8 for o in c)  # the random plans use levers
+        assert any(o % len(lever_menu("all")) for o in c)  # the random plans use levers
         probs = one_hot(np.r_[c, np.zeros(t.feasible.shape[0] - g.num_layers, int)], t.feasible.shape[1])
         assert plan_time(p, c) == pytest.approx(float(iteration_time(t, probs)), rel=1e-5)
         assert plan_memory(p, c) == pytest.approx(float(memory_per_device(t, probs)), rel=1e-5)
@@ -265,7 +274,7 @@ def test_lever_plans_agree_with_the_reference(name, hw_name, batch, mesh, dtype)
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 4), levers=st.sampled_from([2, 4]), chain=st.booleans(),
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 4), levers=st.sampled_from([3, 4]), chain=st.booleans(),
        overlap=st.sampled_from([0.0, 0.6]))
 def test_exact_solvers_agree_with_brute_force_on_lever_menus(seed, n, levers, chain, overlap):
     edges = chain_edges(n, seed, True) if chain else dag_edges(n, seed)
@@ -304,7 +313,7 @@ def test_gradient_search_on_lever_menus_fits_and_never_beats_brute_force(seed, n
 def test_elimination_refuses_lever_tables():
     from search.elimination import best_plan, soft_min_time
 
-    t = synthetic_table(0, 3, [(0, 1), (1, 2)], levers=2)
+    t = synthetic_table(0, 3, [(0, 1), (1, 2)], levers=3)
     for fn in (lambda: best_plan(t, None), lambda: soft_min_time(t, None, 1e-3)):
         with pytest.raises(ValueError, match="levers='none'"):
             fn()  # (refused before the schedule is read)
@@ -498,3 +507,6 @@ def test_evaluate_takes_levers_and_says_why_one_cannot_run():
         evaluate(g, hw, 8, mesh=(8, 1), plan=plan | {"relu": "data+zero1"}, batch=64)
     with pytest.raises(ValueError, match="unknown or repeated lever 'zero4'"):
         evaluate(g, hw, 8, mesh=(8, 1), plan=plan | {"relu": "data+zero4"}, batch=64)
+    # (no CNN layer recomputes yet, so none can join a run: docs/levers.md)
+    with pytest.raises(ValueError, match="cannot run strategy data\\+remat\\+join here: .*needs a producer"):
+        evaluate(g, hw, 8, mesh=(8, 1), plan=plan | {"features/12": "data+remat+join"}, batch=64)

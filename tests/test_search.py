@@ -267,7 +267,9 @@ def test_minimum_memory_when_the_phases_disagree():
     p = p._replace(feasible=np.ones((2, 2), bool), persistent_bytes=two(10, 40), workspace_bytes=two(1, 1),
                    optimizer_bytes=two(50, 20), layer_time_s=two(1.0, 2.0),
                    grad_sync_s=np.zeros((2, 2)), backward_s=np.zeros((2, 2)), reshard_s=np.zeros((1, 2, 2)),
-                   option_strategy=np.arange(2), option_lever=np.zeros(2, np.int64))
+                   option_strategy=np.arange(2), option_lever=np.zeros(2, np.int64),
+                   recompute_bytes=np.zeros((2, 2)), option_recomputes=np.zeros(2, bool),
+                   option_joins=np.zeros(2, bool), checkpoint_credit=np.zeros((1, 2)))
     mm = minimum_memory(p)
     assert mm.memory_bytes == 70.0 and sorted(mm.choice.tolist()) == [0, 1]
     caps, bound = memory_by_workspace_cap(p)

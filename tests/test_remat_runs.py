@@ -1,0 +1,215 @@
+"""Runs of consecutive recomputing layers (costmodels.recomputed_runs,
+search.problem.run_terms): the memory of plans whose recomputing layers
+form runs, against bytes worked out by hand from what a run keeps (what
+enters it) and what its backward pass holds (its recomputed activations up
+to the layer), on small tables built by hand."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from costmodels import CostTable, memory_per_device
+from costmodels.evaluate import one_hot
+from planner import GraphBuilder
+from search import discrete_problem, plan_memory, solve, solve_brute
+from search.problem import compact_options, has_runs
+
+# option 0 keeps its activations, 1 recomputes them (remat), 2 recomputes them in the run of the layer
+# before (remat+join); menu "remat": K = 3, O = 15
+ACT = np.array([100.0, 200.0, 300.0])  # saved activations without the lever
+INPUT = np.array([50.0, 100.0, 200.0])  # each layer's input: what recomputing keeps
+WORK = np.array([10.0, 20.0, 30.0])  # backward-step transient without the lever
+
+
+def hand_table(edges, shares, act=ACT, inputs=INPUT, work=WORK) -> CostTable:
+    """Layers with the activation, input and workspace bytes given (by
+    default the three above); only options 0 (data), 1 (data+remat) and 2
+    (data+remat+join) can run. A recomputing option keeps its input and
+    holds its activations at its backward step (costmodels/levers.py)."""
+    ACT, INPUT, WORK = (np.asarray(v, float) for v in (act, inputs, work))
+    n, O = ACT.size, 15
+    feasible = np.zeros((n, O), bool)
+    feasible[:, :3] = True
+    act, work, rec, ckpt = (np.zeros((n, O)) for _ in range(4))
+    act[:, 0], work[:, 0] = ACT, WORK
+    for o in (1, 2):
+        act[:, o], work[:, o], rec[:, o], ckpt[:, o] = INPUT, WORK + ACT, ACT, INPUT
+    z = jnp.zeros((n, O))
+    f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    e = len(edges)
+    return CostTable(
+        feasible=jnp.asarray(feasible), compute_s=f(np.ones((n, O)) * 1e-3), backward_compute_s=z, grad_sync_s=z,
+        weight_gather_s=z, halo_s=z, output_s=z, state_bytes=z, update_bytes=z, activation_bytes=f(act),
+        workspace_bytes=f(work), recompute_bytes=f(rec), checkpoint_bytes=f(ckpt),
+        reshard_s=jnp.zeros((e, 5, 5)), layer_mask=jnp.ones(n),
+        edge_src=jnp.asarray([u for u, _ in edges], jnp.int32), edge_dst=jnp.asarray([v for _, v in edges], jnp.int32),
+        edge_mask=jnp.ones(e), edge_input_share=f(shares), gradient_overlap=f(0.0), memory_capacity_bytes=f(1e9),
+    )
+
+
+CHAIN = hand_table([(0, 1), (1, 2)], [1.0, 1.0])
+
+# plan (0 keep, 1 remat, 2 remat+join) -> bytes, by hand:
+CHAIN_BY_HAND = {
+    # nothing recomputed: 100 + 200 + 300 kept, the largest workspace 30
+    (0, 0, 0): 600 + 30,
+    # one run of all three: it keeps layer 0's input (50); at layer 2's backward step it holds
+    # the recomputed 100 + 200 + 300 and layer 2's own transient 30
+    (1, 2, 2): 50 + 600 + 30,
+    # layer 0 kept (100); the run 1-2 keeps layer 1's input (100) and holds 200 + 300 + 30
+    (0, 1, 2): 100 + 100 + 500 + 30,
+    # joining after a layer that keeps its activations, or as the first layer, is plain remat
+    (0, 2, 2): 100 + 100 + 500 + 30,
+    (2, 2, 2): 50 + 600 + 30,
+    # three runs of one layer: their inputs kept (50, 100, 200); layer 2's step holds 300 + 30
+    (1, 1, 1): 50 + 100 + 200 + 330,
+    # two runs of one layer beside layer 1's 200
+    (1, 0, 1): 50 + 200 + 200 + 330,
+    # the run 0-1 keeps 50 beside layer 2's 300; layer 1's step holds 100 + 200 + 20
+    (1, 2, 0): 50 + 300 + 320,
+    (0, 1, 0): 100 + 100 + 300 + 220,
+}
+
+
+@pytest.mark.parametrize("plan", sorted(CHAIN_BY_HAND))
+def test_run_memory_by_hand_on_a_chain(plan):
+    p = discrete_problem(CHAIN)
+    assert plan_memory(p, np.array(plan)) == CHAIN_BY_HAND[plan]
+    assert float(memory_per_device(CHAIN, one_hot(jnp.asarray(plan), 15))) == CHAIN_BY_HAND[plan]
+
+
+def test_a_run_reaches_only_as_far_as_its_layers_recompute():
+    """A skip edge 0 -> 2 (layer 2 adds two inputs of 100 bytes each, half its
+    200-byte input each) needs no checkpoint only when layers 0, 1 and 2 all
+    recompute."""
+    t = hand_table([(0, 1), (1, 2), (0, 2)], [1.0, 0.5, 0.5])
+    p = discrete_problem(t)
+    by_hand = {
+        (1, 2, 2): 50 + 600 + 30,  # one run: both of layer 2's inputs come from inside it
+        # run 1-2 keeps layer 1's input (100) and, of layer 2's, the half from layer 0 (100)
+        (0, 1, 2): 100 + 100 + 100 + 500 + 30,
+    }
+    for plan, want in by_hand.items():
+        assert plan_memory(p, np.array(plan)) == want
+        assert float(memory_per_device(t, one_hot(jnp.asarray(plan), 15))) == want
+
+
+def test_relaxed_run_memory_between_plans():
+    """At probabilities between plans, the run's terms are expectations over
+    independently drawn layers: layer 1 recomputes with probability 1/2, the
+    others always. Layer 0 starts a run, layer 1 joins it half the time
+    (else keeps its activations), layer 2 joins. Kept: 50 + (200 + 100) / 2
+    + 200. Freed: edge 0-1 half of layer 1's kept input (100 / 2), edge 1-2
+    half the time (200 / 2). Peak at layer 2: its workspace 330 plus the
+    run's activations before it, R[1] = 200 / 2 + 100 / 2 (layer 1's, then
+    layer 0's if layer 1 joins)."""
+    probs = jnp.zeros((3, 15)).at[0, 1].set(1.0).at[1, 0].set(0.5).at[1, 2].set(0.5).at[2, 2].set(1.0)
+    kept = 50 + (0.5 * 200 + 0.5 * 100) + 200  # activations in expectation
+    freed = 0.5 * 100 + 0.5 * 200
+    assert float(memory_per_device(CHAIN, probs)) == pytest.approx(kept - freed + 330 + 150, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_relaxed_and_discrete_run_memory_agree_on_random_plans(seed):
+    """The jitted relaxed memory at one-hot probabilities (an associative
+    scan) and the host's (prefix sums) on random bytes, a chain with skip
+    edges, and random plans."""
+    rng = np.random.default_rng(seed)
+    n = 7
+    act, inputs, work = (rng.integers(1, 100, n).astype(float) for _ in range(3))
+    edges = [(i, i + 1) for i in range(n - 1)] + [(0, 3), (2, 6)]
+    shares = [1.0 if v not in (3, 6) else 0.5 for _, v in edges]
+    t = hand_table(edges, shares, act, inputs, work)
+    p = discrete_problem(t)
+    for plan in rng.integers(0, 3, (20, n)):
+        assert float(memory_per_device(t, one_hot(jnp.asarray(plan), 15))) == pytest.approx(plan_memory(p, plan),
+                                                                                              rel=1e-6)
+
+
+def test_brute_force_finds_that_runs_lower_the_smallest_memory():
+    """Six layers that each keep their 100-byte input (recomputing one alone
+    frees nothing), 10 bytes of workspace: 610 bytes without runs. Covered
+    by runs, ``c`` checkpoints and a longest run of ``k`` layers hold
+    ``100 c + 100 k + 10``, ``c k >= 6``: 510 at best (two runs of three,
+    three of two), the smallest memory by brute force."""
+    t = hand_table([(i, i + 1) for i in range(5)], [1.0] * 5, [100.0] * 6, [100.0] * 6, [10.0] * 6)
+    p = discrete_problem(t)
+    assert plan_memory(p, np.zeros(6, int)) == 610
+    assert plan_memory(p, np.array([1, 2, 2, 2, 2, 2])) == 100 + 600 + 10
+    assert plan_memory(p, np.array([1, 1, 1, 1, 1, 1])) == 600 + 100 + 10  # runs of one free nothing
+    assert plan_memory(p, np.array([0, 1, 2, 2, 2, 2])) == 100 + 100 + 500 + 10
+    assert plan_memory(p, np.array([1, 2, 2, 1, 2, 2])) == 100 + 100 + 300 + 10
+    r = solve_brute(p, memory_limit=520)
+    assert r.feasible and plan_memory(p, r.choice) == 510
+    assert not solve_brute(p, memory_limit=509).feasible
+
+
+def test_solve_refuses_runs_it_cannot_search():
+    assert has_runs(discrete_problem(CHAIN))
+    with pytest.raises(NotImplementedError, match="run"):
+        solve(CHAIN, memory_limit=1e9, method="milp")
+
+
+def test_recomputing_is_never_merged_with_keeping():
+    """An option equal to another in every per-layer cost but whether it
+    recomputes stays: in a run it costs differently."""
+    t = CHAIN._replace(activation_bytes=CHAIN.activation_bytes.at[:, 1].set(CHAIN.activation_bytes[:, 0]),
+                       workspace_bytes=CHAIN.workspace_bytes.at[:, 1].set(CHAIN.workspace_bytes[:, 0]),
+                       recompute_bytes=jnp.zeros((3, 15)), checkpoint_bytes=CHAIN.checkpoint_bytes)
+    c = compact_options(discrete_problem(t))
+    assert list(c.option_ids) == [0, 1, 2]
+
+
+def test_each_input_edge_carries_its_part_of_the_input():
+    """edge_input_share: a concatenation of 4 and 12 channels takes a quarter
+    of its input from the first; an add, half from each; a one-input layer,
+    all of it."""
+    from costmodels import CostSettings, cost_table, hardware_arrays, load_hardware
+
+    b = GraphBuilder("cat", (3, 8, 8))
+    a = b.conv("a", b.input, 4, 3)
+    c = b.conv("c", b.input, 12, 3)
+    cat = b.concat("cat", [a, c])
+    d = b.conv("d", cat, 16, 1)
+    b.add("sum", [cat, d])
+    g = b.build()
+    t = cost_table(g.arrays, hardware_arrays(load_hardware("dgx-a100")), 8.0, 1.0, 1.0, CostSettings())
+    share = {(g.names[int(s)], g.names[int(d)]): float(v)
+             for s, d, v, k in zip(t.edge_src, t.edge_dst, t.edge_input_share, t.edge_mask, strict=True) if k > 0}
+    assert share == {("a", "cat"): 0.25, ("c", "cat"): 0.75, ("cat", "d"): 1.0, ("cat", "sum"): 0.5,
+                     ("d", "sum"): 0.5}
+
+
+def random_run_table(seed: int, n: int) -> CostTable:
+    """Random bytes on a chain with a skip edge; recomputing costs more compute
+    (its forward again), joining the same."""
+    rng = np.random.default_rng(seed)
+    act, inputs, work = (rng.integers(1, 100, n).astype(float) for _ in range(3))
+    edges = [(i, i + 1) for i in range(n - 1)] + ([(0, n - 1)] if n > 2 else [])
+    shares = [0.5 if v == n - 1 and n > 2 else 1.0 for _, v in edges]
+    t = hand_table(edges, shares, act, inputs, work)
+    compute = np.zeros((n, 15))
+    compute[:, 0] = rng.uniform(1, 2, n)
+    compute[:, 1] = compute[:, 2] = compute[:, 0] * rng.uniform(1.2, 1.5, n)
+    return t._replace(compute_s=jnp.asarray(compute, jnp.float32))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_milp_agrees_with_brute_force_on_runs(seed):
+    """The MILP's run rows (search.milp._run_rows) against every plan: the
+    smallest memory, and the fastest plan under limits from the smallest to
+    the largest memory."""
+    from search import solve_milp
+    from search.milp import minimum_memory_milp
+
+    p = discrete_problem(random_run_table(seed, 5))
+    assert has_runs(p)
+    full = solve_brute(p)
+    assert minimum_memory_milp(p).memory_bytes == pytest.approx(full.min_memory_bytes, rel=1e-9)
+    for limit in np.linspace(full.min_memory_bytes, full.memory_bytes, 5):
+        brute, milp = solve_brute(p, limit), solve_milp(p, limit)
+        assert milp.feasible and milp.exact
+        assert milp.time_s == pytest.approx(brute.time_s, rel=1e-6) and milp.memory_bytes <= limit
+    assert not solve_milp(p, full.min_memory_bytes * (1 - 1e-6)).feasible
