@@ -56,7 +56,7 @@ from search import (
     SearchEvent,
     Solution,
     discrete_problem,
-    minimum_memory,
+    smallest_memory,
     solve_many,
 )
 
@@ -124,7 +124,7 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, tables, meshes,
     is also what XLA:CPU's schedule holds (:mod:`planner.schedule_fit`): each
     mesh's smallest plan needs the larger of the two."""
     problems = [discrete_problem(t) for t in tables]
-    mins = [minimum_memory(p) for p in problems]
+    mins = [smallest_memory(p) for p in problems]
     peaks = [choice_peak(t, mm.choice) for t, mm in zip(tables, mins, strict=True)]  # None: no schedule
     needs = [max(mm.memory_bytes, pk or 0.0) for mm, pk in zip(mins, peaks, strict=True)]
     k = int(np.argmin(needs))

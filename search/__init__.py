@@ -16,7 +16,7 @@ AutoML cost is built on)."""
 from search.brute import solve_brute
 from search.dp import DPResult, solve_dp
 from search.gradient import GradientConfig, RelaxedResult, relaxed_search
-from search.milp import MILPResult, solve_milp
+from search.milp import MILPResult, smallest_memory, solve_milp
 from search.problem import (
     DiscreteProblem,
     MinimumMemory,
@@ -49,6 +49,7 @@ __all__ = [
     "discrete_problem",
     "local_search",
     "minimum_memory",
+    "smallest_memory",
     "plain_options",
     "plan_memory",
     "plan_time",

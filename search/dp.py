@@ -69,6 +69,7 @@ import numpy as np
 from search.problem import (
     DiscreteProblem,
     chain_order,
+    has_runs,
     memory_by_workspace_cap,
     minimum_memory,
     plan_memories,
@@ -288,7 +289,12 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     645,369 labels, 1.6 s, so the default is 2,000,000, about 80 MB);
     ``bisection_steps`` bounds the steps of each multiplier's search after
     its bracket. Raises
-    ``ValueError`` if the graph is not a chain."""
+    ``ValueError`` if the graph is not a chain, ``NotImplementedError`` if
+    plans may hold runs of recomputing layers (:func:`search.problem.has_runs`:
+    their memory is not a sum over layers, which the labels add up)."""
+    if has_runs(p):
+        raise NotImplementedError("the DP cannot search runs of recomputed layers (remat+join) yet; "
+                                  "use method='milp' or 'gradient' (docs/levers.md, issue 15)")
     order = chain_order(p)
     if order is None:
         raise ValueError("the DP needs a chain graph (every layer feeds only the next); "

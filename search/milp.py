@@ -36,7 +36,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from search.problem import DiscreteProblem, MinimumMemory, has_runs, minimum_memory, plan_memory, plan_time
 
-__all__ = ["MILPResult", "minimum_memory_milp", "solve_milp"]
+__all__ = ["MILPResult", "minimum_memory_milp", "smallest_memory", "solve_milp"]
 
 
 class MILPResult(NamedTuple):
@@ -247,11 +247,19 @@ def _run_rows(p: DiscreteProblem, add, lo: list, up: list, r: int, xi, vi, ve, v
     return r
 
 
+def smallest_memory(p: DiscreteProblem) -> MinimumMemory:
+    """The exact smallest memory of any plan of any problem: the layer-by-layer
+    search (:func:`search.problem.minimum_memory`), or the MILP
+    (:func:`minimum_memory_milp`) where plans may hold runs of recomputing
+    layers (:func:`search.problem.has_runs`)."""
+    return minimum_memory_milp(p) if has_runs(p) else minimum_memory(p)
+
+
 def minimum_memory_milp(p: DiscreteProblem, time_limit_s: float | None = None) -> MinimumMemory:
-    """The exact smallest memory of any plan, as a MILP: for problems with
-    runs of recomputing layers (:func:`search.problem.has_runs`), whose memory
-    :func:`search.problem.minimum_memory`'s layer-by-layer search cannot
-    add up; it answers the same elsewhere."""
+    """The exact smallest memory of any plan, as a MILP: what
+    :func:`search.problem.minimum_memory` answers for problems with runs of
+    recomputing layers (:func:`search.problem.has_runs`), whose memory its
+    layer-by-layer search cannot add up; the same value elsewhere."""
     n = p.num_layers
     if n == 0:
         return MinimumMemory(0.0, np.zeros(0, dtype=np.int64), 0.0)
@@ -274,7 +282,7 @@ def solve_milp(p: DiscreteProblem, memory_limit: float = np.inf, *, time_limit_s
     start = _time.perf_counter()
     limit = float(memory_limit)
     n = p.num_layers
-    mm = minimum_memory_milp(p) if has_runs(p) else minimum_memory(p)
+    mm = smallest_memory(p)
     if mm.memory_bytes > limit:
         return MILPResult(mm.choice, plan_time(p, mm.choice), mm.memory_bytes, False, np.inf, False,
                           "infeasible: no plan fits the memory limit", _time.perf_counter() - start)

@@ -4,7 +4,11 @@ every change of the two layers of an edge, by the discrete objective of
 :mod:`search.problem` (the cost model at one-hot probabilities). Memory is
 the larger of its two phases, each updated from the plan's sums: the
 backward phase (persistent bytes plus the largest workspace, which needs
-the plan's top three workspaces) and the optimizer phase (a plain sum)."""
+the plan's top three workspaces) and the optimizer phase (a plain sum).
+Where the problem holds runs of recomputing layers
+(:func:`search.problem.has_runs`), whose memory is no such sum, each
+move's memory is the exact memory of the plan it makes
+(:func:`search.problem.plan_memories`, in chunks: ``O(n)`` per move)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from search.problem import DiscreteProblem
+from search.problem import DiscreteProblem, has_runs, plan_memories, plan_memory
 
 __all__ = ["CurrentState", "MoveScores", "current_state", "pair_moves", "single_moves", "with_overlap"]
 
@@ -35,10 +39,14 @@ class CurrentState(NamedTuple):
     top_val: np.ndarray  # [3]
     layer_delta_s: np.ndarray  # [n, S] base-time change of moving one layer
     edge_now_s: np.ndarray  # [e] each edge's resharding under the plan
+    runs: bool = False  # the problem holds runs of recomputing layers: memories are the plans' exact ones
+    run_memory_bytes: float = 0.0  # with runs, the plan's memory
 
     @property
     def memory_bytes(self) -> float:
         """The plan's memory (:func:`search.problem.plan_memory`): the larger phase."""
+        if self.runs:
+            return self.run_memory_bytes
         return max(self.persistent_bytes + float(self.top_val[0]), self.optimizer_bytes)
 
 
@@ -70,7 +78,27 @@ def current_state(p: DiscreteProblem, c: np.ndarray) -> CurrentState:
         top_val=top_val,
         layer_delta_s=delta,
         edge_now_s=edge_now,
+        runs=has_runs(p),
+        run_memory_bytes=plan_memory(p, c) if has_runs(p) else 0.0,
     )
+
+
+def _moved_memories(p: DiscreteProblem, c: np.ndarray, layers: np.ndarray, chunk_bytes: float = 64e6) -> np.ndarray:
+    """Exact memories ``[K, O, ...]`` of plan ``c`` with the layers
+    ``layers`` [K, m] moved to every combination of options (``m`` = 1:
+    ``[K, O]``; 2: ``[K, O, O]``), evaluated in chunks of plans."""
+    n, O = p.num_layers, p.num_options
+    K, m = layers.shape
+    grid = np.stack(np.meshgrid(*[np.arange(O)] * m, indexing="ij"), axis=-1).reshape(-1, m)  # [O^m, m]
+    out = np.empty((K, grid.shape[0]))
+    step = max(1, int(chunk_bytes // (8 * n * grid.shape[0])))
+    for k0 in range(0, K, step):
+        ks = np.arange(k0, min(K, k0 + step))
+        plans = np.broadcast_to(c, (ks.size, grid.shape[0], n)).copy()
+        for j in range(m):
+            plans[np.arange(ks.size)[:, None], np.arange(grid.shape[0])[None, :], layers[ks, j][:, None]] = grid[:, j]
+        out[ks] = plan_memories(p, plans.reshape(-1, n)).reshape(ks.size, -1)
+    return out.reshape((K,) + (O,) * m)
 
 
 def with_overlap(p: DiscreteProblem, base, grad, bwd):
@@ -98,6 +126,8 @@ def single_moves(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = N
         + np.maximum(others[:, None], p.workspace_bytes)
     )
     optimizer = cur.optimizer_bytes + p.optimizer_bytes - p.optimizer_bytes[rows, c][:, None]
+    if cur.runs:
+        return MoveScores(time, _moved_memories(p, c, rows[:, None]))
     return MoveScores(time, np.maximum(backward, optimizer))
 
 
@@ -134,4 +164,6 @@ def pair_moves(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = Non
     ws = np.maximum(np.maximum(others[:, None, None], p.workspace_bytes[u][:, :, None]), p.workspace_bytes[v][:, None, :])
     backward = cur.persistent_bytes + dA[u][:, :, None] + dA[v][:, None, :] + ws
     optimizer = cur.optimizer_bytes + dQ[u][:, :, None] + dQ[v][:, None, :]
+    if cur.runs:
+        return MoveScores(time, _moved_memories(p, c, np.stack([u, v], axis=1)))
     return MoveScores(time, np.maximum(backward, optimizer))

@@ -465,9 +465,14 @@ def minimum_memory(p: DiscreteProblem) -> MinimumMemory:
     """The exact smallest peak memory per device over all plans (for any
     graph: memory has no edge terms), with a plan that reaches it. Caps are
     tried in the order of their lower bound (:func:`memory_by_workspace_cap`)
-    until the next bound is no better than the best plan found."""
+    until the next bound is no better than the best plan found. Not for a
+    problem with runs of recomputing layers (:func:`has_runs`), whose memory
+    has edge terms: :func:`search.milp.smallest_memory` takes any problem."""
     if p.num_layers == 0:
         return MinimumMemory(0.0, np.zeros(0, dtype=np.int64), 0.0)
+    if has_runs(p):
+        raise ValueError("minimum_memory adds memory up layer by layer, which runs of recomputed layers break; "
+                         "use search.milp.smallest_memory")
     caps, bound = memory_by_workspace_cap(p)
     best, choice = np.inf, None
     for k in np.argsort(bound, kind="stable"):

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from search.milp import smallest_memory
 from search.moves import (
     MoveScores,
     current_state,
@@ -25,7 +26,6 @@ from search.moves import (
 )
 from search.problem import (
     DiscreteProblem,
-    minimum_memory,
     plain_options,
     plan_memory,
     plan_time,
@@ -110,7 +110,7 @@ def repair(p: DiscreteProblem, choice, memory_limit: float, max_rounds: int | No
         k, s, t = np.unravel_index(int(np.argmin(score)), score.shape)
         c[p.edge_src[k]], c[p.edge_dst[k]] = s, t
     if plan_memory(p, c) > limit:
-        c = _walk_towards(p, c, minimum_memory(p).choice if fallback is None else fallback, limit)
+        c = _walk_towards(p, c, smallest_memory(p).choice if fallback is None else fallback, limit)
     return c, plan_memory(p, c) <= limit
 
 
@@ -359,7 +359,7 @@ def refine(p: DiscreteProblem, candidates, memory_limit: float, max_candidates: 
     times = np.array([plan_time(p, x) for x in cands])
     fits = np.array([plan_memory(p, x) <= limit for x in cands])
     rounded = float(np.min(np.where(fits, times, np.inf))) if cands.size else np.inf
-    mm = minimum_memory(p).choice  # once: each stuck repair walks towards it
+    mm = smallest_memory(p).choice  # once: each stuck repair walks towards it
     if plan_memory(p, mm) > limit:  # nothing fits
         return RefineResult(mm, plan_time(p, mm), plan_memory(p, mm), False, rounded, np.inf, len(cands))
     repaired = []

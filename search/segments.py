@@ -10,7 +10,7 @@ import numpy as np
 
 from search.dp import viterbi
 from search.moves import current_state, with_overlap
-from search.problem import DiscreteProblem, plan_memory, plan_time
+from search.problem import DiscreteProblem, plan_memories, plan_memory, plan_time
 
 __all__ = ["SegmentCandidates", "Segments", "apply_segment", "chain_segments", "segment_candidates", "segment_moves"]
 
@@ -133,6 +133,11 @@ def segment_candidates(p: DiscreteProblem, c: np.ndarray, seg: Segments) -> Segm
     outside_max = np.where((~inside).any(axis=1), cur.workspace[top][first_out], 0.0)
     new_ws = np.maximum(outside_max[g_of], Wseg[gi, wi, new].max(axis=1))
     mems = np.maximum(cur.persistent_bytes + d_mem + new_ws, cur.optimizer_bytes + d_opt)
+    if cur.runs:  # runs of recomputing layers: the candidate plans' exact memories
+        plans = np.broadcast_to(c, (g_of.size, n)).copy()
+        kk, ww = np.nonzero(valid[g_of])
+        plans[kk, seg.nodes[g_of][kk, ww]] = new[kk, ww]
+        mems = plan_memories(p, plans)
     if p.gradient_overlap:
         gg = np.where(valid[..., None], p.grad_sync_s[at], 0.0)
         bb = np.where(valid[..., None], p.backward_s[at], 0.0)

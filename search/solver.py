@@ -33,14 +33,13 @@ import numpy as np
 from costmodels.strategies import Strategy
 from search.dp import solve_dp
 from search.gradient import GradientConfig, relaxed_search
-from search.milp import solve_milp
+from search.milp import smallest_memory, solve_milp
 from search.problem import (
     DiscreteProblem,
     chain_order,
     compact_options,
     discrete_problem,
     has_runs,
-    minimum_memory,
     plain_options,
     plan_memory,
     plan_time,
@@ -74,7 +73,7 @@ def heuristic_plans(p: DiscreteProblem) -> np.ndarray:
     dp, rep = plain[Strategy.DATA], plain[Strategy.REPLICATED]
     can = lambda o: p.feasible[:, o] if o >= 0 else np.zeros(p.num_layers, bool)  # noqa: E731
     data = np.where(can(dp), dp, np.where(can(rep), rep, fastest))
-    return np.stack([data, fastest, minimum_memory(p).choice])
+    return np.stack([data, fastest, smallest_memory(p).choice])
 
 
 def _finite(seconds: float) -> float | None:
@@ -120,13 +119,14 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
     # the solvers search each problem without the options no layer can run, and map back
     compact = [compact_options(discrete_problem(t)) for t in tables]
     problems = [c.problem for c in compact]
-    if any(has_runs(p) for p in problems):
+    runs = [has_runs(p) for p in problems]
+    if any(runs) and method == "dp":
         raise NotImplementedError(
-            "this table lets two consecutive layers both recompute (a run of recomputed layers), whose memory "
-            "is not a sum over layers; only search.solve_brute handles it yet (docs/levers.md, issue 15)")
+            "method 'dp' cannot search runs of recomputed layers (remat+join), whose memory is not a sum "
+            "over layers; use 'auto' or 'milp' (exact) or 'gradient' for this table (docs/levers.md, issue 15)")
     option_ids = [c.option_ids for c in compact]
     limits = [_limit(memory_limit, p) for p in problems]
-    mins = [minimum_memory(p) for p in problems]
+    mins = [smallest_memory(p) for p in problems]
     chains = [chain_order(p) is not None for p in problems]
     if method == "dp" and not all(chains):
         raise ValueError("method 'dp' needs a chain graph (every layer feeds only the next); "
@@ -145,7 +145,7 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
                 num_options=tables[i].feasible.shape[-1],
             )
     todo = [i for i in range(len(tables)) if out[i] is None]
-    plan_of = {i: ("dp" if chains[i] else "milp") if method == "auto" else method for i in todo}
+    plan_of = {i: ("dp" if chains[i] and not runs[i] else "milp") if method == "auto" else method for i in todo}
     auto_limit = AUTO_MILP_TIME_LIMIT_S if milp_time_limit_s is None else min(milp_time_limit_s,
                                                                                AUTO_MILP_TIME_LIMIT_S)
     unproven = {}  # auto: the MILP's result where it did not prove its plan optimal in time
@@ -158,7 +158,7 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
             r = solve_dp(p, limits[i])
         else:
             r = solve_milp(p, limits[i], time_limit_s=auto_limit if method == "auto" else milp_time_limit_s)
-            if method == "auto" and not r.exact:
+            if method == "auto" and not r.exact and not runs[i]:
                 unproven[i], plan_of[i], seconds[i] = r, "gradient", _time.perf_counter() - t
                 _emit(callback, "milp", f"table {i}: the MILP did not prove an optimum in {auto_limit:g} s; "
                       "the gradient search joins in", i)

@@ -13,7 +13,7 @@ import pytest
 from costmodels import CostTable, memory_per_device
 from costmodels.evaluate import one_hot
 from planner import GraphBuilder
-from search import discrete_problem, plan_memory, solve, solve_brute
+from search import discrete_problem, plan_memory, solve, solve_brute, solve_dp
 from search.problem import compact_options, has_runs
 
 # option 0 keeps its activations, 1 recomputes them (remat), 2 recomputes them in the run of the layer
@@ -146,10 +146,42 @@ def test_brute_force_finds_that_runs_lower_the_smallest_memory():
     assert not solve_brute(p, memory_limit=509).feasible
 
 
-def test_solve_refuses_runs_it_cannot_search():
+@pytest.mark.parametrize("limit", [580.0, 650.0, 1e9])
+def test_solve_plans_runs_with_the_milp_and_refuses_the_other_methods(limit):
+    """search.solve: ``auto`` and ``milp`` plan a table with runs (the MILP,
+    whatever the graph), as fast as brute force's plan; the DP cannot search
+    them yet and says so. The smallest memory is
+    (1, 2, 1)'s: the run 0-1 keeps 50 bytes, layer 2 its input, 200, and
+    its step holds 300 + 30: 580; below it no plan fits."""
     assert has_runs(discrete_problem(CHAIN))
-    with pytest.raises(NotImplementedError, match="run"):
-        solve(CHAIN, memory_limit=1e9, method="milp")
+    brute = solve_brute(discrete_problem(CHAIN), limit)
+    for method in ("auto", "milp"):
+        sol = solve(CHAIN, memory_limit=limit, method=method)
+        assert sol.feasible and sol.method == "milp" and sol.memory_bytes <= limit
+        assert sol.min_memory_bytes == 580 == solve_brute(discrete_problem(CHAIN)).min_memory_bytes
+        assert sol.time_s == pytest.approx(brute.time_s, rel=1e-6)
+    assert not solve(CHAIN, memory_limit=579.0).feasible
+    with pytest.raises(NotImplementedError, match="runs of recomputed layers"):
+        solve(CHAIN, memory_limit=limit, method="dp")
+    with pytest.raises(NotImplementedError, match="runs of recomputed layers"):
+        solve_dp(discrete_problem(CHAIN), limit)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_gradient_search_on_runs_fits_and_never_beats_brute_force(seed):
+    """The gradient search (relaxed memory with runs, then repair and local
+    moves scored by the plans' exact memories) on random run problems: it
+    fits wherever a plan fits, never beats brute force, and at the smallest
+    memory, which only plans with runs reach here, finds a plan."""
+    t = random_run_table(seed, 5)
+    p = discrete_problem(t)
+    full = solve_brute(p)
+    for limit in (full.min_memory_bytes, 0.5 * (full.min_memory_bytes + full.memory_bytes), full.memory_bytes):
+        brute = solve_brute(p, limit)
+        sol = solve(t, memory_limit=limit, method="gradient", seed=seed)
+        assert sol.feasible and sol.memory_bytes <= limit
+        assert plan_memory(p, np.array(sol.choice)) == pytest.approx(sol.memory_bytes, rel=1e-9)
+        assert sol.time_s >= brute.time_s * (1 - 1e-6)
 
 
 def test_recomputing_is_never_merged_with_keeping():

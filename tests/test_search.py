@@ -360,7 +360,9 @@ def test_repair_walks_to_the_smallest_plan_where_moves_get_stuck():
     p = p._replace(feasible=np.ones((2, 2), bool), persistent_bytes=two(0, 10), workspace_bytes=two(100, 1),
                    optimizer_bytes=two(5, 5), layer_time_s=two(1.0, 2.0),
                    grad_sync_s=np.zeros((2, 2)), backward_s=np.zeros((2, 2)), reshard_s=np.zeros((0, 2, 2)),
-                   option_strategy=np.arange(2), option_lever=np.zeros(2, np.int64))
+                   option_strategy=np.arange(2), option_lever=np.zeros(2, np.int64),
+                   recompute_bytes=np.zeros((2, 2)), option_recomputes=np.zeros(2, bool),
+                   option_joins=np.zeros(2, bool), checkpoint_credit=np.zeros((0, 2)))
     assert single_moves(p, np.zeros(2, np.int64)).memory_bytes.min() == 100.0
     fixed, ok = repair(p, np.zeros(2, np.int64), 50.0)
     assert ok and fixed.tolist() == [1, 1] and plan_memory(p, fixed) == 21.0
