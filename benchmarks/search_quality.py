@@ -21,9 +21,14 @@ fourth limit, ``levers-only``: halfway between that smallest memory and the
 smallest of the lever-free plans, so that only plans using levers fit. Beside
 each loose, tight and infeasible instance it times the lever-free menu's own
 instance of that kind (its limits from its own smallest memory), and the
-summary gives the ratios of search times.
+summary gives the ratios of search times. With ``--remat-runs`` (and
+``--levers remat|all``) every layer that saves activations may recompute,
+alone or in a run with the layers before it (``remat+join``,
+``CostSettings.remat_runs``); the exact reference is then the MILP on
+chains too (the DP cannot search runs).
 
     PYTHONPATH=. .venv/bin/python benchmarks/search_quality.py [--quick] [--models a,b] [--levers all]
+        [--remat-runs]
 """
 
 from __future__ import annotations
@@ -53,11 +58,12 @@ from search import (  # noqa: E402
     compact_options,
     discrete_problem,
     minimum_memory,
+    smallest_memory,
     solve_dp,
     solve_many,
     solve_milp,
 )
-from search.problem import plan_memory, plan_time  # noqa: E402
+from search.problem import has_runs, plan_memory, plan_time  # noqa: E402
 
 MODELS = ("vgg16", "resnet50", "resnet152", "alexnet", "cosmoflow-256", "chain1000", "vit-b16", "gpt2-small")
 DEVICES = (8, 64, 256, 1024)
@@ -89,13 +95,14 @@ def synthetic_chain(layers: int = 1000):
     return g
 
 
-def tables_for(graph, hw, P, levers: str = "none"):
+def tables_for(graph, hw, P, levers: str = "none", remat_runs: bool = False):
     B = PER_DEVICE.get(graph.model_name, 32) * P
     meshes = mesh_shapes(P, B, hw.devices_per_node)
     hwa = hardware_arrays(hw)
     tables = []
     for d, m in meshes:
-        t = cost_table(graph.arrays, hwa, float(B), float(d), float(m), CostSettings(levers=levers))
+        t = cost_table(graph.arrays, hwa, float(B), float(d), float(m),
+                       CostSettings(levers=levers, remat_runs=remat_runs))
         if B % (d * m):
             data = option_strategy(t.feasible.shape[1]) == int(Strategy.DATA)  # [O] data's options
             t = t._replace(feasible=t.feasible & (~data[None, :] | (t.layer_mask <= 0)[:, None]))
@@ -105,9 +112,10 @@ def tables_for(graph, hw, P, levers: str = "none"):
 
 
 def exact_per_mesh(problems, limit, chain: bool, milp_time_limit_s: float = MILP_TIME_LIMIT_S):
-    """Best exact plan over the meshes with DP (chains) and MILP; times of each."""
+    """Best exact plan over the meshes with DP (chains without runs of
+    recomputed layers, which the DP cannot search) and MILP; times of each."""
     out = {"dp_s": None, "milp_s": 0.0, "dp": None, "milp": None}
-    if chain:
+    if chain and not any(has_runs(p) for p in problems):
         t0 = time.perf_counter()
         res = [solve_dp(p, limit) for p in problems]
         out["dp_s"] = time.perf_counter() - t0
@@ -136,7 +144,8 @@ def best(results):
     return t, i, bool(results[i].exact)
 
 
-def run(models, devices, hardware, quick: bool, levers: str = "none", milp_time_limit_s: float = MILP_TIME_LIMIT_S):
+def run(models, devices, hardware, quick: bool, levers: str = "none", milp_time_limit_s: float = MILP_TIME_LIMIT_S,
+        remat_runs: bool = False):
     rows = []
     header = (f"{'model':14s} {'hardware':9s} {'P':>5s} {'limit':>11s} {'GB':>8s} {'exact':>9s} {'mesh':>6s} "
               f"{'gradient':>9s} {'mesh':>6s} {'ratio':>8s} {'grad s':>7s} {'dp s':>7s} {'milp s':>8s}")
@@ -149,14 +158,14 @@ def run(models, devices, hardware, quick: bool, levers: str = "none", milp_time_
         for hw_name in hardware:
             hw = load_hardware(hw_name)
             for P in devices:
-                meshes, tables = tables_for(graph, hw, P, levers)
+                meshes, tables = tables_for(graph, hw, P, levers, remat_runs)
                 problems = [discrete_problem(t) for t in tables]
                 exact_problems = [compact_options(p).problem for p in problems]  # what solve gives its exact solvers
                 if levers != "none":  # the lever-free menu beside it, timed on the same limits
                     _, plain_tables = tables_for(graph, hw, P)
                     plain_problems = [discrete_problem(t) for t in plain_tables]
                 chain = chain_order(problems[0]) is not None
-                need = min(minimum_memory(p).memory_bytes for p in problems)
+                need = min(smallest_memory(p).memory_bytes for p in problems)
                 limits = {
                     "loose": max(hw.device.memory_bytes, 2.0 * need),
                     "tight": need * 1.001,
@@ -184,10 +193,10 @@ def run(models, devices, hardware, quick: bool, levers: str = "none", milp_time_
                         solve_many(plain_tables, plain_limits[kind], "gradient")
                         plain = dict(grad_s=time.perf_counter() - t0,
                                      **exact_per_mesh(plain_problems, plain_limits[kind], chain, milp_time_limit_s))
-                    ref = ex["dp"] if chain else ex["milp"]
+                    ref = ex["milp"] if ex["dp"] is None else ex["dp"]
                     b_ex, b_gr = best(ref), best([_R(s) for s in grad])
                     milp_b = best(ex["milp"])
-                    if b_ex and milp_b and chain and abs(milp_b[0] / b_ex[0] - 1) > 1e-5:
+                    if b_ex and milp_b and ex["dp"] is not None and abs(milp_b[0] / b_ex[0] - 1) > 1e-5:
                         print(f"  ! DP and MILP disagree: {b_ex[0]} vs {milp_b[0]}")
                     ratio = b_gr[0] / b_ex[0] if (b_ex and b_gr) else None
                     row = dict(model=name, hardware=hw_name, P=P, kind=kind, limit=limit,
@@ -274,22 +283,27 @@ def main():
     ap.add_argument("--models", help=f"comma-separated subset of {','.join(MODELS)} (the timings first as always)")
     ap.add_argument("--levers", default="none", choices=LEVER_CHOICES,
                     help="memory levers on the menu (and the levers-only limit)")
+    ap.add_argument("--remat-runs", action="store_true",
+                    help="offer recomputing in runs on every layer that saves activations "
+                         "(CostSettings.remat_runs; needs --levers remat or all)")
     ap.add_argument("--skip-timings", action="store_true", help="skip the planner timings printed first")
     ap.add_argument("--milp-time-limit", type=float, default=MILP_TIME_LIMIT_S,
                     help=f"seconds per mesh for the exact MILP (default {MILP_TIME_LIMIT_S:g}); "
                     "rows it does not prove optimal say so")
     args = ap.parse_args()
+    if args.remat_runs and args.levers not in ("remat", "all"):
+        ap.error("--remat-runs needs --levers remat or all")
     if args.models:
         unknown = sorted(set(args.models.split(",")) - set(MODELS))
         if unknown:
             ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
     print(f"jax {jax.__version__}, {jax.device_count()} {jax.devices()[0].platform} device(s), "
           f"{os.cpu_count()} cpu(s)")
-    print(f"levers: {args.levers}")
+    print(f"levers: {args.levers}" + (", recomputing in runs on every layer" if args.remat_runs else ""))
     timings = {} if args.skip_timings else planner_timings()
     models = tuple(args.models.split(",")) if args.models else ("vgg16", "resnet50") if args.quick else MODELS
     devices = (8, 256) if args.quick else DEVICES
-    rows = run(models, devices, HARDWARE, args.quick, args.levers, args.milp_time_limit)
+    rows = run(models, devices, HARDWARE, args.quick, args.levers, args.milp_time_limit, args.remat_runs)
     summary(rows, timings)
 
 

@@ -64,7 +64,10 @@ Masks rule out what cannot run or does nothing: ZeRO needs parameters, a
 group of more than one device and ``D`` dividing the output channels each
 device holds (the dimension it shards); it is not offered on attention
 layers, tied output layers nor the embeddings that share their table.
-Recomputing is offered only where the layer saves more than its input.
+Recomputing is offered only where the layer saves more than its input
+(with ``CostSettings(remat_runs=True)``, wherever it saves anything: a run
+frees what its layers save beyond its first input), and joining a run only
+where a producer of the layer can recompute.
 """
 
 from __future__ import annotations
@@ -221,6 +224,7 @@ class LeverInputs(NamedTuple):
     reduce_scatter_bucket_s: jnp.ndarray  # [S] reduce-scatter of one gradient bucket over the group, seconds
     all_gather_bucket_s: jnp.ndarray  # [S] all-gather of one bucket of weights over the group, seconds
     zero_ok: jnp.ndarray  # [L, S] bool, ZeRO can shard this layer's state under the strategy
+    recomputable: jnp.ndarray  # [L, S] bool, recomputing is offered (it frees memory, alone or in a run)
     joinable: jnp.ndarray  # [L] bool, a producer of the layer can recompute (a run can reach it)
 
 
@@ -284,7 +288,7 @@ def lever_costs(x: LeverInputs, menu: tuple[Lever, ...], *, weight_bytes: float,
         recompute = checkpoint = jnp.zeros_like(x.activation_bytes)
         if lever.remat:
             # jax.checkpoint: keep the input, run the forward again inside the backward pass
-            feasible = feasible & (x.activation_bytes > x.input_bytes)
+            feasible = feasible & x.recomputable
             if lever.joins:
                 feasible = feasible & x.joinable[:, None]
             compute = compute + (x.compute_s - x.backward_s)

@@ -52,6 +52,9 @@ class CostSettings:
     gradient_bucket_bytes: float = 25 * 2**20  # gradients are all-reduced in buckets (PyTorch DDP's default)
     levers: str = "none"  # memory levers on the menu: none | zero | remat | all (costmodels/levers.py)
     platform: str = "gpu"  # the XLA platform the step compiles for: gpu | tpu | cpu (cpu: XLA:CPU's own buffers)
+    # recomputing offered on every layer that saves activations, in runs (remat+join; costmodels/levers.py),
+    # not only where one layer saves more than its input. Off by default: the export cannot run such plans yet.
+    remat_runs: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
@@ -311,8 +314,11 @@ def cost_table(
     shares_table = jnp.any(tied[:, 0] & (real > 0)) & (kind == LayerKind.EMBED)  # the table a tied output reads
     zero_ok = (holds_state & ~shares_table)[:, None] & (group[None, :] > 1) & (jnp.mod(out_local, group[None, :]) == 0)
     input_bytes = delta * group_batch * in_el[:, None] / split_of(in_lay)  # [L, S] what recomputing keeps
+    # recomputing one layer frees memory where it saves more than its input; in runs
+    # (remat_runs), wherever it saves anything
+    recomputable = activation > (0.0 if settings.remat_runs else input_bytes)  # [L, S]
     # a run of recomputing layers can reach a layer from a producer that can recompute
-    can_recompute = jnp.any(feasible & (activation > input_bytes), axis=-1) & (real > 0)  # [L] (levers.py's mask)
+    can_recompute = jnp.any(feasible & recomputable, axis=-1) & (real > 0)  # [L]
     joinable = jnp.zeros(L, bool).at[dst].max(can_recompute[src] & (emask > 0))
     inputs = LeverInputs(
         feasible=feasible, compute_s=compute, backward_s=backward, grad_sync_s=grad_sync, halo_s=halo,
@@ -321,7 +327,7 @@ def cost_table(
         input_bytes=input_bytes, workspace_bytes=workspace,
         group=group, reduce_scatter_bucket_s=reduce_scatter_group_s(net, group, ranks_per_node, bucket),
         all_gather_bucket_s=allgather_group_s(net, group, ranks_per_node, bucket), zero_ok=zero_ok,
-        joinable=joinable,
+        recomputable=recomputable, joinable=joinable,
     )
     lc = lever_costs(inputs, lever_menu(settings.levers), weight_bytes=settings.weight_bytes_per_param,
                      gradient_bytes=settings.gradient_bytes_per_param,

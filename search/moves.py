@@ -83,21 +83,25 @@ def current_state(p: DiscreteProblem, c: np.ndarray) -> CurrentState:
     )
 
 
-def _moved_memories(p: DiscreteProblem, c: np.ndarray, layers: np.ndarray, chunk_bytes: float = 64e6) -> np.ndarray:
+def _moved_memories(p: DiscreteProblem, c: np.ndarray, layers: np.ndarray, chunk_plans: int = 16_384) -> np.ndarray:
     """Exact memories ``[K, O, ...]`` of plan ``c`` with the layers
     ``layers`` [K, m] moved to every combination of options (``m`` = 1:
-    ``[K, O]``; 2: ``[K, O, O]``), evaluated in chunks of plans."""
+    ``[K, O]``; 2: ``[K, O, O]``; ``inf`` where a layer cannot run the
+    option), the plans that can run evaluated in chunks."""
     n, O = p.num_layers, p.num_options
     K, m = layers.shape
     grid = np.stack(np.meshgrid(*[np.arange(O)] * m, indexing="ij"), axis=-1).reshape(-1, m)  # [O^m, m]
-    out = np.empty((K, grid.shape[0]))
-    step = max(1, int(chunk_bytes // (8 * n * grid.shape[0])))
-    for k0 in range(0, K, step):
-        ks = np.arange(k0, min(K, k0 + step))
-        plans = np.broadcast_to(c, (ks.size, grid.shape[0], n)).copy()
+    runs = np.ones((K, grid.shape[0]), bool)
+    for j in range(m):
+        runs &= p.feasible[layers[:, j][:, None], grid[None, :, j]]
+    kk, gg = np.nonzero(runs)
+    out = np.full((K, grid.shape[0]), np.inf)
+    for a in range(0, kk.size, chunk_plans):
+        k, g = kk[a:a + chunk_plans], gg[a:a + chunk_plans]
+        plans = np.broadcast_to(c, (k.size, n)).copy()
         for j in range(m):
-            plans[np.arange(ks.size)[:, None], np.arange(grid.shape[0])[None, :], layers[ks, j][:, None]] = grid[:, j]
-        out[ks] = plan_memories(p, plans.reshape(-1, n)).reshape(ks.size, -1)
+            plans[np.arange(k.size), layers[k, j]] = grid[g, j]
+        out[k, g] = plan_memories(p, plans)
     return out.reshape((K,) + (O,) * m)
 
 

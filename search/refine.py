@@ -26,6 +26,7 @@ from search.moves import (
 )
 from search.problem import (
     DiscreteProblem,
+    MinimumMemory,
     plain_options,
     plan_memory,
     plan_time,
@@ -346,20 +347,21 @@ class RefineResult(NamedTuple):
 
 
 def refine(p: DiscreteProblem, candidates, memory_limit: float, max_candidates: int = 4,
-           segment_window: float = 0.03) -> RefineResult:
+           segment_window: float = 0.03, smallest: MinimumMemory | None = None) -> RefineResult:
     """Repair and locally improve each distinct candidate plan ``[k, n]``
     (the best ``max_candidates`` after repair get the local search, and
     each distinct local optimum within ``segment_window`` of the best then
     the segment moves), and return the best plan that fits. Repair falls
     back on the exact smallest-memory plan (:func:`repair`), which fits
     whenever any plan does; where it does not, that plan is returned,
-    marked infeasible."""
+    marked infeasible. ``smallest``: that plan's
+    :func:`search.milp.smallest_memory`, where the caller has it."""
     limit = float(memory_limit)
     cands = np.unique(np.asarray(candidates, dtype=np.int64).reshape(-1, p.num_layers), axis=0)
     times = np.array([plan_time(p, x) for x in cands])
     fits = np.array([plan_memory(p, x) <= limit for x in cands])
     rounded = float(np.min(np.where(fits, times, np.inf))) if cands.size else np.inf
-    mm = smallest_memory(p).choice  # once: each stuck repair walks towards it
+    mm = (smallest_memory(p) if smallest is None else smallest).choice  # once: each stuck repair walks to it
     if plan_memory(p, mm) > limit:  # nothing fits
         return RefineResult(mm, plan_time(p, mm), plan_memory(p, mm), False, rounded, np.inf, len(cands))
     repaired = []

@@ -36,6 +36,7 @@ from search.gradient import GradientConfig, relaxed_search
 from search.milp import smallest_memory, solve_milp
 from search.problem import (
     DiscreteProblem,
+    MinimumMemory,
     chain_order,
     compact_options,
     discrete_problem,
@@ -64,16 +65,16 @@ def _limit(memory_limit, p: DiscreteProblem) -> float:
     return limit
 
 
-def heuristic_plans(p: DiscreteProblem) -> np.ndarray:
+def heuristic_plans(p: DiscreteProblem, smallest: MinimumMemory | None = None) -> np.ndarray:
     """Three plans ``[3, n]``: data parallel wherever possible (else
     replicated, else the fastest), without levers, each layer's fastest
-    option, and the smallest-memory plan."""
+    option, and the smallest-memory plan (``smallest``, where the caller has it)."""
     fastest = np.argmin(p.layer_time_s, axis=1)
     plain = plain_options(p)
     dp, rep = plain[Strategy.DATA], plain[Strategy.REPLICATED]
     can = lambda o: p.feasible[:, o] if o >= 0 else np.zeros(p.num_layers, bool)  # noqa: E731
     data = np.where(can(dp), dp, np.where(can(rep), rep, fastest))
-    return np.stack([data, fastest, smallest_memory(p).choice])
+    return np.stack([data, fastest, (smallest_memory(p) if smallest is None else smallest).choice])
 
 
 def _finite(seconds: float) -> float | None:
@@ -205,8 +206,8 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
             rounded = column[np.take_along_axis(compact[i].representative, res.choice[k][:, :n].T, axis=1).T]
             if (rounded < 0).any():
                 raise RuntimeError("the gradient search rounded a layer to an option it cannot run")
-            cands = np.concatenate([rounded, heuristic_plans(p)], axis=0)
-            ref = refine(p, cands, lim)
+            cands = np.concatenate([rounded, heuristic_plans(p, mins[i])], axis=0)
+            ref = refine(p, cands, lim, smallest=mins[i])
             fits_relaxed = res.memory_bytes[k] <= lim
             r_best = int(np.argmin(np.where(fits_relaxed, res.time_s[k], np.inf))) if fits_relaxed.any() else \
                 int(np.argmin(res.memory_bytes[k]))

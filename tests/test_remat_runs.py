@@ -245,3 +245,42 @@ def test_milp_agrees_with_brute_force_on_runs(seed):
         assert milp.feasible and milp.exact
         assert milp.time_s == pytest.approx(brute.time_s, rel=1e-6) and milp.memory_bytes <= limit
     assert not solve_milp(p, full.min_memory_bytes * (1 - 1e-6)).feasible
+
+
+def test_remat_runs_offers_runs_on_cnn_layers_and_costs_them_by_hand():
+    """CostSettings(remat_runs=True) on the tiny CNN (tests/builders.py: per
+    sample conv1 keeps its input, 128 elements; relu its output, 256; conv2
+    its input, 256; the max pool its input, 256; fc its input, 64), batch 4
+    on one device, float32 (16 bytes per element across the batch).
+    Recomputing is offered on every layer that saves something, joining
+    where the producer can recompute. The run conv1-relu-conv2 keeps conv1's
+    input only (relu's and conv2's inputs are inside it): the activations
+    fall from 128 + 256 + 256 to 128 elements, 8192 bytes. Its backward pass
+    holds at conv2's step conv2's input and output gradients (256 + 256)
+    and the run's 128 + 256 + 256 recomputed: 18432 bytes, against the
+    largest transient kept, 8192 (relu's or conv2's gradients): +10240.
+    Net +2048 bytes; the state does not change and the backward phase binds."""
+    from builders import tiny_oracle_graph
+
+    from costmodels import CostSettings, cost_table, hardware_arrays, load_hardware
+
+    g = tiny_oracle_graph()
+    hw = hardware_arrays(load_hardware("dgx-a100"))
+    t = cost_table(g.arrays, hw, 4.0, 1.0, 1.0, CostSettings(levers="remat", remat_runs=True))
+    off = cost_table(g.arrays, hw, 4.0, 1.0, 1.0, CostSettings(levers="remat"))
+    n = g.num_layers
+    names = list(g.names)
+    feasible = np.asarray(t.feasible)[:n]
+    data, remat, join = 0, 1, 2  # data's options under the "remat" menu
+    saves = {"conv1", "relu", "conv2", "pool", "fc"}
+    assert {nm for i, nm in enumerate(names) if feasible[i, remat]} == saves
+    assert {nm for i, nm in enumerate(names) if feasible[i, join]} == {"relu", "conv2", "pool", "flatten"} & saves
+    assert not np.asarray(off.feasible)[:n, [remat, join]].any()  # without remat_runs: none (each keeps no more)
+    keep = np.full(n, data)
+    plan = keep.copy()
+    plan[[names.index("conv1"), names.index("relu"), names.index("conv2")]] = [remat, join, join]
+    pad = np.zeros(t.feasible.shape[0] - n, int)
+    mem = lambda c: float(memory_per_device(t, one_hot(jnp.asarray(np.r_[c, pad]), 15)))  # noqa: E731
+    assert mem(plan) - mem(keep) == -8192 + 10240
+    p = discrete_problem(t)
+    assert plan_memory(p, plan) - plan_memory(p, keep) == -8192 + 10240
