@@ -16,6 +16,9 @@ the larger of two phases of the training step: the backward pass (state
 but the optimizer's update, the saved activations, the largest transient)
 and the optimizer step (state with the update; the activations are freed
 by then: XLA's buffer assignment, docs/validation.md "The memory promise"),
+less the checkpoints freed inside runs of recomputed layers and with each
+layer's transient grown by its run's recomputed activations
+(:func:`run_terms`; zero unless a layer joins the run before it),
 
 which is :func:`costmodels.iteration_time` and
 :func:`costmodels.memory_per_device` at one-hot probabilities, summed in
