@@ -463,13 +463,15 @@ def test_plan_with_levers_fits_where_no_lever_free_plan_does():
 
 def test_zero_stages_2_and_3_fit_their_prediction_on_xla_cpu(devices):
     """VGG16-CIFAR-10 at batch 16 on 4x2, every layer data under ZeRO stage
-    2, then 3: XLA's compiled total (the oracle) stays within what the cpu
-    margin covers, 1 / (1 - MEMORY_MARGIN["cpu"]) of the prediction
-    (measured 1.11 and 1.09). The export ties each layer's weights (and
-    stage 3's gathers) to the layer's input in the forward pass and to its
-    cotangent in the backward pass (planner.runtime.calls.zero_call); without
-    the ties XLA:CPU's schedule computes every kernel copy and gather at the
-    step's start: 1.75 and 2.84."""
+    2, then 3: XLA's compiled total (the oracle) is within 10% of the
+    prediction (issue 15; measured 1.045 and 1.034), and within what the cpu
+    margin covers. The export ties each layer's weights (and stage 3's
+    gathers) to the layer's input in the forward pass and to its cotangent
+    in the backward pass, and its weight gradients to its input gradient
+    (planner.runtime.calls.zero_call). Without the ties XLA:CPU's schedule
+    computes every kernel copy and gather at the step's start: 1.75 and
+    2.84; without the last, XLA copies each donated kernel read by an input
+    gradient at the step's start: 1.11 and 1.09."""
     import planner
     from planner.plan_inputs import MEMORY_MARGIN
     from planner.runtime.validation import fixed_plan
@@ -484,6 +486,7 @@ def test_zero_stages_2_and_3_fit_their_prediction_on_xla_cpu(devices):
         assert set(plan.zero_stages.values()) == {stage} and len(plan.zero_stages) == 13  # the layers the mask lets shard
         row = {r.part: r for r in planner.validate(model, plan).memory}["total"]
         assert row.compiled_bytes <= row.predicted_bytes / (1 - MEMORY_MARGIN["cpu"]), (stage, row)
+        assert abs(row.compiled_bytes / row.predicted_bytes - 1) <= 0.10, (stage, row)
 
 
 def test_evaluate_takes_levers_and_says_why_one_cannot_run():
