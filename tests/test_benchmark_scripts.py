@@ -61,3 +61,17 @@ def test_xla_agreement_quick_prints_rows_and_summary(tmp_path):
     err = rows[0]["compiled_total_bytes"] / rows[0]["predicted_total_bytes"] - 1
     assert lines["today"][4] == lines["today"][5] == f"{err:+.1%}"
     assert lines["today"][1] == str(int(abs(err) <= 0.10)) and lines["today"][3] == "1"
+
+
+def test_search_quality_refuses_remat_runs_without_a_remat_menu():
+    """benchmarks/search_quality.py --remat-runs offers recomputing in runs,
+    which needs the remat lever on the menu: without --levers remat|all it
+    stops with argparse's usage error (exit 2) before any search."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "search_quality.py"), "--remat-runs", "--levers", "zero",
+         "--skip-timings", "--models", "cosmoflow-256"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert "--remat-runs needs --levers remat or all" in proc.stderr
