@@ -42,7 +42,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from costmodels.levers import menu_of, strategy_probs
+from costmodels.levers import option_recomputing, strategy_probs
 from costmodels.table import CostTable
 
 __all__ = ["expected_time", "iteration_time", "memory_per_device", "one_hot", "recomputed_runs", "reshard_per_edge"]
@@ -117,9 +117,7 @@ def recomputed_runs(table: CostTable, probs):
     one-hot probabilities both are the discrete plan's values."""
     L, O = probs.shape
     mask = table.layer_mask
-    menu = menu_of(O)
-    remat = jnp.asarray([lever.remat for lever in menu] * (O // len(menu)))  # [O] option o recomputes
-    joins = jnp.asarray([lever.joins for lever in menu] * (O // len(menu)))  # [O] ... in the run before it
+    remat, joins = (jnp.asarray(f) for f in option_recomputing(O))  # [O] option o recomputes, ... joining
     rho = jnp.sum(jnp.where(remat[None, :], probs, 0.0), axis=-1) * mask  # [L] the layer recomputes
     beta = jnp.sum(jnp.where(joins[None, :], probs, 0.0), axis=-1) * mask  # [L] ... joining the run before it
     rec = jnp.sum(probs * table.recompute_bytes, axis=-1) * mask  # [L]

@@ -89,6 +89,7 @@ __all__ = [
     "menu_of",
     "levers_per_strategy",
     "option_strategy",
+    "option_recomputing",
     "option_index",
     "option_name",
     "parse_option",
@@ -146,6 +147,14 @@ def menu_of(num_options: int) -> tuple[Lever, ...]:
 def option_strategy(num_options: int) -> np.ndarray:
     """The strategy code of each option ``[O]``."""
     return np.arange(num_options) // levers_per_strategy(num_options)
+
+
+def option_recomputing(num_options: int) -> tuple[np.ndarray, np.ndarray]:
+    """Whether each option recomputes, and whether it joins the run before it: ``([O], [O])`` bool."""
+    menu = menu_of(num_options)
+    reps = int(num_options) // len(menu)
+    return (np.asarray([lv.remat for lv in menu] * reps, dtype=bool),
+            np.asarray([lv.joins for lv in menu] * reps, dtype=bool))
 
 
 def option_index(strategy: int, lever: Lever, menu: tuple[Lever, ...]) -> int:

@@ -62,6 +62,7 @@ def current_state(p: DiscreteProblem, c: np.ndarray) -> CurrentState:
     if e:
         delta = delta + p.src_incidence @ out_d + p.dst_incidence @ in_d
     ws = p.workspace_bytes[rows, c]
+    runs = has_runs(p)
     k = min(3, n)
     top = np.argsort(-ws, kind="stable")[:k]
     top_idx = np.full(3, -1, dtype=np.int64)
@@ -78,8 +79,8 @@ def current_state(p: DiscreteProblem, c: np.ndarray) -> CurrentState:
         top_val=top_val,
         layer_delta_s=delta,
         edge_now_s=edge_now,
-        runs=has_runs(p),
-        run_memory_bytes=plan_memory(p, c) if has_runs(p) else 0.0,
+        runs=runs,
+        run_memory_bytes=plan_memory(p, c) if runs else 0.0,
     )
 
 

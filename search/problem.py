@@ -44,7 +44,7 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse
 
-from costmodels.levers import levers_per_strategy, menu_of, option_strategy
+from costmodels.levers import levers_per_strategy, option_recomputing, option_strategy
 
 __all__ = [
     "DiscreteProblem",
@@ -152,10 +152,7 @@ def discrete_problem(table) -> DiscreteProblem:
     src = np.asarray(table.edge_src, dtype=np.int64)[emask]
     dst = np.asarray(table.edge_dst, dtype=np.int64)[emask]
     reshard = _f64(table.reshard_s)[emask]
-    menu = menu_of(feasible.shape[1])
-    K = levers_per_strategy(feasible.shape[1])
-    recomputes = np.asarray([lv.remat for lv in menu] * (feasible.shape[1] // K), dtype=bool)
-    joins = np.asarray([lv.joins for lv in menu] * (feasible.shape[1] // K), dtype=bool)
+    recomputes, joins = option_recomputing(feasible.shape[1])  # [O] each
     credit = _f64(table.edge_input_share)[emask][:, None] * _f64(table.checkpoint_bytes)[dst] * joins  # [e, O]
     if src.size and (src.max() >= n or dst.max() >= n or np.any(src == dst)):
         raise ValueError("edges must join two different real layers")
