@@ -359,7 +359,7 @@ def test_recomputing_a_layer_without_attention_is_refused(devices):
     layers = tuple(dataclasses.replace(r, remat=r.name == "fcs/0") for r in plan.layers)
     plan = dataclasses.replace(plan, evaluation=dataclasses.replace(plan.evaluation, layers=layers))
     assert plan.remat_layers == ("fcs/0",)
-    with pytest.raises(ValueError, match=r"cannot recompute \['fcs/0'\]: recomputing is exported for the attention"):
+    with pytest.raises(ValueError, match=r"cannot recompute \['fcs/0'\] alone: remat_layers recomputes the attention"):
         planner.shard(model, plan, optax.adam(0.01))
     with pytest.raises(ValueError, match="cannot recompute"):
         planner.validate(model, plan)

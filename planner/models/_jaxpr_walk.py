@@ -256,7 +256,11 @@ class _Walker(_TransformerRules):
             self._ew[id(jaxpr)] = got
         return got
 
-    def walk(self, jaxpr: jex.Jaxpr, invals: Sequence[Any], prefix: tuple, calls: tuple) -> list[Any]:
+    def walk(self, jaxpr: jex.Jaxpr, invals: Sequence[Any], prefix: tuple, calls: tuple,
+             record: list[list[Any]] | None = None) -> list[Any]:
+        """The values of ``jaxpr``'s outputs (layers, chains, regions; ``None``:
+        no activation); ``record`` (if given) gets each equation's output
+        values, in order (what :meth:`layer_of` maps to layers after the walk)."""
         env: dict[Any, Any] = dict(zip(jaxpr.invars, invals, strict=True))
 
         def read(a: Any) -> Any:
@@ -274,7 +278,18 @@ class _Walker(_TransformerRules):
             else:
                 outs = self.equation(eqn, [read(a) for a in eqn.invars], marks, calls)
             env.update(zip(eqn.outvars, outs, strict=True))
+            if record is not None:
+                record.append(outs)
         return [read(a) for a in jaxpr.outvars]
+
+    def layer_of(self, values: Sequence[Any]) -> int | None:
+        """After the walk: the layer an equation with output ``values`` belongs
+        to (the layer its first activation output is, or is folded into), or
+        ``None`` where it computes no activation (e.g. a parameter's reshape)."""
+        for v in values:
+            if v is not None:
+                return self.root(v)
+        return None
 
     def equation(self, eqn: Any, vals: list[Any], marks: tuple, calls: tuple) -> list[Any]:
         region = None

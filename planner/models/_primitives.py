@@ -15,7 +15,7 @@ _CALL_PRIMITIVES = frozenset(
 # Ops that never change values in a way the cost model cares about (0 FLOPs).
 _FREE = frozenset(
     {"convert_element_type", "copy", "copy_p", "reduce_precision", "stop_gradient",
-     "optimization_barrier", "bitcast_convert_type"}
+     "optimization_barrier", "bitcast_convert_type", "sharding_constraint"}
 )
 _SHAPE_OPS = frozenset({"reshape", "broadcast_in_dim", "squeeze", "expand_dims"})
 _ELEMENTWISE = frozenset(

@@ -374,6 +374,14 @@ def _input_spec(example_input: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(arr.shape, arr.dtype)
 
 
+def _graph_input_shape(x: Any) -> tuple[int, ...]:
+    """The graph's per-sample input shape, channels first, of a batch-first,
+    channels-last input ``x``; ``(1, tokens)`` for token ids."""
+    if len(x.shape) == 2 and np.issubdtype(x.dtype, np.integer):  # token ids (B, tokens): one channel of ids
+        return (1, int(x.shape[1]))
+    return (int(x.shape[-1]), *(int(d) for d in x.shape[1:-1]))
+
+
 def extract(
     model: Any,
     example_input: Any,
@@ -402,9 +410,7 @@ def extract(
             f"(B, features) to (B, D, H, W, C); got shape {tuple(x.shape)}"
         )
     batch = int(x.shape[0])
-    input_shape = (int(x.shape[-1]), *(int(d) for d in x.shape[1:-1]))
-    if len(x.shape) == 2 and np.issubdtype(x.dtype, np.integer):  # token ids (B, tokens): one channel of ids
-        input_shape = (1, int(x.shape[1]))
+    input_shape = _graph_input_shape(x)
     if isinstance(model, nnx.Module):
         closed, infos = _trace_nnx(model, x)
     elif isinstance(model, nn.Module):

@@ -45,6 +45,8 @@ from planner.runtime.calls import (
     reduce_scattering,
     zero_call,
 )
+from planner.runtime.runs import recomputing_forward, run_members
+from planner.models.layer_equations import equation_layers, marked_module_calls
 from planner.runtime.layouts import (
     block_layouts,
     consumer_layouts,
@@ -248,13 +250,17 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
 
         return wrapper
 
+    own = {key for key in originals if key[1] in key[0].__dict__}  # else inherited: deleted again on exit
     try:
         for (cls, method), orig in originals.items():
             setattr(cls, method, wrap(cls, orig, method))
         yield
     finally:
         for (cls, method), orig in originals.items():
-            setattr(cls, method, orig)
+            if (cls, method) in own:
+                setattr(cls, method, orig)
+            else:
+                delattr(cls, method)
 
 
 def _constrain(x: Any, layout: str, mesh: Mesh) -> Any:
@@ -300,7 +306,8 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
            blocks: Mapping[str, tuple[str | None, str | None]] | None = None,
            zero_stages: Mapping[str, int] | None = None,
            remat_layers: Sequence[str] | None = None,
-           scatters: Mapping[str, str] | None = None) -> tuple[Any, Any, Any, Any, Any]:
+           scatters: Mapping[str, str] | None = None,
+           recompute_runs: Sequence[Sequence[str]] | None = None) -> tuple[Any, Any, Any, Any, Any]:
     """(jitted step, state shardings, params, other, batch sharding)."""
     for s in strategies.values():
         check_strategy(s)
@@ -316,12 +323,19 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
     unknown = sorted(remat - set(strategies))
     if unknown:
         raise ValueError(f"remat_layers names {unknown[:3]}, which the plan does not name")
+    runs = [list(run) for run in (recompute_runs or ())]
+    unknown = sorted({name for run in runs for name in run} - set(strategies))
+    if unknown:
+        raise ValueError(f"recompute_runs names {unknown[:3]}, which the plan does not name")
+    both = sorted(remat.intersection(name for run in runs for name in run))
+    if both:
+        raise ValueError(f"{both[:3]} are in remat_layers and in recompute_runs: give each layer one of them")
     attention = {"/".join(map(str, p)) for p, mod in nnx.iter_modules(model)
                  if isinstance(mod, nnx.MultiHeadAttention)}
     elsewhere = sorted(r for r in remat if r.rpartition("/")[0] not in attention)
     if elsewhere:
-        raise ValueError(f"cannot recompute {elsewhere[:3]}: recomputing is exported for the attention layer of "
-                         "an nnx.MultiHeadAttention (<path>/attention) only")
+        raise ValueError(f"cannot recompute {elsewhere[:3]} alone: remat_layers recomputes the attention layer of "
+                         "an nnx.MultiHeadAttention (<path>/attention); give other layers as recompute_runs")
     graphdef, params, other = nnx.split(model, nnx.Param, ...)
     p_sh = shardings(params, strategies, mesh, zero[3])  # ZeRO-3: the weights themselves sharded (FSDP)
     g_sh = shardings(params, strategies, mesh, zero[2])  # ZeRO-2: the gradients reduce-scattered
@@ -333,9 +347,12 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
     batch_sh = NamedSharding(mesh, P(BATCH_AXES))
 
     def train_step(state: TrainState, x: jax.Array, y: jax.Array) -> tuple[TrainState, jax.Array]:
-        def loss_of(params: Any) -> tuple[jax.Array, Any]:
-            m = nnx.merge(graphdef, params, state.other, copy=True)
-            last: list[str] = []
+        last: list[str] = []
+
+        def forward(params: Any, other: Any, x: jax.Array, tag: Callable[[Any], None] | None = None) -> Any:
+            m = nnx.merge(graphdef, params, other, copy=True)
+            if tag is not None:
+                tag(m)
             recomputed: set[str] = set()
             with _constrained_calls(m, strategies, mesh, last, input_layouts, output_layouts, blocks, remat,
                                     recomputed, zero[3], scatters, zero[2]):
@@ -343,6 +360,20 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
             if remat - recomputed:  # (checked above: an attention module that was not called)
                 raise ValueError(f"cannot recompute {sorted(remat - recomputed)[:3]}: their attention module "
                                  "was not called")
+            _, _, new_other = nnx.split(m, nnx.Param, ...)
+            return logits, new_other
+
+        def loss_of(params: Any) -> tuple[jax.Array, Any]:
+            if runs:  # traced with the extraction's markers, cut by layer, each run recomputed
+                with marked_module_calls(model) as tag:
+                    closed, shape = jax.make_jaxpr(lambda p, o, v: forward(p, o, v, tag),
+                                                   return_shape=True)(params, state.other, x)
+                leaves = [*jax.tree.leaves(params), *jax.tree.leaves(state.other)]
+                found = equation_layers(model, closed, len(leaves), int(x.shape[0]))
+                run = recomputing_forward(closed, run_members(found.layers, runs))
+                logits, new_other = jax.tree.unflatten(jax.tree.structure(shape), run(*leaves, x))
+            else:
+                logits, new_other = forward(params, state.other, x)
             # The loss runs on the output as the cost model assumes: batch-split
             # where the last layer leaves it so, else gathered over the model axis
             # (costmodels.collective_list, "-> loss" records).
@@ -350,7 +381,6 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
             if last and last[-1] != "batch":
                 logits = _constrain(logits, "replicated", mesh)
                 labels = _constrain(y, "replicated", mesh)
-            _, _, new_other = nnx.split(m, nnx.Param, ...)
             return loss_fn(logits, labels), new_other
 
         # jax.nn.softmax under its custom JVP, which keeps the probabilities only; JAX's default
@@ -399,6 +429,7 @@ def shard_training(
     zero_stages: Mapping[str, int] | None = None,
     remat_layers: Sequence[str] | None = None,
     scatters: Mapping[str, str] | None = None,
+    recompute_runs: Sequence[Sequence[str]] | None = None,
 ) -> tuple[Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, jax.Array]], TrainState]:
     """A jitted training step ``step(state, x, y) -> (state, loss)`` for ``model``
     with parameters, optimizer state and each planned layer's activations laid
@@ -420,9 +451,12 @@ def shard_training(
     their attention in the backward pass (:func:`planner.runtime.calls.recomputing_attention`). ``scatters``
     (from :func:`scatter_layouts`) reduce-scatters the partial sums of the
     ``channel`` layers it names into their consumers' layout inside
-    ``jax.shard_map``."""
+    ``jax.shard_map``. ``recompute_runs`` (runs of layers, each its layer
+    names) recomputes each run in the backward pass from what enters it
+    (:mod:`planner.runtime.runs`)."""
     step, state_sh, params, other, _ = _build(model, strategies, mesh, optimizer, loss_fn, False, input_layouts,
-                                              output_layouts, blocks, zero_stages, remat_layers, scatters)
+                                              output_layouts, blocks, zero_stages, remat_layers, scatters,
+                                              recompute_runs)
     init = jax.jit(lambda p, o: TrainState(p, o, optimizer.init(p)), out_shardings=state_sh)
     return step, init(params, other)
 
@@ -442,6 +476,7 @@ def lower_training(
     zero_stages: Mapping[str, int] | None = None,
     remat_layers: Sequence[str] | None = None,
     scatters: Mapping[str, str] | None = None,
+    recompute_runs: Sequence[Sequence[str]] | None = None,
 ) -> tuple[jax.stages.Lowered, TrainState]:
     """The training step of :func:`shard_training`, lowered for inputs shaped
     like ``x`` (batch first, channels last; integer labels, one per token
@@ -452,7 +487,7 @@ def lower_training(
     the old one's buffers, as an in-place training loop would."""
     step, state_sh, params, other, batch_sh = _build(model, strategies, mesh, optimizer, loss_fn, donate,
                                                      input_layouts, output_layouts, blocks, zero_stages,
-                                                     remat_layers, scatters)
+                                                     remat_layers, scatters, recompute_runs)
     opt_abs = jax.eval_shape(optimizer.init, params)
 
     def spec(leaf: Any, sh: Any) -> jax.ShapeDtypeStruct:
