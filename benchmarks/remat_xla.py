@@ -8,13 +8,20 @@ compiled only (nothing runs), side by side in one run (docs/levers.md):
    adds ``0 *`` one cotangent element to the run's input, the device the
    export uses, ``planner.runtime.calls``): XLA's temporaries and the
    convolutions lowered and compiled.
+3. Runs of recomputed CNN layers in the export (``planner.runtime.runs``):
+   VGG16-CIFAR-10 (each conv with its ReLU and pool a run, batch 512) and a
+   ResNet-18-sized bottleneck ResNet ((2, 2, 2, 2) blocks, 64x64, each
+   residual block a run, batch 256), every layer ``data`` on 8x1:
+   ``planner.validate``'s total memory per device, predicted and compiled,
+   with every activation kept and with the runs; with ``--train N``, the
+   losses of N Adam steps of both (they must agree).
 2. Three residual ``nnx.MultiHeadAttention`` blocks (4 heads, 32 features,
    ``--tokens`` tokens, batch 8) on a 2x4 mesh of 8 CPU devices, heads split
    over the model axis, the attentions kept and recomputed
    (``filter+remat``, ``planner.runtime.calls.recomputing_attention``):
    ``planner.validate``'s total memory per device, predicted and compiled.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/remat_xla.py [--tokens 256]
+    PYTHONPATH=. .venv/bin/python benchmarks/remat_xla.py [--tokens 256] [--train 2]
 """
 
 from __future__ import annotations
@@ -114,13 +121,64 @@ def attention(tokens: int) -> None:
               f"{row.compiled_bytes / row.predicted_bytes:21.3f}")
 
 
+def cnn_runs(train: int) -> None:
+    import numpy as np
+    import optax
+
+    import planner
+    from planner.models.flax_zoo import ResNet
+    from planner.runtime.validation import fixed_plan
+
+    print("\n3. runs of recomputed CNN layers, every layer data on 8x1")
+    print(f"   {'model':18s} {'activations':12s} {'runs':>5s} {'predicted MB':>13s} {'compiled MB':>12s} "
+          f"{'compiled / predicted':>21s}{'  losses' if train else ''}")
+    for name in ("vgg16-cifar10", "resnet-2222-64px"):
+        if name == "vgg16-cifar10":
+            model, x = planner.flax_model(name, batch=512)
+            names = planner.extract(model, x).names
+            starts = [i for i, n in enumerate(names) if n.startswith("features/")] + [names.index("flatten")]
+            runs = [list(names[a:b]) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+        else:
+            model = nnx.eval_shape(lambda: ResNet((2, 2, 2, 2), 10, rngs=nnx.Rngs(0)))
+            x = jax.ShapeDtypeStruct((256, 64, 64, 3), jnp.float32)
+            names = planner.extract(model, x).names
+            blocks = sorted({n.rsplit("/", 1)[0] for n in names if n.startswith("layer")})
+            runs = [[n for n in names if n.startswith(b + "/")] for b in blocks]
+        weights = None
+        if train:
+            weights = ResNet((2, 2, 2, 2), 10, rngs=nnx.Rngs(0)) if name.startswith("resnet") else \
+                planner.flax_model(name, abstract=False)[0]
+            images = jax.random.normal(jax.random.key(1), x.shape, x.dtype)
+            labels = jnp.arange(x.shape[0]) % 10
+        for label in ("kept", "recomputed"):
+            options = {n: "data" for n in names}
+            for run in runs if label == "recomputed" else []:
+                options[run[0]] = "data+remat"
+                options.update({n: "data+remat+join" for n in run[1:]})
+            plan = fixed_plan(model, x, (8, 1), strategies=options, batch=int(x.shape[0]))
+            row = {r.part: r for r in planner.validate(model, plan, memory_rtol=1.0,
+                                                          activation_rtol=1.0).memory}["total"]
+            losses = ""
+            if train:
+                step, state = planner.shard(weights, plan, optax.adam(1e-4))
+                out = []
+                for _ in range(train):
+                    state, loss = step(state, images, labels)
+                    out.append(float(loss))
+                losses = "  " + " ".join(f"{v:.6f}" for v in np.asarray(out))
+            print(f"   {name:18s} {label:12s} {len(plan.recompute_runs):5d} {row.predicted_bytes / 1e6:13.3f} "
+                  f"{row.compiled_bytes / 1e6:12.3f} {row.compiled_bytes / row.predicted_bytes:21.3f}{losses}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--train", type=int, default=0, help="also train the CNN plans this many steps (section 3)")
     args = ap.parse_args(argv)
     print(f"jax {jax.__version__}, {jax.device_count()} {jax.devices()[0].platform} devices")
     conv_chain()
     attention(args.tokens)
+    cnn_runs(args.train)
     return 0
 
 

@@ -65,8 +65,9 @@ group of more than one device and ``D`` dividing the output channels each
 device holds (the dimension it shards); it is not offered on attention
 layers, tied output layers nor the embeddings that share their table.
 Recomputing is offered only where the layer saves more than its input
-(with ``CostSettings(remat_runs=True)``, wherever it saves anything: a run
-frees what its layers save beyond its first input), and joining a run only
+(with ``CostSettings(remat_runs=True)``, on every layer: a run frees what
+its layers save beyond what enters it, and crosses the layers that save
+nothing, an add or a flatten), and joining a run only
 where a producer of the layer can recompute.
 """
 

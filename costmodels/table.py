@@ -52,8 +52,8 @@ class CostSettings:
     gradient_bucket_bytes: float = 25 * 2**20  # gradients are all-reduced in buckets (PyTorch DDP's default)
     levers: str = "none"  # memory levers on the menu: none | zero | remat | all (costmodels/levers.py)
     platform: str = "gpu"  # the XLA platform the step compiles for: gpu | tpu | cpu (cpu: XLA:CPU's own buffers)
-    # recomputing offered on every layer that saves activations, in runs (remat+join; costmodels/levers.py),
-    # not only where one layer saves more than its input. Off by default: the export cannot run such plans yet.
+    # recomputing offered on every layer, in runs (remat+join; costmodels/levers.py), not only where one
+    # layer saves more than its input (planner.evaluation.remat_runs_offered: on models without attention).
     remat_runs: bool = False
 
     def __post_init__(self) -> None:
@@ -315,8 +315,9 @@ def cost_table(
     zero_ok = (holds_state & ~shares_table)[:, None] & (group[None, :] > 1) & (jnp.mod(out_local, group[None, :]) == 0)
     input_bytes = delta * group_batch * in_el[:, None] / split_of(in_lay)  # [L, S] what recomputing keeps
     # recomputing one layer frees memory where it saves more than its input; in runs
-    # (remat_runs), wherever it saves anything
-    recomputable = activation > (0.0 if settings.remat_runs else input_bytes)  # [L, S]
+    # (remat_runs), on every layer: a run crosses the layers that save nothing too (an
+    # add, a flatten), and their inputs inside it need no checkpoint either
+    recomputable = (activation >= 0.0) if settings.remat_runs else (activation > input_bytes)  # [L, S]
     # a run of recomputing layers can reach a layer from a producer that can recompute
     can_recompute = jnp.any(feasible & recomputable, axis=-1) & (real > 0)  # [L]
     joinable = jnp.zeros(L, bool).at[dst].max(can_recompute[src] & (emask > 0))

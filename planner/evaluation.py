@@ -58,7 +58,7 @@ from planner.schedule_fit import choice_peak
 __all__ = [
     "evaluation_of",
     "LayerCost", "Evaluation", "lever_unavailable_reason", "option_label", "plan_levers", "resolve_batch",
-    "resolve_mesh", "uniform_choice", "unavailable_reason", "substitution_notes", "evaluate",
+    "remat_runs_offered", "resolve_mesh", "uniform_choice", "unavailable_reason", "substitution_notes", "evaluate",
 ]
 
 
@@ -75,6 +75,7 @@ class LayerCost:
     substitution_reason: str | None = None  # why the requested strategy cannot run here; None: not substituted
     zero_stage: int = 0  # ZeRO stage of the layer's state, 0-3 (costmodels.levers)
     remat: bool = False  # activations recomputed in the backward pass instead of kept
+    joins: bool = False  # recomputed in the run of the layer before (remat+join; costmodels.levers)
 
     def __post_init__(self) -> None:
         if not self.requested_strategy:
@@ -82,7 +83,7 @@ class LayerCost:
 
     @property
     def lever(self) -> Lever:
-        return Lever(self.zero_stage, self.remat)
+        return Lever(self.zero_stage, self.remat, self.joins)
 
     @property
     def option(self) -> str:
@@ -149,7 +150,8 @@ def option_label(row: LayerCost | Mapping[str, Any]) -> str:
     from a :class:`LayerCost` or its JSON row (rows before levers have none)."""
     if isinstance(row, LayerCost):
         return row.option
-    return with_lever(row["strategy"], Lever(int(row.get("zero_stage", 0) or 0), bool(row.get("remat", False))))
+    return with_lever(row["strategy"], Lever(int(row.get("zero_stage", 0) or 0), bool(row.get("remat", False)),
+                                             bool(row.get("joins", False))))
 
 
 def resolve_batch(devices: int, batch: int | None, batch_per_device: int | None) -> int:
@@ -343,6 +345,17 @@ def _choice_from_mapping(
     return choice
 
 
+def remat_runs_offered(graph: LayerGraph, levers: str) -> bool:
+    """Whether ``levers``' menu recomputes runs of layers on ``graph``
+    (``CostSettings.remat_runs``): where it holds ``remat``, on a model
+    without attention. The export recomputes a run by cutting the forward
+    pass at layers (:mod:`planner.runtime.runs`); the projections and the
+    attention of an ``nnx.MultiHeadAttention`` are one module call, so on a
+    transformer only the attention alone recomputes (its own export)."""
+    kinds = np.asarray(graph.arrays.kind)[: graph.num_layers]
+    return any(lever.remat for lever in lever_menu(levers)) and not np.isin(kinds, ATTENTION_KINDS).any()
+
+
 def lever_unavailable_reason(lever: Lever) -> str:
     """Why a layer that runs a strategy cannot take ``lever`` with it (the masks of
     :mod:`costmodels.levers`, in words)."""
@@ -352,7 +365,8 @@ def lever_unavailable_reason(lever: Lever) -> str:
                    "a data-parallel group of more than one device and the group dividing the output channels "
                    "each device holds")
     if lever.remat:
-        why.append("recomputing is offered only where a layer saves more than its input")
+        why.append("recomputing is offered where a layer saves activations (on a model with attention layers, "
+                   "only where it saves more than its input)")
     if lever.joins:
         why.append("joining the run before a layer needs a producer that can recompute")
     return "; or ".join(why)
@@ -408,7 +422,8 @@ def evaluate(
         raise ValueError(f"unknown levers {levers!r}; choose from {', '.join(LEVER_CHOICES)}")
     elif not set(lever_menu(needed)) <= set(lever_menu(levers)):
         raise ValueError(f"the plan's levers need the menu {needed!r}, which levers={levers!r} does not hold")
-    settings = CostSettings(dtype=dtype, optimizer=optimizer, levers=levers, platform=platform_of(platform, hardware))
+    settings = CostSettings(dtype=dtype, optimizer=optimizer, levers=levers, platform=platform_of(platform, hardware),
+                            remat_runs=remat_runs_offered(graph, levers))
     if calibration is not None and calibration.dtype != dtype:
         raise ValueError(
             f"the calibration was measured in {calibration.dtype}, but the plan computes in {dtype}; "
@@ -469,7 +484,7 @@ def evaluation_of(graph: LayerGraph, hardware: Hardware, devices: int, mesh: tup
             name=n, kind=k, strategy=STRATEGY_NAMES[int(c[i])], compute_s=float(compute[i]),
             comm_s=float(comm[i]), reshard_s=float(reshard[i]), memory_bytes=float(memory[i]),
             requested_strategy=asked[i], substitution_reason=reason(i),
-            zero_stage=lever_of[i].zero_stage, remat=lever_of[i].remat,
+            zero_stage=lever_of[i].zero_stage, remat=lever_of[i].remat, joins=lever_of[i].joins,
         )
         for i, (n, k) in enumerate(zip(graph.names, graph.kind_names, strict=True))
     )

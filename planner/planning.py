@@ -38,7 +38,7 @@ from costmodels.calibration import Calibration, calibration_arrays, check_hardwa
 from costmodels.strategies import AXIS_NAMES
 from planner._format import format_bytes_up
 from planner._version import __version__
-from planner.evaluation import evaluate, evaluation_of, positive_int, resolve_batch
+from planner.evaluation import evaluate, evaluation_of, positive_int, remat_runs_offered, resolve_batch
 from planner.ir.graph import LayerGraph
 from planner.plan_inputs import (
     MEMORY_MARGIN,
@@ -52,10 +52,12 @@ from planner.plans.record import MeshResult, Plan
 from planner.plans.specs import layer_specs
 from planner.schedule_fit import choice_peak, fit_schedule
 from search import (
+    AUTO_MILP_TIME_LIMIT_S,
     GradientConfig,
     SearchEvent,
     Solution,
     discrete_problem,
+    run_terms,
     smallest_memory,
     solve_many,
 )
@@ -124,7 +126,8 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, tables, meshes,
     is also what XLA:CPU's schedule holds (:mod:`planner.schedule_fit`): each
     mesh's smallest plan needs the larger of the two."""
     problems = [discrete_problem(t) for t in tables]
-    mins = [smallest_memory(p) for p in problems]
+    # (with runs of recomputed layers, the MILP's smallest within auto's time limit: perhaps not proven)
+    mins = [smallest_memory(p, AUTO_MILP_TIME_LIMIT_S) for p in problems]
     peaks = [choice_peak(t, mm.choice) for t, mm in zip(tables, mins, strict=True)]  # None: no schedule
     needs = [max(mm.memory_bytes, pk or 0.0) for mm, pk in zip(mins, peaks, strict=True)]
     k = int(np.argmin(needs))
@@ -132,14 +135,19 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, tables, meshes,
     rows = np.arange(p.num_layers)
     persistent = p.persistent_bytes[rows, mm.choice]
     state = p.optimizer_bytes[rows, mm.choice]  # the optimizer step holds the whole state
-    ws = p.workspace_bytes[rows, mm.choice]
+    # runs of recomputed layers: the checkpoints they free, and their recomputed activations at each step
+    (credit,), (transient,) = run_terms(p, mm.choice[None])
+    ws = p.workspace_bytes[rows, mm.choice] + transient
     w = int(np.argmax(ws))
+    kept_total = float(persistent.sum() - credit)
     # the phase that needs the most (search.problem: the backward pass or the optimizer step)
-    if float(persistent.sum() + ws[w]) >= float(state.sum()):
+    if kept_total + float(ws[w]) >= float(state.sum()):
         top = np.argsort(-persistent, kind="stable")[:3]
         parts = ", ".join(f"{graph.names[i]} {format_bytes_up(persistent[i])}" for i in top)
-        held = (f"at its peak, in the backward pass, {format_bytes_up(float(persistent.sum()))} are weights, gradients, "
-                f"optimizer state and activations kept for the backward pass (largest: {parts}) and "
+        freed = f", less {format_bytes_up(float(credit))} of checkpoints inside runs of recomputed layers" \
+            if credit > 0 else ""
+        held = (f"at its peak, in the backward pass, {format_bytes_up(kept_total)} are weights, gradients, "
+                f"optimizer state and activations kept for the backward pass (largest: {parts}{freed}) and "
                 f"{format_bytes_up(ws[w])} the largest transient workspace (at {graph.names[w]})")
     else:
         top = np.argsort(-state, kind="stable")[:3]
@@ -155,9 +163,12 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, tables, meshes,
     need = format_bytes_up(required)
     kept = (f": {format_bytes_up(needs[k])} for the plan, {format_bytes_up(inputs)} for the input batch and "
             f"{margin:.0%} of the limit kept free for the platform's compiler (MEMORY_MARGIN)") if margin or inputs else ""
+    smallest = (f"the smallest memory limit any plan needs is {need}" if all(x.exact for x in mins) else
+                f"the smallest memory limit the search found a plan for is {need} (not proven smallest: the MILP "
+                f"over runs of recomputed layers stopped at its {AUTO_MILP_TIME_LIMIT_S:g} s limit)")
     message = (
-        f"no plan of {graph.model_name} on {P} devices fits {format_bytes_up(limit)} per device: the smallest memory "
-        f"limit any plan needs is {need} ({required:,.0f} bytes, on mesh {d}x{m}){kept}; of the plan's memory, "
+        f"no plan of {graph.model_name} on {P} devices fits {format_bytes_up(limit)} per device: {smallest} "
+        f"({required:,.0f} bytes, on mesh {d}x{m}){kept}; of the plan's memory, "
         f"{held}; raise the memory limit to at least {need}, {_advice(P, batch, batch_is_global, devices_per_node)}"
     )
     return message, required
@@ -203,9 +214,11 @@ def plan(
     ``levers`` puts memory levers on each layer's menu beside its strategy
     (:mod:`costmodels.levers`): ``none`` (the default here; the CLI's is
     ``all``), ``zero`` (ZeRO stages 1-3 over the layer's data-parallel
-    group), ``remat`` (recompute its activations in the backward pass) or
-    ``all``. The plan records each layer's levers (``LayerCost.zero_stage``,
-    ``LayerCost.remat``); a lever that buys nothing is not kept
+    group), ``remat`` (recompute its activations in the backward pass; on a
+    model without attention, in runs of layers:
+    :func:`planner.evaluation.remat_runs_offered`) or ``all``. The plan
+    records each layer's levers (``LayerCost.zero_stage``, ``LayerCost.remat``,
+    ``LayerCost.joins``); a lever that buys nothing is not kept
     (:func:`search.drop_idle_levers`).
 
     Of the plans found (the best on each mesh, and pure data parallelism
@@ -246,7 +259,8 @@ def plan(
     inputs = graph.input_bytes_per_sample * B / P
     margin = memory_margin_bytes(limit, platform) + inputs
     meshes = mesh_shapes(P, B, hw.devices_per_node, allow_cross_node_model_axis)
-    settings = CostSettings(dtype=dtype, optimizer=optimizer, levers=levers, platform=platform)
+    settings = CostSettings(dtype=dtype, optimizer=optimizer, levers=levers, platform=platform,
+                            remat_runs=remat_runs_offered(graph, levers))
     menu = lever_menu(levers)
     K = len(menu)
     hwa = hardware_arrays(hw, dtype)

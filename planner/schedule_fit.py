@@ -24,7 +24,7 @@ import numpy as np
 
 from costmodels import CostTable, one_hot, scheduled_memory_per_device
 from costmodels.levers import menu_of
-from search import SearchEvent, Solution, discrete_problem, plan_time, smallest_memory
+from search import AUTO_MILP_TIME_LIMIT_S, SearchEvent, Solution, discrete_problem, plan_time, smallest_memory
 
 __all__ = ["SCHEDULE_RETRIES", "choice_peak", "fit_schedule"]
 
@@ -80,7 +80,7 @@ def _smallest(table: CostTable, budget: float, like: Solution) -> Solution:
     """The plan needing the least of the solvers' memory, if it fits
     ``budget`` under both; else ``like`` marked as not fitting."""
     p = discrete_problem(table)
-    mm = smallest_memory(p)
+    mm = smallest_memory(p, AUTO_MILP_TIME_LIMIT_S)  # (runs: within auto's MILP time limit)
     peak = choice_peak(table, mm.choice)
     need = max(mm.memory_bytes, peak if peak is not None else 0.0)
     if need > budget:

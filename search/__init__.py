@@ -27,13 +27,15 @@ from search.problem import (
     plain_options,
     plan_memory,
     plan_time,
+    run_terms,
 )
 from search.refine import local_search, repair
 from search.relax import relaxed_probs, round_probs
 from search.solution import HistoryEntry, SearchEvent, Solution
-from search.solver import METHODS, solve, solve_many
+from search.solver import AUTO_MILP_TIME_LIMIT_S, METHODS, solve, solve_many
 
 __all__ = [
+    "AUTO_MILP_TIME_LIMIT_S",
     "METHODS",
     "DPResult",
     "DiscreteProblem",
@@ -57,6 +59,7 @@ __all__ = [
     "relaxed_search",
     "repair",
     "round_probs",
+    "run_terms",
     "solve",
     "solve_brute",
     "solve_dp",

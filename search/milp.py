@@ -34,7 +34,15 @@ import numpy as np
 import scipy.sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from search.problem import DiscreteProblem, MinimumMemory, has_runs, minimum_memory, plan_memory, plan_time
+from search.problem import (
+    DiscreteProblem,
+    MinimumMemory,
+    has_runs,
+    minimum_memory,
+    plan_memory,
+    plan_time,
+    without_joins,
+)
 
 __all__ = ["MILPResult", "minimum_memory_milp", "smallest_memory", "solve_milp"]
 
@@ -247,19 +255,23 @@ def _run_rows(p: DiscreteProblem, add, lo: list, up: list, r: int, xi, vi, ve, v
     return r
 
 
-def smallest_memory(p: DiscreteProblem) -> MinimumMemory:
+def smallest_memory(p: DiscreteProblem, time_limit_s: float | None = None) -> MinimumMemory:
     """The exact smallest memory of any plan of any problem: the layer-by-layer
     search (:func:`search.problem.minimum_memory`), or the MILP
-    (:func:`minimum_memory_milp`) where plans may hold runs of recomputing
-    layers (:func:`search.problem.has_runs`)."""
-    return minimum_memory_milp(p) if has_runs(p) else minimum_memory(p)
+    (:func:`minimum_memory_milp`, within ``time_limit_s``: then perhaps not
+    proven, ``exact=False``) where plans may hold runs of recomputing layers
+    (:func:`search.problem.has_runs`)."""
+    return minimum_memory_milp(p, time_limit_s) if has_runs(p) else minimum_memory(p)
 
 
 def minimum_memory_milp(p: DiscreteProblem, time_limit_s: float | None = None) -> MinimumMemory:
     """The exact smallest memory of any plan, as a MILP: what
     :func:`search.problem.minimum_memory` answers for problems with runs of
     recomputing layers (:func:`search.problem.has_runs`), whose memory its
-    layer-by-layer search cannot add up; the same value elsewhere."""
+    layer-by-layer search cannot add up; the same value elsewhere. Stopped
+    at ``time_limit_s``, it returns the smaller of its best plan and the
+    smallest plan without runs (:func:`search.problem.without_joins`), with
+    ``exact=False``."""
     n = p.num_layers
     if n == 0:
         return MinimumMemory(0.0, np.zeros(0, dtype=np.int64), 0.0)
@@ -270,20 +282,27 @@ def minimum_memory_milp(p: DiscreteProblem, time_limit_s: float | None = None) -
         options["time_limit"] = float(time_limit_s)
     c, cons, integrality, bounds, xi, _ = _model(p, scale, 0.0, minimize_memory=True)
     res = milp(c, constraints=cons, integrality=integrality, bounds=bounds, options=options)
-    if res.x is None:
+    if res.status == 0:
+        choice = np.argmax(np.where(xi >= 0, res.x[np.maximum(xi, 0)], -1.0), axis=1)
+        return MinimumMemory(plan_memory(p, choice), choice, float(np.max(p.workspace_bytes[rows, choice])))
+    if time_limit_s is None or res.status != 1:  # (1: the time limit)
         raise RuntimeError(f"the smallest-memory MILP found no plan: {res.message}")
-    choice = np.argmax(np.where(xi >= 0, res.x[np.maximum(xi, 0)], -1.0), axis=1)
-    return MinimumMemory(plan_memory(p, choice), choice, float(np.max(p.workspace_bytes[rows, choice])))
+    found = [minimum_memory(without_joins(p)).choice]  # a plan without runs: the sums of minimum_memory
+    if res.x is not None:
+        found.append(np.argmax(np.where(xi >= 0, res.x[np.maximum(xi, 0)], -1.0), axis=1))
+    choice = min(found, key=lambda ch: plan_memory(p, ch))
+    return MinimumMemory(plan_memory(p, choice), choice, float(np.max(p.workspace_bytes[rows, choice])), False)
 
 
 def solve_milp(p: DiscreteProblem, memory_limit: float = np.inf, *, time_limit_s: float | None = None,
-               mip_rel_gap: float = 1e-7) -> MILPResult:
-    """The fastest plan within ``memory_limit`` bytes per device, for any DAG."""
+               mip_rel_gap: float = 1e-7, smallest: MinimumMemory | None = None) -> MILPResult:
+    """The fastest plan within ``memory_limit`` bytes per device, for any DAG.
+    ``smallest``: :func:`smallest_memory`'s answer, where the caller has it."""
     start = _time.perf_counter()
     limit = float(memory_limit)
     n = p.num_layers
-    mm = smallest_memory(p)
-    if mm.memory_bytes > limit:
+    mm = smallest_memory(p, time_limit_s) if smallest is None else smallest
+    if mm.memory_bytes > limit and mm.exact:
         return MILPResult(mm.choice, plan_time(p, mm.choice), mm.memory_bytes, False, np.inf, False,
                           "infeasible: no plan fits the memory limit", _time.perf_counter() - start)
     if n == 0:
@@ -305,8 +324,10 @@ def solve_milp(p: DiscreteProblem, memory_limit: float = np.inf, *, time_limit_s
             lb = t if bound is None or not np.isfinite(bound) else min(t, float(bound) * t0)
             exact = res.status == 0
             return MILPResult(choice, t, mem, True, lb, bool(exact), str(res.message), _time.perf_counter() - start)
-    # no solution within the time limit (or tolerance trouble): the smallest-memory plan fits
+    # no solution within the time limit (or tolerance trouble): the smallest-memory plan, which
+    # fits unless the smallest memory was not proven in time either
     bound = getattr(res, "mip_dual_bound", None)
     lb = float(bound) * t0 if bound is not None and np.isfinite(bound) else 0.0
-    return MILPResult(mm.choice, plan_time(p, mm.choice), mm.memory_bytes, True, lb, False,
+    fits = mm.memory_bytes <= limit
+    return MILPResult(mm.choice, plan_time(p, mm.choice), mm.memory_bytes, fits, lb if fits else np.inf, False,
                       str(res.message), _time.perf_counter() - start)

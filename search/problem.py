@@ -56,6 +56,9 @@ __all__ = [
     "plan_memories",
     "run_terms",
     "has_runs",
+    "recomputing_saves_no_time",
+    "without_joins",
+    "without_recomputing",
     "minimum_memory",
     "memory_by_workspace_cap",
     "chain_order",
@@ -116,6 +119,7 @@ class MinimumMemory(NamedTuple):
     memory_bytes: float
     choice: np.ndarray  # [n] int: a plan reaching it (ties: the faster layer strategy)
     workspace_cap_bytes: float  # its largest workspace
+    exact: bool = True  # False: the smallest memory found within a time limit, not proven smallest
 
 
 def _f64(x) -> np.ndarray:
@@ -347,6 +351,58 @@ def has_runs(p: DiscreteProblem) -> bool:
     can = (p.feasible & p.option_recomputes[None, :]).any(axis=1)  # [n]
     join = (p.feasible & p.option_joins[None, :]).any(axis=1)  # [n]
     return bool(np.any(join[1:] & can[:-1]) and (np.any(p.recompute_bytes > 0) or np.any(p.checkpoint_credit > 0)))
+
+
+def _without(p: DiscreteProblem, dropped: np.ndarray) -> DiscreteProblem:
+    feasible = p.feasible & ~dropped[None, :]
+    inf = lambda x: np.where(feasible, x, np.inf)  # noqa: E731
+    zero = lambda x: np.where(feasible, x, 0.0)  # noqa: E731
+    return p._replace(feasible=feasible, layer_time_s=inf(p.layer_time_s), persistent_bytes=inf(p.persistent_bytes),
+                      workspace_bytes=inf(p.workspace_bytes), optimizer_bytes=inf(p.optimizer_bytes),
+                      grad_sync_s=zero(p.grad_sync_s), backward_s=zero(p.backward_s),
+                      recompute_bytes=zero(p.recompute_bytes))
+
+
+def without_joins(p: DiscreteProblem) -> DiscreteProblem:
+    """``p`` without its joining options (``remat+join``): a problem without
+    runs (:func:`has_runs`), whose memory is a sum over layers again."""
+    return _without(p, p.option_joins)
+
+
+def without_recomputing(p: DiscreteProblem) -> DiscreteProblem:
+    """``p`` without its recomputing options (``remat``, ``remat+join``)."""
+    return _without(p, p.option_recomputes)
+
+
+def recomputing_saves_no_time(p: DiscreteProblem) -> bool:
+    """Whether every layer's recomputing option has an option of the same
+    strategy that does not recompute, with the same gradient sync, no more
+    backward compute and a layer time lower by at least as much (recomputing
+    adds the forward pass to the backward pass; to the tables' float32
+    rounding, 1e-6 relative; without overlap, only the layer time counts).
+    Then, as the plan time's overlap share is at most 1, every plan is at
+    least as slow as some plan
+    of :func:`without_recomputing` ``(p)``: recomputing (alone or in runs)
+    only lowers memory, and that problem's fastest plan, where it fits, is
+    the fastest of ``p``. The cost tables' recomputing options are so
+    (:mod:`costmodels.levers`)."""
+    recomputing = p.feasible & p.option_recomputes[None, :]  # [n, O]
+    if not recomputing.any():
+        return True
+    if not 0.0 <= p.gradient_overlap <= 1.0:
+        return False
+    plain = p.feasible & ~p.option_recomputes[None, :]
+    T = np.where(p.feasible, p.layer_time_s, 0.0)  # (the pairs compared are feasible: no inf - inf)
+    G, B = p.grad_sync_s, p.backward_s
+    extra_t = T[:, :, None] - T[:, None, :]  # [n, O, O]: o recomputes, o' not
+    slack = 1e-6 * np.abs(T)[:, :, None]  # the float32 tables' rounding (their sums round alike)
+    ok = (p.option_strategy[:, None] == p.option_strategy[None, :])[None] & plain[:, None, :]
+    if p.gradient_overlap:
+        extra_b = B[:, :, None] - B[:, None, :]
+        ok &= (G[:, :, None] == G[:, None, :]) & (extra_b >= 0.0) & (extra_t >= p.gradient_overlap * extra_b - slack)
+    else:  # the time is the layers' and the edges' sums
+        ok &= extra_t >= -slack
+    return bool(np.all(ok.any(axis=2)[recomputing]))
 
 
 def plan_time(p: DiscreteProblem, choice) -> float:

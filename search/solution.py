@@ -42,7 +42,8 @@ class Solution:
     memory_bytes: float  # exact peak memory per device of the plan
     memory_limit_bytes: float
     feasible: bool  # memory_bytes <= memory_limit_bytes (else: the smallest-memory plan)
-    min_memory_bytes: float  # the smallest memory any plan needs (exact)
+    min_memory_bytes: float | None  # the smallest memory any plan needs (exact); None where not known: a table
+    #   with runs whose fastest plan without runs fits (auto, dp), or whose MILP did not prove it in its time limit
     method: str  # the method that produced the plan (gradient, dp, milp)
     seed: int
     lower_bound_s: float | None  # no plan within the limit is faster (exact methods)

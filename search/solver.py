@@ -12,7 +12,10 @@ Methods:
   chains; otherwise the MILP, stopped after :data:`AUTO_MILP_TIME_LIMIT_S`
   per table (or the caller's shorter limit). A table it does not solve to
   optimality in that time goes to ``gradient`` too, and the better of the
-  two plans is kept, with the MILP's bound. (The MILP certifies ResNet-50
+  two plans is kept, with the MILP's bound. On a table with runs of
+  recomputed layers, ``auto`` (and ``dp``) first take the fastest plan
+  without runs where it fits, which is then the fastest of all
+  (:func:`search.problem.recomputing_saves_no_time`). (The MILP certifies ResNet-50
   and ResNet-152 on 1,024 GPUs in well under a second per mesh, faster than
   the gradient search compiles: ``docs/benchmarks.md``, CLI latency.)
 
@@ -44,6 +47,8 @@ from search.problem import (
     plain_options,
     plan_memory,
     plan_time,
+    recomputing_saves_no_time,
+    without_recomputing,
 )
 from search.refine import drop_idle_levers, refine
 from search.solution import HistoryEntry, SearchEvent, Solution
@@ -98,6 +103,38 @@ def _emit(callback: Callback, stage: str, message: str, table: int | None = None
         callback(SearchEvent(stage, message, table, time_s))
 
 
+def _fastest_without_runs(p: DiscreteProblem, limit: float, chain: bool, time_limit_s: float,
+                          option_ids: np.ndarray, seed: int, num_options: int) -> Solution | None:
+    """``auto`` on a problem with runs of recomputing layers: recomputing
+    (alone or in runs) lowers memory and never time
+    (:func:`search.problem.recomputing_saves_no_time`), so the fastest plan
+    without it, found exactly by the DP (chains) or the MILP, is the fastest
+    of all where it fits: no MILP over runs is needed, nor the smallest
+    memory, which only such an MILP gives (``min_memory_bytes`` is then
+    None). None where it does not fit (or is not proven fastest)."""
+    start = _time.perf_counter()
+    if not recomputing_saves_no_time(p):
+        return None
+    free = without_recomputing(p)
+    r = solve_dp(free) if chain else solve_milp(free, time_limit_s=time_limit_s)
+    if not (r.feasible and r.exact and plan_memory(p, r.choice) <= limit):
+        return None
+    method = "dp" if chain else "milp"
+    choice = drop_idle_levers(p, r.choice, limit)
+    time_s, mem = plan_time(p, choice), plan_memory(p, choice)
+    return Solution(
+        choice=tuple(int(s) for s in option_ids[choice]), time_s=time_s, memory_bytes=mem, memory_limit_bytes=limit,
+        feasible=True, min_memory_bytes=None, method=method, seed=seed, lower_bound_s=r.lower_bound_s,
+        optimality_gap=_gap(time_s, r.lower_bound_s), seconds=_time.perf_counter() - start,
+        history=(HistoryEntry(method, r.time_s, r.memory_bytes, True),), num_options=num_options,
+    )
+
+
+def _proven(mm: MinimumMemory) -> float | None:
+    """The smallest memory where it is proven (else None: ``Solution.min_memory_bytes``)."""
+    return mm.memory_bytes if mm.exact else None
+
+
 def solve(table, memory_limit=None, method: str = "auto", seed: int = 0, callback: Callback = None, *,
           config: GradientConfig = GradientConfig(), milp_time_limit_s: float | None = None) -> Solution:
     """The fastest plan of one ``CostTable`` within ``memory_limit`` bytes per
@@ -121,13 +158,8 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
     compact = [compact_options(discrete_problem(t)) for t in tables]
     problems = [c.problem for c in compact]
     runs = [has_runs(p) for p in problems]
-    if any(runs) and method == "dp":
-        raise NotImplementedError(
-            "method 'dp' cannot search runs of recomputed layers (remat+join), whose memory is not a sum "
-            "over layers; use 'auto' or 'milp' (exact) or 'gradient' for this table (docs/levers.md, issue 15)")
     option_ids = [c.option_ids for c in compact]
     limits = [_limit(memory_limit, p) for p in problems]
-    mins = [smallest_memory(p) for p in problems]
     chains = [chain_order(p) is not None for p in problems]
     if method == "dp" and not all(chains):
         raise ValueError("method 'dp' needs a chain graph (every layer feeds only the next); "
@@ -135,8 +167,28 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
     _emit(callback, "start", f"{len(tables)} table(s), {problems[0].num_layers} layers, method {method}")
     out: list[Solution | None] = [None] * len(tables)
     seconds = [0.0] * len(tables)
+    auto_limit = AUTO_MILP_TIME_LIMIT_S if milp_time_limit_s is None else min(milp_time_limit_s,
+                                                                               AUTO_MILP_TIME_LIMIT_S)
+    if method in ("auto", "dp"):
+        for i in [i for i in range(len(tables)) if runs[i]]:
+            out[i] = _fastest_without_runs(problems[i], limits[i], chains[i], auto_limit, option_ids[i], seed,
+                                           tables[i].feasible.shape[-1])
+            if out[i] is None and method == "dp":
+                raise ValueError(
+                    f"method 'dp' cannot search runs of recomputed layers (remat+join), whose memory is not a sum "
+                    f"over layers, and table {i} needs them: its fastest plan without runs does not fit the "
+                    "memory limit; use 'auto' or 'milp' (exact) or 'gradient' (docs/levers.md)")
+            if out[i] is not None:
+                seconds[i] = out[i].seconds
+                _emit(callback, out[i].method, f"table {i}: the fastest plan without runs fits "
+                      f"({out[i].method}, {seconds[i]:.3f} s)", i, out[i].time_s)
+    # the smallest memory of every table left: the MILP's where plans may hold runs, within the
+    # MILP's time limit (auto and gradient: auto's; not proven then, MinimumMemory.exact)
+    smallest_limit = milp_time_limit_s if method == "milp" else auto_limit
+    mins: list[MinimumMemory | None] = [None if out[i] is not None else smallest_memory(p, smallest_limit)
+                                        for i, p in enumerate(problems)]
     for i, (p, lim, mm) in enumerate(zip(problems, limits, mins, strict=True)):
-        if mm.memory_bytes > lim:
+        if mm is not None and mm.exact and mm.memory_bytes > lim:
             out[i] = Solution(
                 choice=tuple(int(s) for s in option_ids[i][mm.choice]), time_s=plan_time(p, mm.choice),
                 memory_bytes=mm.memory_bytes,
@@ -147,8 +199,6 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
             )
     todo = [i for i in range(len(tables)) if out[i] is None]
     plan_of = {i: ("dp" if chains[i] and not runs[i] else "milp") if method == "auto" else method for i in todo}
-    auto_limit = AUTO_MILP_TIME_LIMIT_S if milp_time_limit_s is None else min(milp_time_limit_s,
-                                                                               AUTO_MILP_TIME_LIMIT_S)
     unproven = {}  # auto: the MILP's result where it did not prove its plan optimal in time
 
     # -- exact solvers ------------------------------------------------------------------
@@ -158,8 +208,9 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
         if plan_of[i] == "dp":
             r = solve_dp(p, limits[i])
         else:
-            r = solve_milp(p, limits[i], time_limit_s=auto_limit if method == "auto" else milp_time_limit_s)
-            if method == "auto" and not r.exact and not runs[i]:
+            r = solve_milp(p, limits[i], time_limit_s=auto_limit if method == "auto" else milp_time_limit_s,
+                           smallest=mins[i])
+            if method == "auto" and not r.exact:
                 unproven[i], plan_of[i], seconds[i] = r, "gradient", _time.perf_counter() - t
                 _emit(callback, "milp", f"table {i}: the MILP did not prove an optimum in {auto_limit:g} s; "
                       "the gradient search joins in", i)
@@ -171,7 +222,7 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
         seconds[i] = _time.perf_counter() - t
         out[i] = Solution(
             choice=tuple(int(s) for s in option_ids[i][choice]), time_s=time_s, memory_bytes=mem,
-            memory_limit_bytes=limits[i], feasible=bool(r.feasible), min_memory_bytes=mins[i].memory_bytes,
+            memory_limit_bytes=limits[i], feasible=bool(r.feasible), min_memory_bytes=_proven(mins[i]),
             method=plan_of[i], seed=seed, lower_bound_s=r.lower_bound_s, optimality_gap=_gap(time_s, r.lower_bound_s),
             seconds=seconds[i], history=(HistoryEntry(plan_of[i], r.time_s, r.memory_bytes, bool(r.feasible)),),
             num_options=tables[i].feasible.shape[-1],
@@ -231,7 +282,7 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
             seconds[i] += share + _time.perf_counter() - t  # (+ the auto MILP's time)
             out[i] = Solution(
                 choice=tuple(int(s) for s in option_ids[i][choice]), time_s=float(time_s), memory_bytes=float(mem),
-                memory_limit_bytes=lim, feasible=bool(mem <= lim), min_memory_bytes=mins[i].memory_bytes,
+                memory_limit_bytes=lim, feasible=bool(mem <= lim), min_memory_bytes=_proven(mins[i]),
                 method=used, seed=seed, lower_bound_s=bound, optimality_gap=_gap(time_s, bound),
                 seconds=seconds[i], history=tuple(history), num_options=tables[i].feasible.shape[-1],
             )

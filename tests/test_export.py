@@ -14,6 +14,7 @@ from planner import extract
 from planner.runtime.export import (
     activation_spec,
     consumer_layouts,
+    lower_training,
     make_mesh,
     param_spec,
     partition_specs,
@@ -345,24 +346,18 @@ def test_a_zero_plan_shards_trains_and_validates(devices):
     assert not bad, bad
 
 
-def test_recomputing_a_layer_without_attention_is_refused(devices):
-    """Recomputing is exported for the attention of an nnx.MultiHeadAttention
-    (the only layer the cost model offers it on); a plan that asks for it on
-    another layer is an error, not a step that silently keeps the activations."""
-    import dataclasses
-
-    import planner
-    from planner.runtime.validation import fixed_plan
-
+def test_remat_layers_recompute_attention_only(devices):
+    """shard_training's remat_layers recompute the attention of an
+    nnx.MultiHeadAttention; another layer given there is an error naming
+    recompute_runs (where planner.shard puts a plan's other recomputed
+    layers: tests/test_remat_export.py), not a step that silently keeps its
+    activations."""
     model = Tiny(nnx.Rngs(0))
-    plan = fixed_plan(model, jnp.zeros((16, 16, 16, 3)), (8, 1), batch=16, optimizer="adam", strategy="data")
-    layers = tuple(dataclasses.replace(r, remat=r.name == "fcs/0") for r in plan.layers)
-    plan = dataclasses.replace(plan, evaluation=dataclasses.replace(plan.evaluation, layers=layers))
-    assert plan.remat_layers == ("fcs/0",)
-    with pytest.raises(ValueError, match=r"cannot recompute \['fcs/0'\] alone: remat_layers recomputes the attention"):
-        planner.shard(model, plan, optax.adam(0.01))
-    with pytest.raises(ValueError, match="cannot recompute"):
-        planner.validate(model, plan)
+    x = jax.ShapeDtypeStruct((16, 16, 16, 3), jnp.float32)
+    strategies = {n: "data" for n in extract(model, x).names}
+    with pytest.raises(ValueError, match=r"cannot recompute \['fcs/0'\] alone: remat_layers recomputes the "
+                                         r"attention .*give other layers as recompute_runs"):
+        lower_training(model, strategies, make_mesh(8, 1), optax.adam(0.01), x, remat_layers=["fcs/0"])
 
 
 @pytest.mark.slow

@@ -510,6 +510,12 @@ def test_evaluate_takes_levers_and_says_why_one_cannot_run():
         evaluate(g, hw, 8, mesh=(8, 1), plan=plan | {"relu": "data+zero1"}, batch=64)
     with pytest.raises(ValueError, match="unknown or repeated lever 'zero4'"):
         evaluate(g, hw, 8, mesh=(8, 1), plan=plan | {"relu": "data+zero4"}, batch=64)
-    # (no CNN layer recomputes yet, so none can join a run: docs/levers.md)
+    # a run of recomputed layers: the conv recomputes, the ReLU after it joins (a CNN offers runs,
+    # planner.evaluation.remat_runs_offered); the first layer has no producer whose run it could join
+    run = evaluate(g, hw, 8, mesh=(8, 1), plan=plan | {"features/12": "data+remat", "relu_12": "data+remat+join"},
+                   batch=64)
+    rows = {r.name: r for r in run.layers}
+    assert (rows["features/12"].option, rows["relu_12"].option) == ("data+remat", "data+remat+join")
+    assert rows["relu_12"].joins and not rows["features/12"].joins
     with pytest.raises(ValueError, match="cannot run strategy data\\+remat\\+join here: .*needs a producer"):
-        evaluate(g, hw, 8, mesh=(8, 1), plan=plan | {"features/12": "data+remat+join"}, batch=64)
+        evaluate(g, hw, 8, mesh=(8, 1), plan=plan | {"features/0": "data+remat+join"}, batch=64)

@@ -1,5 +1,6 @@
 """Plan files: exact round trip, and rejection of malformed or foreign files."""
 
+import dataclasses
 import json
 
 import pytest
@@ -21,14 +22,14 @@ def test_round_trip_is_exact(vgg_plan, tmp_path):
     path = tmp_path / "plan.json"
     vgg_plan.write(path)
     assert Plan.read(path) == vgg_plan
-    assert json.loads(text)["schema"] == "shardplan/plan" and json.loads(text)["version"] == 3
+    assert json.loads(text)["schema"] == "shardplan/plan" and json.loads(text)["version"] == 4
 
 
 @pytest.mark.parametrize(
     "mutate, message",
     [
         (lambda d: d.update(schema="shardplan/layer-graph"), "not a plan file"),
-        (lambda d: d.update(version=4), "newer"),
+        (lambda d: d.update(version=5), "newer"),
         (lambda d: d.update(version="1"), "integer"),
         (lambda d: d.pop("mesh"), 'missing "mesh"'),
         (lambda d: d.update(mesh=[3, 5]), "does not hold"),
@@ -146,7 +147,7 @@ def test_version_1_files_upgrade_to_the_same_specs(model):
     assert back.layer_specs == layer_specs(g, [r.strategy for r in p.layers])
     assert back.hardware_spec == load_hardware("dgx-a100")
     assert back.package_version.startswith("unknown") and back.history == ()
-    assert back.strategies == p.strategies and back.to_dict()["version"] == 3
+    assert back.strategies == p.strategies and back.to_dict()["version"] == 4
 
 
 def test_summary_has_one_row_per_layer(vgg_plan):
@@ -240,3 +241,48 @@ def test_recorded_param_specs_of_zero_3_layers_are_what_the_plan_applies(lever_p
     for name in fsdp:
         kernel = recorded[name, "kernel"]
         assert "data" in str(kernel), (name, kernel)  # split over the group as well
+
+
+# -- version 4: a layer joining the run of recomputed layers before it -------------------
+
+
+def _with_run(p, names):
+    """``p`` with the layers ``names`` recomputed as one run (the first recomputes, the others join)."""
+    layers = tuple(dataclasses.replace(r, remat=r.name in names, joins=r.name in names[1:]) for r in p.layers)
+    return dataclasses.replace(p, evaluation=dataclasses.replace(p.evaluation, layers=layers))
+
+
+def test_runs_round_trip_and_version_3_files_read_without_joins(vgg_plan, tmp_path):
+    names = [r.name for r in vgg_plan.layers]
+    run = _with_run(vgg_plan, names[:3])
+    assert run.recompute_runs == (tuple(names[:3]),)
+    path = tmp_path / "plan.json"
+    run.write(path)
+    back = Plan.read(path)
+    assert back == run and back.recompute_runs == (tuple(names[:3]),)
+    rows = json.loads(path.read_text())["layers"]
+    assert [(r["remat"], r["joins"]) for r in rows[:4]] == [(True, False), (True, True), (True, True), (False, False)]
+    d = json.loads(vgg_plan.to_json())
+    d["version"] = 3
+    for row in d["layers"]:
+        assert row.pop("joins") is False
+    assert Plan.from_dict(d) == vgg_plan
+    d = json.loads(run.to_json())
+    d["layers"][1]["remat"] = False
+    with pytest.raises(ValueError, match=r"plan.layers\[1\] joins a run of recomputed layers but does not recompute"):
+        Plan.from_dict(d)
+
+
+def test_the_smallest_memory_may_be_left_out_from_version_4():
+    """search.Solution.min_memory_bytes is None where the search did not need
+    it (a table with runs whose fastest plan without runs fits); a version-4
+    file says null, an older one must give a number."""
+    p = plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=64, levers="remat")
+    assert all(m.min_memory_bytes is None for m in p.meshes)  # the fastest plans fit: no MILP over runs
+    d = json.loads(p.to_json())
+    assert Plan.from_dict(d) == p
+    d["version"] = 3
+    for row in d["layers"]:
+        row.pop("joins")
+    with pytest.raises(ValueError, match=r"plan.meshes\[0\].min_memory_bytes must be a finite number"):
+        Plan.from_dict(d)

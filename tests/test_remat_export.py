@@ -140,3 +140,78 @@ def test_export_refuses_runs_the_plan_does_not_name(devices):
     with pytest.raises(ValueError, match="remat_layers and in recompute_runs"):
         lower_training(model, strategies, mesh, optax.sgd(0.1), x, remat_layers=["stem"],
                        recompute_runs=[["stem"]])
+
+
+def _run_options(names, runs):
+    """Every layer on data, each run's first layer recomputing and the rest joining."""
+    options = {n: "data" for n in names}
+    for run in runs:
+        options[run[0]] = "data+remat"
+        options.update({n: "data+remat+join" for n in run[1:]})
+    return options
+
+
+def test_shard_applies_a_plans_runs_with_the_kept_losses(devices):
+    """A plan's runs (LayerCost.remat / joins, in layer order: Plan.recompute_runs)
+    go to the export as recompute_runs; planner.shard trains the run plan with
+    the losses of the plan that keeps everything."""
+    from planner.runtime.sharding import export_options
+    from planner.runtime.validation import fixed_plan
+
+    model = TinyResNet(nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (32, 16, 16, 3))
+    y = jnp.arange(32) % 10
+    graph = planner.extract(model, x)
+    runs = _block_runs(graph.names)
+    kept = fixed_plan(model, x, (4, 2), strategy="data", batch=32)
+    plan = fixed_plan(model, x, (4, 2), strategies=_run_options(graph.names, runs), batch=32)
+    assert plan.recompute_runs == tuple(tuple(r) for r in runs) and kept.recompute_runs == ()
+    options = export_options(graph, plan)
+    assert options["recompute_runs"] == plan.recompute_runs and options["remat_layers"] == ()
+    losses = {}
+    for label, p in (("kept", kept), ("runs", plan)):
+        step, state = planner.shard(model, p, optax.adam(1e-3))
+        out = []
+        for _ in range(3):
+            state, loss = step(state, x, y)
+            out.append(float(loss))
+        losses[label] = out
+    np.testing.assert_allclose(losses["runs"], losses["kept"], rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["vgg16-cifar10", "resnet-2222-64px"])
+def test_run_plans_fit_their_prediction_on_xla_cpu(devices, name):
+    """Issue 15: plans that recompute runs of CNN layers (VGG16-CIFAR-10:
+    each conv with its ReLU and pool; a ResNet-18-sized bottleneck ResNet,
+    (2, 2, 2, 2) blocks at 64x64: each residual block) on 8x1 at 64 and 32
+    samples per device, where activations dominate: XLA's compiled total
+    (the oracle) is within 10% of the prediction (measured 0.957 and
+    0.920), the parameters and optimizer state exact, and the runs free
+    what XLA holds against the plan that keeps everything."""
+    from planner.models.flax_zoo import ResNet
+    from planner.runtime.validation import fixed_plan
+
+    if name == "vgg16-cifar10":
+        model, x = planner.flax_model(name, batch=512)
+    else:
+        model = nnx.eval_shape(lambda: ResNet((2, 2, 2, 2), 10, rngs=nnx.Rngs(0)))
+        x = jax.ShapeDtypeStruct((256, 64, 64, 3), jnp.float32)
+    graph = planner.extract(model, x)
+    names = graph.names
+    if name == "vgg16-cifar10":
+        starts = [i for i, n in enumerate(names) if n.startswith("features/")] + [names.index("flatten")]
+        runs = [list(names[a:b]) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    else:
+        blocks = sorted({n.rsplit("/", 1)[0] for n in names if n.startswith("layer")})
+        runs = [[n for n in names if n.startswith(b + "/")] for b in blocks]
+    compiled = {}
+    for label, options in (("kept", {n: "data" for n in names}), ("runs", _run_options(names, runs))):
+        plan = fixed_plan(model, x, (8, 1), strategies=options, batch=int(x.shape[0]))
+        rows = {r.part: r for r in planner.validate(model, plan, memory_rtol=1.0, activation_rtol=1.0).memory}
+        for part in ("parameters", "optimizer state"):
+            assert rows[part].compiled_bytes == rows[part].predicted_bytes, (label, part)
+        total = rows["total"]
+        assert abs(total.compiled_bytes / total.predicted_bytes - 1) <= 0.10, (label, total)
+        compiled[label] = total.compiled_bytes
+    assert compiled["runs"] < 0.9 * compiled["kept"]

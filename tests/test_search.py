@@ -481,9 +481,9 @@ def test_auto_adds_the_gradient_search_where_the_milp_proves_nothing_in_time(mon
     limit = limit_between(discrete_problem(dag), 3)
     exact = solve(dag, limit, method="milp")
 
-    def unproven(p, lim, *, time_limit_s=None):  # a MILP stopped by its time limit, with no incumbent
+    def unproven(p, lim, *, time_limit_s=None, smallest=None):  # a MILP stopped by its time limit, no incumbent
         assert time_limit_s == solve_module.AUTO_MILP_TIME_LIMIT_S
-        return exact_milp(p, lim)._replace(exact=False, feasible=False, time_s=float("inf"))
+        return exact_milp(p, lim, smallest=smallest)._replace(exact=False, feasible=False, time_s=float("inf"))
 
     exact_milp = solve_module.solve_milp
     monkeypatch.setattr(solve_module, "solve_milp", unproven)

@@ -169,7 +169,8 @@ def add_plan_commands(sub: Any) -> None:
                          "(default: the hardware's, cpu for cpu-local, else gpu)")
     pl.add_argument("--levers", choices=LEVER_CHOICES, default="all",
                     help="memory levers each layer may take beside its strategy: zero (ZeRO stages 1-3 over its "
-                         "data-parallel group), remat (recompute its activations in the backward pass), all or "
+                         "data-parallel group), remat (recompute its activations in the backward pass; on a CNN, in runs "
+                         "of layers), all or "
                          "none (default all; a lever that buys nothing is dropped, docs/levers.md)")
     pl.add_argument("--allow-cross-node-model-axis", action="store_true",
                     help="also try model axes larger than one node")

@@ -1,8 +1,10 @@
 """Reading a plan file back: ``Plan.from_json`` / ``Plan.from_dict``, with a
 message naming the first problem. The writer is ``Plan.to_dict``.
 
-Schema ``"shardplan/plan"``, integer ``version``: version 3 is the current
-one; it added each layer's memory levers (``zero_stage`` 0-3 and
+Schema ``"shardplan/plan"``, integer ``version``: version 4 is the current
+one; it added ``joins`` to each layer (recomputed in the run of the layer
+before, ``remat+join``); a version-3 file reads with no layer joining a
+run. Version 3 added each layer's memory levers (``zero_stage`` 0-3 and
 ``remat``, :mod:`costmodels.levers`) and the lever menu searched
 (``levers``). A version-2 file reads with no levers (stage 0, activations
 kept, menu ``none``). A version-1 file is upgraded on reading: its layers'
@@ -31,8 +33,8 @@ __all__ = ["PLAN_SCHEMA", "PLAN_VERSION", "plan_fields"]
 
 PLAN_SCHEMA = "shardplan/plan"
 # 2 added layer specs, the embedded hardware, the package version, the search history;
-# 3 the memory levers per layer
-PLAN_VERSION = 3
+# 3 the memory levers per layer; 4 a layer joining the run of recomputed layers before it
+PLAN_VERSION = 4
 
 
 class _Reader:
@@ -142,7 +144,12 @@ def plan_fields(data: Any) -> dict[str, Any]:
         reason = row.get("substitution_reason")
         if reason is not None and not isinstance(reason, str):
             raise ValueError(f"plan.layers[{i}].substitution_reason must be a string or null, got {reason!r}")
-        zero_stage, remat = 0, False
+        zero_stage, remat, joins = 0, False, False
+        if version >= 4:
+            joins = lr.boolean("joins")
+            if joins and not lr.boolean("remat"):
+                raise ValueError(f"plan.layers[{i}] joins a run of recomputed layers but does not recompute "
+                                 "(remat false)")
         if version >= 3:
             zero_stage = lr.integer("zero_stage")
             if zero_stage > 3:
@@ -152,7 +159,7 @@ def plan_fields(data: Any) -> dict[str, Any]:
             name=lr.string("name"), kind=lr.string("kind"), strategy=strategy,
             compute_s=lr.number("compute_s"), comm_s=lr.number("comm_s"), reshard_s=lr.number("reshard_s"),
             memory_bytes=lr.number("memory_bytes"), requested_strategy=requested, substitution_reason=reason,
-            zero_stage=zero_stage, remat=remat,
+            zero_stage=zero_stage, remat=remat, joins=joins,
         ))
         if version >= 2:
             specs.append(_layer_specs(lr, i, layers[-1].name))
@@ -174,7 +181,7 @@ def plan_fields(data: Any) -> dict[str, Any]:
         meshes.append(dict(
             mesh=mr.ints("mesh", 2), feasible=mr.boolean("feasible"), iteration_s=mr.number("iteration_s", optional=True),
             memory_bytes_per_device=mr.number("memory_bytes_per_device"),
-            min_memory_bytes=mr.number("min_memory_bytes"), method=mr.string("method"),
+            min_memory_bytes=mr.number("min_memory_bytes", optional=version >= 4), method=mr.string("method"),
             optimality_gap=mr.number("optimality_gap", optional=True),
         ))
     mesh = r.ints("mesh", 2)

@@ -34,7 +34,8 @@ class MeshResult:
     feasible: bool
     iteration_s: float | None  # None when nothing fits on this mesh
     memory_bytes_per_device: float
-    min_memory_bytes: float  # the smallest memory any plan needs on this mesh
+    min_memory_bytes: float | None  # the smallest memory any plan needs on this mesh (None: not computed,
+    #   search.Solution.min_memory_bytes)
     method: str
     optimality_gap: float | None
 
@@ -140,6 +141,22 @@ class Plan:
     def remat_layers(self) -> tuple[str, ...]:
         """The layers whose activations the backward pass recomputes."""
         return tuple(r.name for r in self.layers if r.remat)
+
+    @property
+    def recompute_runs(self) -> tuple[tuple[str, ...], ...]:
+        """The runs of recomputed layers, in layer order: each a ``remat``
+        layer and the ``remat+join`` layers right after it (a layer joining
+        after one that keeps its activations, or first, starts a run:
+        :mod:`costmodels.levers`)."""
+        runs: list[list[str]] = []
+        before = False  # the layer before recomputes
+        for r in self.layers:
+            if r.remat and r.joins and before:
+                runs[-1].append(r.name)
+            elif r.remat:
+                runs.append([r.name])
+            before = r.remat
+        return tuple(tuple(run) for run in runs)
 
     def partition_specs(self, params: Any) -> Any:
         """PartitionSpecs for a Flax nnx ``State`` or linen params tree, from each

@@ -43,7 +43,8 @@ def plan_summary(plan: Any, full: bool = False) -> str:
         spans = tuple(range(i, i + 1) for i in range(len(layers)))
     else:
         facts = [{"strategy": r.strategy, "requested_strategy": r.requested_strategy, "reshard_s": r.reshard_s,
-                  "comm_s": r.comm_s, "zero_stage": r.zero_stage, "remat": r.remat} for r in layers]
+                  "comm_s": r.comm_s, "zero_stage": r.zero_stage, "remat": r.remat,
+                  "joins": r.joins} for r in layers]
         spans = group_rows(names, plain_cost_rows(facts, "data", plan.iteration_s))
     rows = []
     for span in spans:

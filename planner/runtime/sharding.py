@@ -28,7 +28,7 @@ from planner.runtime.layouts import (
     scatter_layouts,
 )
 
-__all__ = ["export_options", "plan_mesh", "planned_graph", "shard"]
+__all__ = ["export_options", "plan_mesh", "planned_graph", "recomputed_layers", "shard"]
 
 
 def shard(
@@ -50,9 +50,9 @@ def shard(
     several processes, :func:`planner.runtime.distributed.process_mesh` (the model
     axis inside a process). Layers the plan puts on ZeRO shard their
     optimizer state, gradients and weights as their stage says, and the
-    attention layers it recomputes run again in the backward pass
-    (:func:`planner.runtime.export.shard_training`'s ``zero_stages`` and
-    ``remat_layers``)."""
+    layers it recomputes run again in the backward pass
+    (:func:`planner.runtime.export.shard_training`'s ``zero_stages``,
+    ``remat_layers`` and ``recompute_runs``)."""
     graph = planned_graph(model, plan)
     mesh = plan_mesh(plan, mesh)
     kwargs: dict[str, Any] = {} if loss_fn is None else {"loss_fn": loss_fn}
@@ -68,7 +68,7 @@ def export_options(graph: LayerGraph, plan: Plan) -> dict[str, Any]:
     (and ``lower_training``) that apply ``plan`` to ``graph``'s model beyond
     its strategies: the pins of module inputs, module outputs and residual
     blocks, the ``channel`` layers the export reduce-scatters itself, the
-    ZeRO stages and the recomputed layers. ``shard`` and ``validate`` both
+    ZeRO stages and the recomputed layers (:func:`recomputed_layers`). ``shard`` and ``validate`` both
     compile with these, so what validate checks is what shard trains."""
     return {
         "input_layouts": producer_layouts(graph, plan.strategies),
@@ -76,8 +76,20 @@ def export_options(graph: LayerGraph, plan: Plan) -> dict[str, Any]:
         "blocks": block_layouts(graph, plan.strategies),
         "scatters": scatter_layouts(graph, plan.strategies, plan.mesh[1], plan.zero_stages),
         "zero_stages": plan.zero_stages,
-        "remat_layers": plan.remat_layers,
+        **recomputed_layers(plan),
     }
+
+
+def recomputed_layers(plan: Plan) -> dict[str, tuple]:
+    """How the export recomputes ``plan``'s runs of recomputed layers: an
+    attention alone (``remat_layers``: its own ``custom_vjp``, which keeps the
+    queries, keys and values), any other run cut from the traced forward
+    pass (``recompute_runs``, :mod:`planner.runtime.runs`)."""
+    kinds = {r.name: r.kind for r in plan.layers}
+    alone = tuple(run[0] for run in plan.recompute_runs
+                  if len(run) == 1 and kinds[run[0]] in ("attention", "causal_attention"))
+    return {"remat_layers": alone,
+            "recompute_runs": tuple(run for run in plan.recompute_runs if run[0] not in alone)}
 
 
 def example_input(plan: Plan, batch: int) -> jax.ShapeDtypeStruct:
