@@ -215,3 +215,22 @@ def test_run_plans_fit_their_prediction_on_xla_cpu(devices, name):
         assert abs(total.compiled_bytes / total.predicted_bytes - 1) <= 0.10, (label, total)
         compiled[label] = total.compiled_bytes
     assert compiled["runs"] < 0.9 * compiled["kept"]
+
+
+def test_a_walk_that_finds_other_layers_than_the_plan_is_an_error(devices, monkeypatch):
+    """Should the walk of the traced step find a layer the plan does not name
+    (an operation of the export's it cannot map), recomputing stops with a
+    message instead of cutting runs at layers that may have moved."""
+    import planner.runtime.export as export
+
+    def walk(*args, **kwargs):
+        found = equation_layers(*args, **kwargs)
+        return found._replace(names=(*found.names, "sharding_constraint"))
+
+    monkeypatch.setattr(export, "equation_layers", walk)
+    model = TinyResNet(nnx.Rngs(0))
+    x = jax.ShapeDtypeStruct((8, 16, 16, 3), jnp.float32)
+    names = planner.extract(model, x).names
+    with pytest.raises(ValueError, match=r"finds layers the plan does not name \(\['sharding_constraint'\]\)"):
+        lower_training(model, {n: "data" for n in names}, make_mesh(8, 1), optax.sgd(0.1), x,
+                       recompute_runs=_block_runs(names))

@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from costmodels.strategies import AXIS_NAMES
 from planner.ir.graph import layer_path
+from planner.models.layer_equations import equation_layers, marked_module_calls
 from planner.plans.specs import (
     BATCH_AXES,
     CHANNELWISE_GRADIENT_LAYOUTS,
@@ -45,8 +46,6 @@ from planner.runtime.calls import (
     reduce_scattering,
     zero_call,
 )
-from planner.runtime.runs import recomputing_forward, run_members
-from planner.models.layer_equations import equation_layers, marked_module_calls
 from planner.runtime.layouts import (
     block_layouts,
     consumer_layouts,
@@ -54,6 +53,7 @@ from planner.runtime.layouts import (
     producer_layouts,
     scatter_layouts,
 )
+from planner.runtime.runs import recomputing_forward, run_members
 
 __all__ = [
     "AXIS_NAMES",
@@ -369,7 +369,16 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
                     closed, shape = jax.make_jaxpr(lambda p, o, v: forward(p, o, v, tag),
                                                    return_shape=True)(params, state.other, x)
                 leaves = [*jax.tree.leaves(params), *jax.tree.leaves(state.other)]
-                found = equation_layers(model, closed, len(leaves), int(x.shape[0]))
+                # ("replicate": what the extraction cannot map becomes a layer of its own, which the
+                # comparison below reports, instead of an error about the export's own operations)
+                found = equation_layers(model, closed, len(leaves), int(x.shape[0]), "replicate")
+                if set(found.names) != set(strategies):
+                    extra = sorted(set(found.names) - set(strategies))
+                    missing = sorted(set(strategies) - set(found.names))
+                    raise ValueError(
+                        f"cannot cut the traced training step into the plan's layers to recompute runs: it finds "
+                        f"layers the plan does not name ({extra[:3]}) and misses some it names ({missing[:3]}); "
+                        "recompute fewer layers (levers without remat) or report this model")
                 run = recomputing_forward(closed, run_members(found.layers, runs))
                 logits, new_other = jax.tree.unflatten(jax.tree.structure(shape), run(*leaves, x))
             else:
