@@ -221,6 +221,17 @@ class CompactProblem(NamedTuple):
     representative: np.ndarray  # [n, O] the option that stands for each option at each layer (-1: cannot run)
 
 
+def _restricted(p: DiscreteProblem, feasible: np.ndarray) -> DiscreteProblem:
+    """``p`` with only the options ``feasible`` [n, O] allows (costs +inf, or 0 for the
+    overlap terms and recomputed bytes, elsewhere: the problem's convention)."""
+    inf = lambda x: np.where(feasible, x, np.inf)  # noqa: E731
+    zero = lambda x: np.where(feasible, x, 0.0)  # noqa: E731
+    return p._replace(feasible=feasible, layer_time_s=inf(p.layer_time_s), persistent_bytes=inf(p.persistent_bytes),
+                      workspace_bytes=inf(p.workspace_bytes), optimizer_bytes=inf(p.optimizer_bytes),
+                      grad_sync_s=zero(p.grad_sync_s), backward_s=zero(p.backward_s),
+                      recompute_bytes=zero(p.recompute_bytes))
+
+
 def drop_duplicate_options(p: DiscreteProblem) -> tuple[DiscreteProblem, np.ndarray]:
     """``p`` with every option that duplicates a lower-numbered one at a layer
     ruled out there: same time, memory, gradient sync and backward compute,
@@ -253,12 +264,7 @@ def drop_duplicate_options(p: DiscreteProblem) -> tuple[DiscreteProblem, np.ndar
     feasible = F & (rep == np.arange(O)[None, :])
     if feasible.sum() == p.feasible.sum():
         return p, rep
-    inf = lambda x: np.where(feasible, x, np.inf)  # noqa: E731
-    zero = lambda x: np.where(feasible, x, 0.0)  # noqa: E731
-    return p._replace(feasible=feasible, layer_time_s=inf(p.layer_time_s), persistent_bytes=inf(p.persistent_bytes),
-                      workspace_bytes=inf(p.workspace_bytes), optimizer_bytes=inf(p.optimizer_bytes),
-                      grad_sync_s=zero(p.grad_sync_s),
-                      backward_s=zero(p.backward_s), recompute_bytes=zero(p.recompute_bytes)), rep
+    return _restricted(p, feasible), rep
 
 
 def _columns(p: DiscreteProblem, keep: np.ndarray) -> DiscreteProblem:
@@ -353,25 +359,15 @@ def has_runs(p: DiscreteProblem) -> bool:
     return bool(np.any(join[1:] & can[:-1]) and (np.any(p.recompute_bytes > 0) or np.any(p.checkpoint_credit > 0)))
 
 
-def _without(p: DiscreteProblem, dropped: np.ndarray) -> DiscreteProblem:
-    feasible = p.feasible & ~dropped[None, :]
-    inf = lambda x: np.where(feasible, x, np.inf)  # noqa: E731
-    zero = lambda x: np.where(feasible, x, 0.0)  # noqa: E731
-    return p._replace(feasible=feasible, layer_time_s=inf(p.layer_time_s), persistent_bytes=inf(p.persistent_bytes),
-                      workspace_bytes=inf(p.workspace_bytes), optimizer_bytes=inf(p.optimizer_bytes),
-                      grad_sync_s=zero(p.grad_sync_s), backward_s=zero(p.backward_s),
-                      recompute_bytes=zero(p.recompute_bytes))
-
-
 def without_joins(p: DiscreteProblem) -> DiscreteProblem:
     """``p`` without its joining options (``remat+join``): a problem without
     runs (:func:`has_runs`), whose memory is a sum over layers again."""
-    return _without(p, p.option_joins)
+    return _restricted(p, p.feasible & ~p.option_joins[None, :])
 
 
 def without_recomputing(p: DiscreteProblem) -> DiscreteProblem:
     """``p`` without its recomputing options (``remat``, ``remat+join``)."""
-    return _without(p, p.option_recomputes)
+    return _restricted(p, p.feasible & ~p.option_recomputes[None, :])
 
 
 def recomputing_saves_no_time(p: DiscreteProblem) -> bool:
