@@ -48,6 +48,16 @@ They are handled in three steps:
    found no plan, the smallest-memory plan (:func:`search.problem.minimum_memory`)
    seeds the search's upper bound, or shows that no plan fits.
 
+Runs of recomputing layers (``remat+join``, :func:`search.problem.has_runs`)
+on a chain in layer order: the checkpoint credits are pair terms of the
+backward phase, which the Viterbi carries (``viterbi(..., weighted=)``);
+the runs' transients are left out of steps 1 and 2 (a relaxation: the
+bounds hold, looser; plans are checked with their exact memory, and one
+broken only by its transients is repaired by
+:func:`search.dp_runs.lighter_runs`), and step 3 and the smallest memory are
+:mod:`search.dp_runs`'s labels, which add each run's sum and the largest
+transient.
+
 What is exact: with ``gradient_overlap = 0`` (every preset) the result is the
 global optimum of the discrete problem under both phases (float64 sums of
 the table's float32 values; ties broken arbitrarily) whenever ``exact`` is
@@ -61,11 +71,13 @@ is reported and may be non-zero.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+import time
 from typing import NamedTuple
 
 import numpy as np
 
+from search.dp_runs import lighter_runs, minimum_memory_runs, run_cap_bounds, run_chain, search_runs
+from search.pareto import label_path, nondominated
 from search.problem import (
     DiscreteProblem,
     chain_order,
@@ -78,11 +90,10 @@ from search.problem import (
     plan_times,
 )
 
-__all__ = ["DPResult", "solve_dp", "viterbi"]
+__all__ = ["DPResult", "dp_solves", "solve_dp", "viterbi"]
 
 _TOL = 1e-9  # relative: bounds closer than this count as equal
 _ASCENT_STAGES = 6  # turns of the dual's coordinate ascent (lambda, mu, ...); more barely shrank the label search on random chains
-_PAIRWISE_MAX = 1024  # label sets up to this size are Pareto-filtered by an all-pairs comparison
 
 
 class DPResult(NamedTuple):
@@ -96,13 +107,14 @@ class DPResult(NamedTuple):
     labels: int  # Pareto labels created by the exact completion
 
 
-def viterbi(unary, pair) -> tuple[np.ndarray, np.ndarray]:
+def viterbi(unary, pair, weighted=None) -> tuple[np.ndarray, np.ndarray]:
     """Min-sum paths of a batch of chains (the one Viterbi: the chain DP and
     the refinement's segment moves both use it): ``unary [K, n, S]`` (``inf``
     = forbidden), ``pair [n, S, S]`` shared by the chains or ``[K, n, S, S]``
     one per chain (``pair[..., i, s, t]``: position ``i-1`` on ``s`` and
-    position ``i`` on ``t``; position 0 unused). Returns the values ``[K]``
-    and the paths ``[K, n]``."""
+    position ``i`` on ``t``; position 0 unused), plus, with ``weighted =
+    (C [n, S, S], w [K])``, ``w[k] C`` on chain ``k``'s pairs. Returns the
+    values ``[K]`` and the paths ``[K, n]``."""
     K, n, S = unary.shape
     pair = np.asarray(pair)
     per_chain = pair.ndim == 4
@@ -110,6 +122,8 @@ def viterbi(unary, pair) -> tuple[np.ndarray, np.ndarray]:
     back = np.zeros((n, K, S), dtype=np.int64)
     for i in range(1, n):
         cand = value[:, :, None] + (pair[:, i] if per_chain else pair[i][None])
+        if weighted is not None:
+            cand = cand + weighted[1][:, None, None] * weighted[0][i][None]
         back[i] = np.argmin(cand, axis=1)
         value = np.min(cand, axis=1) + unary[:, i]
     path = np.zeros((K, n), dtype=np.int64)
@@ -153,37 +167,6 @@ def _to_layers(ch: _Chain, path: np.ndarray) -> np.ndarray:
     out = np.empty_like(path)
     out[..., ch.order] = path
     return out
-
-
-def _nondominated(tau: np.ndarray, a: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Indices of the labels ``(tau, a, q)`` that no other label matches or
-    beats in all three (of equal labels, one is kept). Exact: in the order
-    of ``(a, q, tau)`` only an earlier label can dominate a later one, so a
-    label goes iff an earlier one has ``q`` and ``tau`` no larger; that is
-    an all-pairs test for small sets and a sweep keeping the ``(q, tau)``
-    staircase of the labels so far for large ones (``O(m log m)`` searches)."""
-    o = np.lexsort((tau, q, a))
-    t_o, q_o = tau[o], q[o]
-    m = o.size
-    if m <= _PAIRWISE_MAX:
-        earlier = np.tri(m, m, -1, dtype=bool).T  # [i, j]: i before j
-        dominated = np.any(earlier & (q_o[:, None] <= q_o[None, :]) & (t_o[:, None] <= t_o[None, :]), axis=0)
-        return o[~dominated]
-    keep = np.zeros(m, dtype=bool)
-    stair_q: list[float] = []  # q ascending, tau descending: the labels so far no other beats in (q, tau)
-    stair_t: list[float] = []
-    for j, (qj, tj) in enumerate(zip(q_o.tolist(), t_o.tolist())):
-        k = bisect_right(stair_q, qj)
-        if k and stair_t[k - 1] <= tj:  # the fastest label with q <= qj is no slower
-            continue
-        keep[j] = True
-        s = bisect_left(stair_q, qj)
-        e = s
-        while e < len(stair_t) and stair_t[e] >= tj:  # staircase points the new label now beats
-            e += 1
-        stair_q[s:e] = [qj]
-        stair_t[s:e] = [tj]
-    return o[keep]
 
 
 def _pareto_search(ch: _Chain, time: np.ndarray, budget_a: float, budget_q: float, upper: float, lam: float,
@@ -260,7 +243,7 @@ def _pareto_search(ch: _Chain, time: np.ndarray, budget_a: float, budget_q: floa
             ok = keep(i, tau, a, q, t)
             tau, a, q, ps, pi = tau[ok], a[ok], q[ok], ps[ok], pi[ok]
             if tau.size:  # Pareto filter over (time, backward bytes, optimizer bytes)
-                f = _nondominated(tau, a, np.maximum(q, safe[i]))
+                f = nondominated(tau, a, np.maximum(q, safe[i]))
                 tau, a, q, ps, pi = tau[f], a[f], q[f], ps[f], pi[f]
             used += tau.size
             layer.append((tau, a, q, ps, pi))
@@ -272,15 +255,17 @@ def _pareto_search(ch: _Chain, time: np.ndarray, budget_a: float, budget_q: floa
     if not finals:
         return None, used, True
     _, s, j = min(finals)
-    path = np.zeros(n, dtype=np.int64)
-    for i in range(n - 1, -1, -1):
-        path[i] = s
-        s, j = int(labels[i][s][3][j]), int(labels[i][s][4][j])
-    return path, used, True
+    return label_path(labels, s, j, 3, 4), used, True
+
+
+def dp_solves(p: DiscreteProblem) -> bool:
+    """Whether :func:`solve_dp` takes ``p``: a chain graph, and, where plans
+    may hold runs of recomputing layers, one in layer order."""
+    return chain_order(p) is not None and (not has_runs(p) or run_chain(p) is not None)
 
 
 def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: int = 2_000_000,
-             bisection_steps: int = 48) -> DPResult:
+             bisection_steps: int = 48, time_limit_s: float | None = None) -> DPResult:
     """The fastest plan of a chain-graph problem within ``memory_limit``
     bytes per device, both memory phases included (see the module docstring
     for what is exact). ``max_labels`` bounds the exact completion (beyond
@@ -288,17 +273,27 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     ``benchmarks/search_quality.py`` at its tight limit on 8 DGX A100s needs
     645,369 labels, 1.6 s, so the default is 2,000,000, about 80 MB);
     ``bisection_steps`` bounds the steps of each multiplier's search after
-    its bracket. Raises
+    its bracket; ``time_limit_s`` the exact completion over runs (where
+    runs need it most: the Lagrangian leaves their transients out). Raises
     ``ValueError`` if the graph is not a chain, ``NotImplementedError`` if
-    plans may hold runs of recomputing layers (:func:`search.problem.has_runs`:
-    their memory is not a sum over layers, which the labels add up)."""
-    if has_runs(p):
-        raise NotImplementedError("the DP cannot search runs of recomputed layers (remat+join) yet; "
-                                  "use method='milp' or 'gradient' (docs/levers.md, issue 15)")
+    plans may hold runs of recomputing layers (:func:`search.problem.has_runs`)
+    on a chain whose order is not the layers' (runs follow the layers' order).
+
+    Runs of recomputing layers (:mod:`search.dp_runs`): their checkpoint
+    credits are pair terms of the backward phase (the Viterbi and the
+    Lagrangian bounds carry them; the transients they grow are left out
+    there, which only loosens the bounds, and every plan is checked with its
+    exact memory), and the exact completion and the smallest memory are
+    :func:`search.dp_runs.search_runs`'s labels, which add the run's sum."""
+    deadline = np.inf if time_limit_s is None else time.perf_counter() + float(time_limit_s)
     order = chain_order(p)
     if order is None:
         raise ValueError("the DP needs a chain graph (every layer feeds only the next); "
                          "use method='milp' or 'gradient' for graphs with branches")
+    rc = run_chain(p) if has_runs(p) else None
+    if has_runs(p) and rc is None:
+        raise NotImplementedError("the DP searches runs of recomputed layers (remat+join) only on a chain in "
+                                  "layer order (every layer feeds the next); use method='milp' or 'gradient'")
     n = p.num_layers
     limit = float(memory_limit)
     if n == 0:
@@ -306,15 +301,18 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         return DPResult(z, 0.0, 0.0, True, 0.0, True, 0, 0)
     ch = _chain(p, order)
 
+    def smallest():  # the smallest-memory plan
+        return minimum_memory(p) if rc is None else minimum_memory_runs(p, rc)
+
     def infeasible(mm, caps_searched, labels_used):  # no plan fits: the smallest-memory plan, as the other solvers
         return DPResult(mm.choice, plan_time(p, mm.choice), mm.memory_bytes, False, np.inf, False,
                         caps_searched, labels_used)
 
     if np.isfinite(limit):
-        caps, cap_memory = memory_by_workspace_cap(p)
+        caps, cap_memory = memory_by_workspace_cap(p) if rc is None else run_cap_bounds(p, rc)
         caps = caps[cap_memory <= limit]  # a lower bound per cap: skipping above the limit loses no plan
         if caps.size == 0:
-            return infeasible(minimum_memory(p), 0, 0)
+            return infeasible(smallest(), 0, 0)
     else:
         caps = np.array([np.inf])
     budgets = limit - caps if np.isfinite(limit) else np.array([np.inf])  # backward phase's budget per cap
@@ -334,8 +332,10 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     K = unary_t.shape[0]
     budget_n = np.stack([budgets[cap_of], np.full(K, limit)]) / m0  # [2, K]
     rows = np.arange(n)[None, :]
+    credit = None if rc is None else -rc.credit / m0  # [n, S, S] backward-phase pair terms (scaled), runs only
 
     best = {"t": np.inf, "path": None}
+    repaired: set[tuple] = set()  # the plans lighter_runs has repaired
     lower = np.full(K, -np.inf)  # seconds: the best Lagrangian bound of each element
     mult = np.zeros((2, K))  # current (lambda, mu) per element, in scaled units
     mult_best = np.zeros((2, K))  # the multipliers of the best lower bound
@@ -350,16 +350,25 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         whether each plan keeps each phase [2, k], the dual value
         ``V - m . budget`` [k] and its slopes ``used - budget`` [2, k]."""
         u = unary_t[idx] + m[0][:, None, None] * use[0][None] + m[1][:, None, None] * use[1][None]
-        val, path = viterbi(u, pair)
+        val, path = viterbi(u, pair, None if credit is None else (credit, m[0]))
         used = np.stack([np.sum(use[r][rows, path], axis=1) for r in range(2)])
+        if credit is not None:  # the checkpoints freed inside runs, along each path
+            used[0] += np.sum(credit[rows[:, 1:], path[:, :-1], path[:, 1:]], axis=1)
         fits = used <= budget_n[:, idx] * (1 + 1e-15)
         both = np.flatnonzero(fits.all(axis=0))
         if both.size:  # upper bounds: exact time and memory of the plans that keep both phases
             layers = _to_layers(ch, path[both])
-            t = np.where(plan_memories(p, layers) <= limit, plan_times(p, layers), np.inf)
-            j = int(np.argmin(t))
-            if t[j] < best["t"]:
+            mem, t = plan_memories(p, layers), plan_times(p, layers)
+            j = int(np.argmin(np.where(mem <= limit, t, np.inf)))
+            if mem[j] <= limit and t[j] < best["t"]:
                 best["t"], best["path"] = float(t[j]), path[both[j]]
+            if rc is not None:  # runs: the fastest plan broken only by the runs' transients, repaired
+                j = int(np.argmin(np.where(mem > limit, t, np.inf)))
+                if mem[j] > limit and t[j] < best["t"] and tuple(path[both[j]]) not in repaired:
+                    repaired.add(tuple(path[both[j]]))
+                    fixed = lighter_runs(p, layers[j])
+                    if plan_memory(p, fixed) <= limit and plan_time(p, fixed) < best["t"]:
+                        best["t"], best["path"] = plan_time(p, fixed), fixed[order]
         with np.errstate(invalid="ignore"):  # a zero multiplier drops its (maybe infinite) budget
             g = val - np.sum(np.where(m > 0, m * budget_n[:, idx], 0.0), axis=0)
             excess = used - budget_n[:, idx]
@@ -431,7 +440,7 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         if not np.any(stale & ~stuck & (lower < best["t"] * (1 - _TOL))):
             break
     if best["path"] is None:  # no multiplier's plan kept both phases: does any plan?
-        mm = minimum_memory(p)
+        mm = smallest()
         if mm.memory_bytes > limit:
             return infeasible(mm, int(caps.size), 0)
         best["t"], best["path"] = plan_time(p, mm.choice), mm.choice[order]  # an upper bound to prune with
@@ -441,10 +450,13 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         for c in np.argsort(cap_lower, kind="stable"):
             if cap_lower[c] >= best["t"] * (1 - _TOL):
                 continue
-            path, used, done = _pareto_search(
-                ch, unary_t[c] * t0, budgets[c], limit, best["t"], mult_best[0, c] * t0 / m0,
-                mult_best[1, c] * t0 / m0, max_labels - labels,
-            )
+            lam, mu = mult_best[0, c] * t0 / m0, mult_best[1, c] * t0 / m0
+            if rc is None:
+                path, used, done = _pareto_search(ch, unary_t[c] * t0, budgets[c], limit, best["t"], lam, mu,
+                                                  max_labels - labels)
+            else:
+                path, used, done = search_runs(rc, float(caps[c]), limit, best["t"], lam=lam, mu=mu,
+                                               max_labels=max_labels - labels, deadline=deadline)
             labels += used
             if not done:
                 break

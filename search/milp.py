@@ -34,6 +34,7 @@ import numpy as np
 import scipy.sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from search.dp_runs import minimum_memory_runs, run_chain
 from search.problem import (
     DiscreteProblem,
     MinimumMemory,
@@ -257,11 +258,22 @@ def _run_rows(p: DiscreteProblem, add, lo: list, up: list, r: int, xi, vi, ve, v
 
 def smallest_memory(p: DiscreteProblem, time_limit_s: float | None = None) -> MinimumMemory:
     """The exact smallest memory of any plan of any problem: the layer-by-layer
-    search (:func:`search.problem.minimum_memory`), or the MILP
+    search (:func:`search.problem.minimum_memory`); where plans may hold runs
+    of recomputing layers (:func:`search.problem.has_runs`), the label search
+    over runs on a chain in layer order
+    (:func:`search.dp_runs.minimum_memory_runs`), else the MILP
     (:func:`minimum_memory_milp`, within ``time_limit_s``: then perhaps not
-    proven, ``exact=False``) where plans may hold runs of recomputing layers
-    (:func:`search.problem.has_runs`)."""
-    return minimum_memory_milp(p, time_limit_s) if has_runs(p) else minimum_memory(p)
+    proven, ``exact=False``), which also takes over where the label search
+    runs out of labels."""
+    if not has_runs(p):
+        return minimum_memory(p)
+    rc = run_chain(p)
+    if rc is not None:
+        try:
+            return minimum_memory_runs(p, rc)
+        except RuntimeError:  # past its label budget: the MILP instead
+            pass
+    return minimum_memory_milp(p, time_limit_s)
 
 
 def minimum_memory_milp(p: DiscreteProblem, time_limit_s: float | None = None) -> MinimumMemory:

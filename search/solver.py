@@ -12,10 +12,12 @@ Methods:
   chains; otherwise the MILP, stopped after :data:`AUTO_MILP_TIME_LIMIT_S`
   per table (or the caller's shorter limit). A table it does not solve to
   optimality in that time goes to ``gradient`` too, and the better of the
-  two plans is kept, with the MILP's bound. On a table with runs of
-  recomputed layers, ``auto`` (and ``dp``) first take the fastest plan
-  without runs where it fits, which is then the fastest of all
-  (:func:`search.problem.recomputing_saves_no_time`). (The MILP certifies ResNet-50
+  two plans is kept, with the MILP's bound; likewise where the DP does not
+  prove its plan. On a table with runs of recomputed layers, ``auto`` (and
+  ``dp``) first take the fastest plan without runs where it fits, which is
+  then the fastest of all (:func:`search.problem.recomputing_saves_no_time`);
+  else ``auto`` runs the DP over runs on chains in layer order, its
+  completion within the same time limit, and the MILP elsewhere. (The MILP certifies ResNet-50
   and ResNet-152 on 1,024 GPUs in well under a second per mesh, faster than
   the gradient search compiles: ``docs/benchmarks.md``, CLI latency.)
 
@@ -34,13 +36,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from costmodels.strategies import Strategy
-from search.dp import solve_dp
+from search.dp import dp_solves, solve_dp
 from search.gradient import GradientConfig, relaxed_search
 from search.milp import smallest_memory, solve_milp
 from search.problem import (
     DiscreteProblem,
     MinimumMemory,
-    chain_order,
     compact_options,
     discrete_problem,
     has_runs,
@@ -160,10 +161,10 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
     runs = [has_runs(p) for p in problems]
     option_ids = [c.option_ids for c in compact]
     limits = [_limit(memory_limit, p) for p in problems]
-    chains = [chain_order(p) is not None for p in problems]
+    chains = [dp_solves(p) for p in problems]
     if method == "dp" and not all(chains):
-        raise ValueError("method 'dp' needs a chain graph (every layer feeds only the next); "
-                         "use 'milp', 'gradient' or 'auto' for graphs with branches")
+        raise ValueError("method 'dp' needs a chain graph (every layer feeds only the next; in layer order where "
+                         "plans may recompute layers in runs); use 'milp', 'gradient' or 'auto' for other graphs")
     _emit(callback, "start", f"{len(tables)} table(s), {problems[0].num_layers} layers, method {method}")
     out: list[Solution | None] = [None] * len(tables)
     seconds = [0.0] * len(tables)
@@ -173,11 +174,6 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
         for i in [i for i in range(len(tables)) if runs[i]]:
             out[i] = _fastest_without_runs(problems[i], limits[i], chains[i], auto_limit, option_ids[i], seed,
                                            tables[i].feasible.shape[-1])
-            if out[i] is None and method == "dp":
-                raise ValueError(
-                    f"method 'dp' cannot search runs of recomputed layers (remat+join), whose memory is not a sum "
-                    f"over layers, and table {i} needs them: its fastest plan without runs does not fit the "
-                    "memory limit; use 'auto' or 'milp' (exact) or 'gradient' (docs/levers.md)")
             if out[i] is not None:
                 seconds[i] = out[i].seconds
                 _emit(callback, out[i].method, f"table {i}: the fastest plan without runs fits "
@@ -198,20 +194,26 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
                 num_options=tables[i].feasible.shape[-1],
             )
     todo = [i for i in range(len(tables)) if out[i] is None]
-    plan_of = {i: ("dp" if chains[i] and not runs[i] else "milp") if method == "auto" else method for i in todo}
-    unproven = {}  # auto: the MILP's result where it did not prove its plan optimal in time
+    plan_of = {i: ("dp" if chains[i] else "milp") if method == "auto" else method for i in todo}
+    unproven = {}  # auto: (method, result) of the exact solver where it did not prove its plan optimal in time
 
     # -- exact solvers ------------------------------------------------------------------
     for i in [i for i in todo if plan_of[i] in ("dp", "milp")]:
         t = _time.perf_counter()
         p = problems[i]
         if plan_of[i] == "dp":
-            r = solve_dp(p, limits[i])
+            # auto: the completion over runs within the MILP's time limit (runs need it most)
+            r = solve_dp(p, limits[i], time_limit_s=auto_limit if method == "auto" and runs[i] else None)
+            if method == "auto" and r.feasible and not r.exact:
+                unproven[i], plan_of[i], seconds[i] = (plan_of[i], r), "gradient", _time.perf_counter() - t
+                _emit(callback, "dp", f"table {i}: the DP did not prove an optimum within its label budget or "
+                      f"{auto_limit:g} s; the gradient search joins in", i)
+                continue
         else:
             r = solve_milp(p, limits[i], time_limit_s=auto_limit if method == "auto" else milp_time_limit_s,
                            smallest=mins[i])
             if method == "auto" and not r.exact:
-                unproven[i], plan_of[i], seconds[i] = r, "gradient", _time.perf_counter() - t
+                unproven[i], plan_of[i], seconds[i] = (plan_of[i], r), "gradient", _time.perf_counter() - t
                 _emit(callback, "milp", f"table {i}: the MILP did not prove an optimum in {auto_limit:g} s; "
                       "the gradient search joins in", i)
                 continue
@@ -271,11 +273,11 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
             ]
             choice, time_s, mem, bound, used = ref.choice, ref.time_s, ref.memory_bytes, None, "gradient"
             if i in unproven:  # auto: the MILP's incumbent and bound beside the gradient search's plan
-                m = unproven[i]
-                history.append(HistoryEntry("milp", m.time_s, m.memory_bytes, m.feasible))
+                exact_method, m = unproven[i]
+                history.append(HistoryEntry(exact_method, m.time_s, m.memory_bytes, m.feasible))
                 bound = m.lower_bound_s
                 if m.feasible and m.time_s < time_s:
-                    choice, time_s, mem, used = m.choice, m.time_s, m.memory_bytes, "milp"
+                    choice, time_s, mem, used = m.choice, m.time_s, m.memory_bytes, exact_method
             if mem <= lim:
                 choice = drop_idle_levers(p, choice, lim)
                 time_s, mem = plan_time(p, choice), plan_memory(p, choice)

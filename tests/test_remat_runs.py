@@ -147,35 +147,28 @@ def test_brute_force_finds_that_runs_lower_the_smallest_memory():
 
 
 @pytest.mark.parametrize("limit", [580.0, 650.0, 1e9])
-def test_solve_plans_runs_with_the_milp_and_refuses_the_other_methods(limit):
-    """search.solve: ``milp`` plans a table with runs, as fast as brute
-    force's plan, and so does ``auto``: with the MILP where the fastest plan
-    without runs does not fit (630 bytes, all kept), else with the DP on the
-    table without joining options (no smallest memory then: only the MILP
-    over runs gives it); ``dp`` likewise, and where runs are needed it
-    says it cannot search them. The smallest
-    memory is (1, 2, 1)'s: the run 0-1 keeps 50 bytes, layer 2 its input,
-    200, and its step holds 300 + 30: 580; below it no plan fits."""
+def test_solve_plans_runs_with_every_exact_method(limit):
+    """search.solve: ``milp``, ``dp`` and ``auto`` plan a table with runs as
+    fast as brute force's plan: ``auto`` and ``dp`` with the DP on the table
+    without recomputing where its fastest plan fits (630 bytes, all kept: no
+    smallest memory then), else with the DP over runs. The smallest memory is
+    (1, 2, 1)'s: the run 0-1 keeps 50 bytes, layer 2 its input, 200, and its
+    step holds 300 + 30: 580; below it no plan fits."""
     assert has_runs(discrete_problem(CHAIN))
     brute = solve_brute(discrete_problem(CHAIN), limit)
-    for method in ("auto", "milp"):
+    for method in ("auto", "dp", "milp"):
         sol = solve(CHAIN, memory_limit=limit, method=method)
         assert sol.feasible and sol.memory_bytes <= limit
         assert sol.time_s == pytest.approx(brute.time_s, rel=1e-6)
-        if method == "auto" and limit >= 630:
-            assert sol.method == "dp" and sol.min_memory_bytes is None
+        assert sol.method == ("milp" if method == "milp" else "dp")
+        if method != "milp" and limit >= 630:
+            assert sol.min_memory_bytes is None
         else:
-            assert sol.method == "milp"
             assert sol.min_memory_bytes == 580 == solve_brute(discrete_problem(CHAIN)).min_memory_bytes
-    assert not solve(CHAIN, memory_limit=579.0).feasible
-    if limit >= 630:
-        sol = solve(CHAIN, memory_limit=limit, method="dp")
-        assert sol.method == "dp" and sol.time_s == pytest.approx(brute.time_s, rel=1e-6)
-    else:
-        with pytest.raises(ValueError, match="cannot search runs of recomputed layers"):
-            solve(CHAIN, memory_limit=limit, method="dp")
-    with pytest.raises(NotImplementedError, match="runs of recomputed layers"):
-        solve_dp(discrete_problem(CHAIN), limit)
+    for method in ("auto", "dp", "milp"):
+        assert not solve(CHAIN, memory_limit=579.0, method=method).feasible
+    r = solve_dp(discrete_problem(CHAIN), limit)
+    assert r.feasible and r.exact and r.time_s == pytest.approx(brute.time_s, rel=1e-6)
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -1,0 +1,171 @@
+"""The DP over runs of recomputing layers (search.dp_runs, search.dp) and
+its Pareto filter (search.pareto), against brute force: every plan of small
+chains whose 15 options per layer have random times, resharding, state,
+activations, workspaces, recomputed bytes and checkpoints."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_remat_runs import CHAIN, hand_table
+
+from search import discrete_problem, smallest_memory, solve, solve_brute, solve_dp
+from search.dp import dp_solves, viterbi
+from search.dp_runs import lighter_runs, minimum_memory_runs, run_chain
+from search.pareto import nondominated_grouped
+from search.problem import has_runs, plan_memory, plan_time
+
+
+def rich_table(seed: int, n: int, edges=None):
+    """A chain of ``n`` layers (or ``edges``) with five strategies under the
+    "remat" menu (keep, remat, remat+join), about 60 % of the options
+    runnable, random costs."""
+    rng = np.random.default_rng(seed)
+    edges = [(i, i + 1) for i in range(n - 1)] if edges is None else edges
+    t = hand_table(edges, [1.0] * len(edges), *(rng.integers(1, 100, n).astype(float) for _ in range(3)))
+    O = 15
+    feasible = rng.random((n, O)) < 0.6
+    feasible[:, 0] = True
+    recomputes = np.arange(O) % 3 > 0
+    f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    return t._replace(
+        feasible=jnp.asarray(feasible), compute_s=f(rng.uniform(1, 2, (n, O))),
+        state_bytes=f(rng.integers(0, 100, (n, O))), activation_bytes=f(rng.integers(1, 200, (n, O))),
+        workspace_bytes=f(rng.integers(1, 100, (n, O))),
+        recompute_bytes=f(np.where(recomputes, rng.integers(1, 150, (n, O)), 0)),
+        checkpoint_bytes=f(np.where(recomputes, rng.integers(1, 80, (n, O)), 0)),
+        reshard_s=f(rng.uniform(0, 0.5, (len(edges), 5, 5))),
+    )
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_dp_over_runs_matches_brute_force(seed):
+    """solve_dp on chains whose plans hold runs: at limits from below the
+    smallest memory to above the fastest plan's, the same feasibility and
+    time as brute force, proven (exact), within the limit; and the smallest
+    memory (minimum_memory_runs, smallest_memory) is brute force's."""
+    p = discrete_problem(rich_table(seed, 4 + seed % 2))
+    assert has_runs(p) and dp_solves(p)
+    full = solve_brute(p)
+    assert minimum_memory_runs(p).memory_bytes == pytest.approx(full.min_memory_bytes, rel=1e-12)
+    mm = smallest_memory(p)
+    assert mm.exact and plan_memory(p, mm.choice) == pytest.approx(full.min_memory_bytes, rel=1e-12)
+    for limit in np.linspace(full.min_memory_bytes * 0.99, full.memory_bytes * 1.02, 6):
+        brute, dp = solve_brute(p, limit), solve_dp(p, limit)
+        assert dp.feasible == brute.feasible
+        if brute.feasible:
+            assert dp.exact and dp.time_s == pytest.approx(brute.time_s, rel=1e-9)
+            assert plan_memory(p, dp.choice) == dp.memory_bytes <= limit
+        else:
+            assert dp.memory_bytes == pytest.approx(full.min_memory_bytes, rel=1e-12)
+
+
+def test_solve_uses_the_dp_over_runs_where_runs_are_needed():
+    """auto on a chain whose fastest plan without recomputing does not fit:
+    the DP over runs, proven optimal, brute force's time and smallest
+    memory."""
+    t = rich_table(3, 5)
+    p = discrete_problem(t)
+    full = solve_brute(p)
+    limit = full.min_memory_bytes * 1.01
+    assert full.memory_bytes > limit  # the fastest plan does not fit
+    for method in ("auto", "dp"):
+        sol = solve(t, memory_limit=limit, method=method)
+        assert sol.method == "dp" and sol.optimality_gap == 0.0
+        assert sol.time_s == pytest.approx(solve_brute(p, limit).time_s, rel=1e-9)
+        assert sol.min_memory_bytes == pytest.approx(full.min_memory_bytes, rel=1e-12)
+
+
+def test_the_dp_stopped_in_time_still_gives_a_plan_and_a_bound(monkeypatch):
+    """With no time for the completion over runs, solve_dp returns a plan
+    that fits (not claimed optimal) and a lower bound below brute force's
+    time; auto (its time limit set to zero) then lets the gradient search
+    join in, keeps the better plan and the DP's bound."""
+    import search.solver as solver_module
+
+    t = rich_table(5, 5)
+    p = discrete_problem(t)
+    full = solve_brute(p)
+    stuck = []
+    for limit in np.linspace(full.min_memory_bytes, full.memory_bytes, 8)[1:-1]:
+        r = solve_dp(p, limit, time_limit_s=0.0)
+        brute = solve_brute(p, limit)
+        assert r.feasible and plan_memory(p, r.choice) <= limit
+        assert r.lower_bound_s <= brute.time_s * (1 + 1e-9) <= r.time_s * (1 + 2e-9)
+        if not r.exact:
+            stuck.append((limit, r))
+    assert stuck  # some limit needs the completion
+    monkeypatch.setattr(solver_module, "AUTO_MILP_TIME_LIMIT_S", 0.0)
+    limit, r = stuck[0]
+    sol = solve(t, memory_limit=limit, method="auto")
+    assert [h.stage for h in sol.history][-1] == "dp" and sol.history[-1].time_s == r.time_s
+    assert sol.feasible and sol.time_s <= r.time_s and sol.lower_bound_s == r.lower_bound_s
+
+
+def test_runs_need_a_chain_in_layer_order():
+    """Runs follow the layers' order: a chain 1 -> 0 -> 2 is no chain the DP
+    over runs takes (NotImplementedError; solve's 'dp' says so, 'auto' takes
+    the MILP), and its smallest memory is the MILP's (brute force's)."""
+    t = rich_table(1, 3, edges=[(1, 0), (0, 2)])
+    p = discrete_problem(t)
+    assert has_runs(p) and run_chain(p) is None and not dp_solves(p)
+    with pytest.raises(NotImplementedError, match="layer order"):
+        solve_dp(p, 1e9)
+    with pytest.raises(ValueError, match="layer order"):
+        solve(t, memory_limit=1e9, method="dp")
+    full = solve_brute(p)
+    assert smallest_memory(p).memory_bytes == pytest.approx(full.min_memory_bytes, rel=1e-9)
+    limit = full.min_memory_bytes * 1.05
+    sol = solve(t, memory_limit=limit, method="auto")
+    assert sol.method == "milp" and sol.time_s == pytest.approx(solve_brute(p, limit).time_s, rel=1e-6)
+
+
+def test_lighter_runs_is_the_smallest_plan_no_slower_per_layer():
+    """On the hand chain (tests/test_remat_runs.py: every layer's options
+    cost 1 ms, so any lever of the same strategy is allowed), from the plan
+    keeping everything (630 bytes) lighter_runs finds the smallest memory,
+    580 (by hand there); and it never leaves a plan's strategies."""
+    p = discrete_problem(CHAIN)
+    fixed = lighter_runs(p, np.zeros(3, np.int64))
+    assert plan_memory(p, fixed) == 580
+    q = discrete_problem(rich_table(2, 5))
+    for c in np.random.default_rng(0).integers(0, 15, (20, 5)):
+        c = np.where(q.feasible[np.arange(5), c], c, 0)
+        light = lighter_runs(q, c)
+        assert np.array_equal(q.option_strategy[light], q.option_strategy[c])
+        assert np.all(q.layer_time_s[np.arange(5), light] <= q.layer_time_s[np.arange(5), c])
+        assert plan_memory(q, light) <= plan_memory(q, c) and plan_time(q, light) <= plan_time(q, c) * (1 + 1e-12)
+
+
+def _dominated_by_brute_force(x: np.ndarray) -> np.ndarray:
+    """[m] whether some other label is no larger in every column and smaller
+    in one, or equal and earlier."""
+    le = np.all(x[:, None, :] <= x[None, :, :], axis=-1)  # [i, j]: i no larger than j
+    eq = np.all(x[:, None, :] == x[None, :, :], axis=-1)
+    earlier = np.tri(len(x), k=-1, dtype=bool).T
+    return np.any(le & (~eq | earlier), axis=0)
+
+
+@pytest.mark.parametrize("m", [50, 3000])
+def test_grouped_pareto_filter_keeps_exactly_the_nondominated(m):
+    """nondominated_grouped against all-pairs dominance over five columns,
+    with ties and few distinct (r, peak) values, on a small set (all-pairs
+    inside) and a large one (the staircase sweep inside)."""
+    rng = np.random.default_rng(m)
+    x = np.stack([rng.integers(0, 30, m), rng.integers(0, 30, m), rng.integers(0, 4, m),
+                  rng.integers(0, 3, m), rng.integers(0, 3, m)], axis=1).astype(float)
+    kept = nondominated_grouped(*x.T)
+    want = np.flatnonzero(~_dominated_by_brute_force(x))
+    # equal labels: one of each is kept, whichever
+    assert sorted(map(tuple, x[kept])) == sorted(map(tuple, x[want]))
+
+
+def test_viterbi_with_weighted_pairs_is_viterbi_with_the_pairs_added():
+    rng = np.random.default_rng(0)
+    K, n, S = 3, 6, 4
+    unary, pair, C = rng.random((K, n, S)), rng.random((n, S, S)), rng.random((n, S, S))
+    w = np.array([0.0, 0.5, 2.0])
+    v1, p1 = viterbi(unary, pair, (C, w))
+    v2, p2 = viterbi(unary, pair[None] + w[:, None, None, None] * C[None])
+    assert np.allclose(v1, v2) and np.array_equal(p1, p2)
