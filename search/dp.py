@@ -49,14 +49,16 @@ They are handled in three steps:
    seeds the search's upper bound, or shows that no plan fits.
 
 Runs of recomputing layers (``remat+join``, :func:`search.problem.has_runs`)
-on a chain in layer order: the checkpoint credits are pair terms of the
-backward phase, which the Viterbi carries (``viterbi(..., weighted=)``);
-the runs' transients are left out of steps 1 and 2 (a relaxation: the
-bounds hold, looser; plans are checked with their exact memory, and one
-broken only by its transients is repaired by
-:func:`search.dp_runs.lighter_runs`), and step 3 and the smallest memory are
-:mod:`search.dp_runs`'s labels, which add each run's sum and the largest
-transient.
+on a chain in layer order (:mod:`search.dp_runs`): the checkpoint credits
+are pair terms of the backward phase (``weighted=`` of the Viterbis); step
+1's caps become intervals of the largest transient
+(:func:`search.dp_runs.run_intervals`), step 2's Viterbi runs over the
+options and the bucketed run sums (:func:`search.run_chain.bucket_viterbi`, a
+relaxation: the bounds hold), plans are checked with their exact memory
+(one broken only by its transients repaired by
+:func:`search.dp_runs.lighter_runs`), the smallest-memory plan seeds the
+upper bound, and step 3 is :func:`search.dp_runs.search_runs`' labels,
+which add each run's sum and the largest transient.
 
 What is exact: with ``gradient_overlap = 0`` (every preset) the result is the
 global optimum of the discrete problem under both phases (float64 sums of
@@ -76,10 +78,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from search.dp_runs import lighter_runs, minimum_memory_runs, run_cap_bounds, run_chain, search_runs
+from search.dp_runs import lighter_runs, minimum_memory_runs, run_intervals, search_runs
 from search.pareto import label_path, nondominated
 from search.problem import (
     DiscreteProblem,
+    MinimumMemory,
     chain_order,
     has_runs,
     memory_by_workspace_cap,
@@ -89,6 +92,7 @@ from search.problem import (
     plan_time,
     plan_times,
 )
+from search.run_chain import BUCKETS, all_bucket_moves, bucket_viterbi, run_chain
 
 __all__ = ["DPResult", "dp_solves", "solve_dp", "viterbi"]
 
@@ -265,7 +269,8 @@ def dp_solves(p: DiscreteProblem) -> bool:
 
 
 def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: int = 2_000_000,
-             bisection_steps: int = 48, time_limit_s: float | None = None) -> DPResult:
+             bisection_steps: int = 48, time_limit_s: float | None = None,
+             smallest: MinimumMemory | None = None) -> DPResult:
     """The fastest plan of a chain-graph problem within ``memory_limit``
     bytes per device, both memory phases included (see the module docstring
     for what is exact). ``max_labels`` bounds the exact completion (beyond
@@ -274,7 +279,9 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     645,369 labels, 1.6 s, so the default is 2,000,000, about 80 MB);
     ``bisection_steps`` bounds the steps of each multiplier's search after
     its bracket; ``time_limit_s`` the exact completion over runs (where
-    runs need it most: the Lagrangian leaves their transients out). Raises
+    the labels grow most);
+    ``smallest``: the smallest memory (:func:`search.milp.smallest_memory`)
+    where the caller has it. Raises
     ``ValueError`` if the graph is not a chain, ``NotImplementedError`` if
     plans may hold runs of recomputing layers (:func:`search.problem.has_runs`)
     on a chain whose order is not the layers' (runs follow the layers' order).
@@ -301,21 +308,30 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         return DPResult(z, 0.0, 0.0, True, 0.0, True, 0, 0)
     ch = _chain(p, order)
 
-    def smallest():  # the smallest-memory plan
+    def least() -> MinimumMemory:  # the smallest-memory plan
+        if smallest is not None:
+            return smallest
         return minimum_memory(p) if rc is None else minimum_memory_runs(p, rc)
 
     def infeasible(mm, caps_searched, labels_used):  # no plan fits: the smallest-memory plan, as the other solvers
         return DPResult(mm.choice, plan_time(p, mm.choice), mm.memory_bytes, False, np.inf, False,
                         caps_searched, labels_used)
 
-    if np.isfinite(limit):
-        caps, cap_memory = memory_by_workspace_cap(p) if rc is None else run_cap_bounds(p, rc)
+    bucketed = rc is not None and np.isfinite(limit)  # runs under a limit: intervals of the peak, not caps
+    if bucketed:
+        caps, floors = run_intervals(p, rc, limit)
+        if caps.size == 0:
+            return infeasible(least(), 0, 0)
+        moves = all_bucket_moves(rc, caps, BUCKETS)
+    elif np.isfinite(limit):
+        caps, cap_memory = memory_by_workspace_cap(p)
         caps = caps[cap_memory <= limit]  # a lower bound per cap: skipping above the limit loses no plan
         if caps.size == 0:
-            return infeasible(smallest(), 0, 0)
+            return infeasible(least(), 0, 0)
+        floors = caps
     else:
-        caps = np.array([np.inf])
-    budgets = limit - caps if np.isfinite(limit) else np.array([np.inf])  # backward phase's budget per cap
+        caps = floors = np.array([np.inf])
+    budgets = limit - floors if np.isfinite(limit) else np.array([np.inf])  # backward phase's budget per cap
     variants = [ch.time]
     if p.gradient_overlap:  # time = max of these two additive functions
         variants = [ch.time - p.gradient_overlap * ch.grad, ch.time - p.gradient_overlap * ch.bwd]
@@ -350,7 +366,13 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         whether each plan keeps each phase [2, k], the dual value
         ``V - m . budget`` [k] and its slopes ``used - budget`` [2, k]."""
         u = unary_t[idx] + m[0][:, None, None] * use[0][None] + m[1][:, None, None] * use[1][None]
-        val, path = viterbi(u, pair, None if credit is None else (credit, m[0]))
+        weighted = None if credit is None else (credit, m[0])
+        if bucketed:
+            val, path = bucket_viterbi(u, pair, moves._replace(allowed=moves.allowed[cap_of[idx]],
+                                                               nxt=moves.nxt[cap_of[idx]],
+                                                               start=moves.start[cap_of[idx]]), weighted)
+        else:
+            val, path = viterbi(u, pair, weighted)
         used = np.stack([np.sum(use[r][rows, path], axis=1) for r in range(2)])
         if credit is not None:  # the checkpoints freed inside runs, along each path
             used[0] += np.sum(credit[rows[:, 1:], path[:, :-1], path[:, 1:]], axis=1)
@@ -426,6 +448,12 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         return idx[np.isnan(hi)]
 
     fit[:], dual[:], slope[:] = run(np.zeros((2, K)), np.arange(K))
+    if bucketed and best["path"] is None:  # runs, the fastest plans do not fit: the smallest settles feasibility
+        mm = least()  # and seeds the upper bound (the ascent over intervals costs more than it)
+        if mm.exact and mm.memory_bytes > limit:
+            return infeasible(mm, int(caps.size), 0)
+        if mm.memory_bytes <= limit:
+            best["t"], best["path"] = plan_time(p, mm.choice), mm.choice[order]
     stuck = np.zeros(K, dtype=bool)
     stale = np.ones((2, K), dtype=bool)  # the multiplier may be off its maximum along its axis
     for stage in range(_ASCENT_STAGES):  # coordinate ascent: lambda, mu, lambda, ...
@@ -440,7 +468,7 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         if not np.any(stale & ~stuck & (lower < best["t"] * (1 - _TOL))):
             break
     if best["path"] is None:  # no multiplier's plan kept both phases: does any plan?
-        mm = smallest()
+        mm = least()
         if mm.memory_bytes > limit:
             return infeasible(mm, int(caps.size), 0)
         best["t"], best["path"] = plan_time(p, mm.choice), mm.choice[order]  # an upper bound to prune with
@@ -454,9 +482,11 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
             if rc is None:
                 path, used, done = _pareto_search(ch, unary_t[c] * t0, budgets[c], limit, best["t"], lam, mu,
                                                   max_labels - labels)
-            else:
-                path, used, done = search_runs(rc, float(caps[c]), limit, best["t"], lam=lam, mu=mu,
-                                               max_labels=max_labels - labels, deadline=deadline)
+            else:  # deepening from the interval's bound (search_runs)
+                path, used, done, proven = search_runs(rc, float(caps[c]), limit, best["t"], lam=lam, mu=mu,
+                                                       max_labels=max_labels - labels, deadline=deadline,
+                                                       floor=float(floors[c]), lower=float(cap_lower[c]))
+                cap_lower[c] = max(cap_lower[c], proven)
             labels += used
             if not done:
                 break

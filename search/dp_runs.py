@@ -24,20 +24,25 @@ transients; :func:`search.pareto.nondominated_grouped`), as
 :func:`search.dp._pareto_search` does without runs, and is exact up to its
 label budget.
 
-Workspace caps (:mod:`search.dp`) stay: at cap ``w`` every layer's
-workspace is at most ``w`` and ``peak`` starts at ``w`` (a floor: the plan
-is then counted at ``a + max(w, peak)``, exactly its memory at the cap of
-its own largest workspace, and no less elsewhere), so most labels' peaks
-sit at the floor and compare equal. Likewise a label's ``r`` compares as
-``max(r, floor - G_i)``, ``G_i`` the most any continuation of the run can
-add to a later layer's transient (within the cap): below that ``r`` never
-raises the peak above the floor.
+The fastest plan (:func:`search.dp.solve_dp`) is searched in intervals
+``(f, c]`` of the peak (:func:`run_intervals`): every transient within
+``c``, the plan counted at ``a + max(f, peak)``, exactly its memory in its
+own interval. Its Lagrangian bounds come from a Viterbi over the options and
+the run sum rounded down into buckets (:func:`search.run_chain.bucket_viterbi`), which never
+overstates a transient, so they hold; its labels are pruned by the same
+bucketed bounds to go (:func:`search.run_chain.bucket_to_go`). The smallest memory
+(:func:`minimum_memory_runs`) keeps :mod:`search.dp`'s workspace caps: at
+cap ``w`` the peak starts at ``w``, the plan counted at ``a + max(w,
+peak)``, exactly its memory at the cap of its own largest workspace. Either
+way most labels' peaks sit at the floor and compare equal, and a label's
+``r`` compares as ``max(r, floor - G_i)``, ``G_i`` the most any
+continuation of the run can add to a later transient: below that ``r``
+never raises the peak above the floor.
 """
 
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
 
 import numpy as np
 
@@ -45,53 +50,58 @@ from search.pareto import label_path, nondominated_grouped
 from search.problem import (
     DiscreteProblem,
     MinimumMemory,
+    _phase_minimum_by_cap,
     _restricted,
-    chain_order,
     memory_by_workspace_cap,
     plan_memory,
 )
+from search.run_chain import BUCKETS, RunChain, bucket_to_go, run_chain
 
-__all__ = ["RunChain", "run_chain", "run_cap_bounds", "search_runs", "minimum_memory_runs", "lighter_runs"]
+__all__ = ["DEEPENING", "INTERVALS", "lighter_runs", "minimum_memory_runs", "run_cap_bounds", "run_intervals",
+           "search_runs"]
 
 _TOL = 1e-9  # relative: bounds closer than this count as equal
-
-
-class RunChain(NamedTuple):
-    """A chain problem in layer order with its run terms by position."""
-
-    time: np.ndarray  # [n, O] seconds, +inf where infeasible
-    persistent: np.ndarray  # [n, O] backward-phase bytes, +inf where infeasible
-    optimizer: np.ndarray  # [n, O] optimizer-phase bytes, +inf where infeasible
-    workspace: np.ndarray  # [n, O] bytes, +inf where infeasible
-    recompute: np.ndarray  # [n, O] bytes a recomputing option holds again in its run (0 otherwise)
-    joins: np.ndarray  # [n, O] bool: the option joins the run before it (never at position 0)
-    pair: np.ndarray  # [n, O, O] seconds: position i - 1 on s, i on t (position 0 unused)
-    credit: np.ndarray  # [n, O, O] bytes the edge i - 1 -> i frees on (s, t) (search.problem.run_terms)
-
-
-def run_chain(p: DiscreteProblem) -> RunChain | None:
-    """``p``'s :class:`RunChain`, or None where ``p`` is no chain in layer
-    order (runs follow the layers' order, :func:`search.problem.run_terms`)."""
-    n, O = p.num_layers, p.num_options
-    order = chain_order(p)
-    if order is None or not np.array_equal(order, np.arange(n)):
-        return None
-    pair = np.zeros((n, O, O))
-    credit = np.zeros((n, O, O))
-    pair[p.edge_dst] = p.reshard_s  # edges join i - 1 to i: one per position
-    credit[p.edge_dst] = p.option_recomputes[None, :, None] * p.checkpoint_credit[:, None, :]
-    joins = np.broadcast_to(p.option_joins, (n, O)) & (np.arange(n) > 0)[:, None]
-    return RunChain(time=p.layer_time_s, persistent=p.persistent_bytes, optimizer=p.optimizer_bytes,
-                    workspace=p.workspace_bytes, recompute=p.recompute_bytes, joins=joins, pair=pair, credit=credit)
+DEEPENING = 1e-4 * 2.0 ** (np.arange(32) / 2)  # search_runs' upper bounds above the lower, relative
+INTERVALS = 16  # intervals of the peak transient solve_dp searches (run_intervals)
 
 
 def run_cap_bounds(p: DiscreteProblem, rc: RunChain) -> tuple[np.ndarray, np.ndarray]:
     """:func:`search.problem.memory_by_workspace_cap` with each layer's kept
     bytes lowered by the most its input edge can free: a lower bound per cap
     on every plan whose workspaces are all within it, runs included."""
-    freed = np.max(np.where(p.feasible[np.maximum(np.arange(p.num_layers) - 1, 0)][:, :, None], rc.credit, 0.0),
-                   axis=1)  # [n, O]
-    return memory_by_workspace_cap(p._replace(persistent_bytes=p.persistent_bytes - freed))
+    return memory_by_workspace_cap(p._replace(persistent_bytes=_least_kept(p, rc)))
+
+
+def _least_kept(p: DiscreteProblem, rc: RunChain) -> np.ndarray:
+    """``[n, O]``: each option's backward-phase bytes less the most its input
+    edge can free (+inf where infeasible)."""
+    rows = np.arange(p.num_layers)
+    freed = np.max(np.where(p.feasible[np.maximum(rows - 1, 0)][:, :, None], rc.credit, 0.0), axis=1)
+    return np.where(p.feasible, p.persistent_bytes - freed, np.inf)
+
+
+def run_intervals(p: DiscreteProblem, rc: RunChain, limit: float,
+                  count: int = INTERVALS) -> tuple[np.ndarray, np.ndarray]:
+    """The intervals of the largest transient (the peak) that
+    :func:`search.dp.solve_dp` searches one by one under ``limit``: ``count``
+    of equal width from the least peak any plan has (every layer's smallest
+    workspace) to the most a plan that fits can have (the limit less a lower
+    bound on the kept bytes), those whose lower bound on memory fits. In
+    interval ``(floor, cap]`` a plan keeps every transient within ``cap`` and
+    counts ``a + max(floor, peak)``, its memory where its peak is in the
+    interval: the intervals cover every plan that fits, each counted
+    exactly in its own. Returns ``(caps, floors)``."""
+    kept = _least_kept(p, rc)
+    lo = float(np.max(np.min(p.workspace_bytes, axis=1)))
+    hi = limit - float(np.sum(np.min(kept, axis=1)))
+    if not hi >= lo:
+        return np.zeros(0), np.zeros(0)
+    edges = np.linspace(lo, hi, count + 1) if hi > lo else np.array([lo, lo])
+    caps, floors = edges[1:], edges[:-1]
+    backward, covered = _phase_minimum_by_cap(p.workspace_bytes, kept, caps)
+    optimizer, _ = _phase_minimum_by_cap(p.workspace_bytes, p.optimizer_bytes, caps)
+    fits = (covered == p.num_layers) & (np.maximum(floors + backward, optimizer) <= limit)
+    return caps[fits], floors[fits]
 
 
 def _to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.ndarray) -> np.ndarray:
@@ -106,16 +116,29 @@ def _to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.ndarray
 
 
 def search_runs(rc: RunChain, cap: float, limit: float, upper: float, *, minimize: str = "time",
-                lam: float = 0.0, mu: float = 0.0, max_labels: int = 2_000_000, deadline: float = np.inf):
+                lam: float = 0.0, mu: float = 0.0, max_labels: int = 2_000_000, deadline: float = np.inf,
+                floor: float | None = None, buckets: int = BUCKETS, lower: float | None = None):
     """The exact best path at workspace cap ``cap``: ``minimize="time"``, the
     fastest with ``a + max(cap, peak) <= limit`` and ``q <= limit``, only
     looking for paths faster than ``upper`` (``lam``, ``mu``: Lagrange
     multipliers of the two phases in seconds per byte, used only to prune);
     ``minimize="memory"``, the least ``max(a + max(cap, peak), q)`` below
-    ``upper`` bytes (``limit`` unused). Stops, not completed, past
-    ``max_labels`` labels or the ``time.perf_counter()`` value ``deadline``.
-    Returns ``(path or None, labels used, completed)``."""
+    ``upper`` bytes (``limit`` unused). With ``floor``, the paths whose
+    every transient keeps within ``cap`` instead, counted at ``a + max(floor,
+    peak)`` (:func:`search.dp.solve_dp`'s intervals of peaks), the bounds
+    to go taken over the bucketed run sums (:func:`search.run_chain.bucket_to_go`, ``buckets``).
+    With ``lower`` (a lower bound on the answer, seconds), it deepens:
+    the labels grow fast with the upper bound, so it searches below
+    ``lower * (1 + step)`` for the steps of :data:`DEEPENING` first, each
+    search that finds nothing proving a higher lower bound, and below
+    ``upper`` last. Stops, not completed, past ``max_labels`` labels or the
+    ``time.perf_counter()`` value ``deadline``. Returns ``(path or None,
+    labels used, completed, lower bound proven)``: with a path, the best;
+    without, nothing below the bound."""
     by_time = minimize == "time"
+    interval = floor is not None
+    fl = float(floor) if interval else float(cap)
+    width = cap / buckets
     n, O = rc.time.shape
     inside = np.isfinite(rc.time) & (rc.workspace <= cap)
     T = np.where(inside, rc.time, np.inf)
@@ -131,26 +154,61 @@ def search_runs(rc: RunChain, cap: float, limit: float, upper: float, *, minimiz
     for i in range(n - 2, -1, -1):
         G[i] = max(np.max(np.where(inside[i + 1] & J[i + 1], W[i + 1], -np.inf)),
                    np.max(np.where(inside[i + 1] & J[i + 1], R[i + 1], -np.inf)) + G[i + 1])
-    r_floor = cap - G  # [n] a run's sum below this never lifts the peak over the cap
+    r_floor = fl - G  # [n] a run's sum below this never lifts the peak over the floor
     if by_time:
-        h_time = _to_go(rc, inside, T, rc.pair)
         use_mult = (lam > 0 or mu > 0) and np.isfinite(limit)
         weighted = T + lam * np.where(inside, rc.persistent, 0.0) + mu * np.where(inside, rc.optimizer, 0.0)
-        h_mult = _to_go(rc, inside, weighted, rc.pair - lam * rc.credit) if use_mult else h_time
+        if interval:  # [n, O, B]: by the bucket of the label's run sum
+            h_time = bucket_to_go(rc, inside, T, rc.pair, cap, buckets)
+            h_mult = bucket_to_go(rc, inside, weighted, rc.pair - lam * rc.credit, cap, buckets) if use_mult \
+                else h_time
+        else:
+            h_time = _to_go(rc, inside, T, rc.pair)[:, :, None]
+            h_mult = _to_go(rc, inside, weighted, rc.pair - lam * rc.credit)[:, :, None] if use_mult else h_time
         q_most = np.where(inside, Q, -np.inf).max(axis=1)
         q_floor = limit - np.r_[np.cumsum(q_most[::-1])[::-1][1:], 0.0]  # [n] (search.dp._pareto_search)
-        limit_t = upper * (1.0 - _TOL)
-    else:
-        limit_m = upper * (1.0 - _TOL)
+    bar = [np.inf]  # what a path must beat: the search's upper bound less the tolerance
 
-    def keep(i, t, tau, a, q, pk):
+    def keep(i, t, tau, a, q, r, pk):
+        limit_t = limit_m = bar[0]
         if not by_time:
             return np.maximum(a + a_go[i, t] + pk, q + q_go[i]) < limit_m
-        ok = (a + a_go[i, t] + pk <= limit) & (q + q_go[i] <= limit) & (tau + h_time[i, t] < limit_t)
+        b = np.minimum(np.floor(r / width), buckets - 1).astype(np.int64) if interval else np.zeros(r.size, np.int64)
+        ok = (a + a_go[i, t] + pk <= limit) & (q + q_go[i] <= limit) & (tau + h_time[i, t, b] < limit_t)
+        if interval:
+            ok &= pk <= cap
         if use_mult:  # weak duality: every completion keeps a <= limit - peak, peak >= pk
-            ok &= tau + lam * a + mu * q + h_mult[i, t] - lam * (limit - pk) - mu * limit < limit_t
+            ok &= tau + lam * a + mu * q + h_mult[i, t, b] - lam * (limit - pk) - mu * limit < limit_t
         return ok
 
+    def below(bound: float, budget: int):
+        """The best path beating ``bound``: (path or None, labels, completed)."""
+        bar[0] = bound * (1.0 - _TOL)
+        return _search_labels(rc, inside, T, A, Q, W, R, keep, by_time, q_floor if by_time else None, r_floor, fl,
+                              budget, deadline)
+
+    if lower is None or not (np.isfinite(lower) and lower > 0) or not by_time:
+        path, used, done = below(upper, max_labels)
+        return path, used, done, upper * (1 - _TOL) if done and path is None else -np.inf
+    used, proven = 0, -np.inf
+    for step in np.r_[DEEPENING, np.inf]:
+        bound = min(upper, lower * (1.0 + step))
+        path, u, done = below(bound, max_labels - used)
+        used += u
+        if not done or path is not None:
+            return path, used, done, proven if path is None else -np.inf
+        proven = bound * (1.0 - _TOL)  # no path is faster
+        if bound >= upper:
+            break
+    return None, used, True, proven
+
+
+def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, by_time: bool, q_floor, r_floor, peak_floor: float,
+                   max_labels: int, deadline: float):
+    """:func:`search_runs`' label propagation at one upper bound (``keep``
+    prunes): ``(path or None, labels used, completed)``."""
+    n, O = rc.time.shape
+    J = rc.joins
     # a label set: (tau, a, q, r, peak, parent option, parent label)
     empty = tuple(np.zeros(0) for _ in range(5)) + (np.zeros(0, np.int64), np.zeros(0, np.int64))
     labels: list[list[tuple]] = []
@@ -161,8 +219,8 @@ def search_runs(rc: RunChain, cap: float, limit: float, upper: float, *, minimiz
             layer.append(empty)
             continue
         lab = (np.array([T[0, t]]), np.array([A[0, t]]), np.array([Q[0, t]]), np.array([R[0, t]]),
-               np.array([float(cap)]), np.zeros(1, np.int64), np.zeros(1, np.int64))
-        ok = keep(0, t, lab[0], lab[1], lab[2], lab[4])
+               np.array([max(peak_floor, W[0, t])]), np.zeros(1, np.int64), np.zeros(1, np.int64))
+        ok = keep(0, t, *lab[:5])
         layer.append(tuple(x[ok] for x in lab))
         used += int(ok.sum())
     labels.append(layer)
@@ -182,7 +240,7 @@ def search_runs(rc: RunChain, cap: float, limit: float, upper: float, *, minimiz
             r = run + R[i, t]
             ps = np.concatenate([np.full(prev[s][0].size, s, np.int64) for s in live])
             pi = np.concatenate([np.arange(prev[s][0].size) for s in live])
-            ok = keep(i, t, tau, a, q, pk)
+            ok = keep(i, t, tau, a, q, r, pk)
             lab = tuple(x[ok] for x in (tau, a, q, r, pk, ps, pi))
             if lab[0].size:
                 cmp_t = lab[0] if by_time else np.zeros(lab[0].size)
@@ -227,7 +285,7 @@ def minimum_memory_runs(p: DiscreteProblem, rc: RunChain | None = None, *,
     for k in np.argsort(bound, kind="stable"):
         if bound[k] >= best * (1 - _TOL):
             break
-        path, used, done = search_runs(rc, float(caps[k]), np.inf, best, minimize="memory", max_labels=max_labels)
+        path, used, done, _ = search_runs(rc, float(caps[k]), np.inf, best, minimize="memory", max_labels=max_labels)
         if not done:
             raise RuntimeError(f"the smallest memory with runs needs over {max_labels} labels at one workspace cap")
         if path is not None and plan_memory(p, path) < best:

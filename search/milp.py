@@ -34,7 +34,7 @@ import numpy as np
 import scipy.sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from search.dp_runs import minimum_memory_runs, run_chain
+from search.dp_runs import minimum_memory_runs
 from search.problem import (
     DiscreteProblem,
     MinimumMemory,
@@ -44,6 +44,7 @@ from search.problem import (
     plan_time,
     without_joins,
 )
+from search.run_chain import run_chain
 
 __all__ = ["MILPResult", "minimum_memory_milp", "smallest_memory", "solve_milp"]
 

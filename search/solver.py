@@ -203,7 +203,8 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
         p = problems[i]
         if plan_of[i] == "dp":
             # auto: the completion over runs within the MILP's time limit (runs need it most)
-            r = solve_dp(p, limits[i], time_limit_s=auto_limit if method == "auto" and runs[i] else None)
+            r = solve_dp(p, limits[i], time_limit_s=auto_limit if method == "auto" and runs[i] else None,
+                         smallest=mins[i])
             if method == "auto" and r.feasible and not r.exact:
                 unproven[i], plan_of[i], seconds[i] = (plan_of[i], r), "gradient", _time.perf_counter() - t
                 _emit(callback, "dp", f"table {i}: the DP did not prove an optimum within its label budget or "

@@ -12,9 +12,10 @@ from test_remat_runs import CHAIN, hand_table
 
 from search import discrete_problem, smallest_memory, solve, solve_brute, solve_dp
 from search.dp import dp_solves, viterbi
-from search.dp_runs import lighter_runs, minimum_memory_runs, run_chain
+from search.dp_runs import lighter_runs, minimum_memory_runs
 from search.pareto import nondominated_grouped
 from search.problem import has_runs, plan_memory, plan_time
+from search.run_chain import run_chain
 
 
 def rich_table(seed: int, n: int, edges=None):
@@ -169,3 +170,58 @@ def test_viterbi_with_weighted_pairs_is_viterbi_with_the_pairs_added():
     v1, p1 = viterbi(unary, pair, (C, w))
     v2, p2 = viterbi(unary, pair[None] + w[:, None, None, None] * C[None])
     assert np.allclose(v1, v2) and np.array_equal(p1, p2)
+
+
+def _every_plan(p):
+    """Every plan of a small problem, with its time, memory and largest transient."""
+    import itertools
+
+    from search.problem import plan_memories, plan_times, run_terms
+
+    n = p.num_layers
+    plans = np.array(list(itertools.product(*[np.flatnonzero(p.feasible[i]) for i in range(n)])))
+    _, transient = run_terms(p, plans)
+    peak = (p.workspace_bytes[np.arange(n), plans] + transient).max(axis=1)
+    return plans, plan_times(p, plans), plan_memories(p, plans), peak
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bucketed_viterbi_is_a_relaxation_exact_where_buckets_are(seed):
+    """bucket_viterbi at caps on the largest transient, against every plan.
+    Recomputed bytes in multiples of 16 and caps of 128 and 256 bytes in 16
+    buckets (8 and 16 bytes: no sum is rounded; workspaces above 16 bytes, so
+    the last bucket never allows a join): its value is the fastest plan whose
+    transients keep within the cap, and its path such a plan. In 2 buckets
+    it never exceeds that (a relaxation)."""
+    from search.run_chain import all_bucket_moves, bucket_viterbi
+
+    t = rich_table(seed, 4)
+    t = t._replace(recompute_bytes=16.0 * jnp.ceil(t.recompute_bytes / 16.0), workspace_bytes=t.workspace_bytes + 17.0)
+    p = discrete_problem(t)
+    rc = run_chain(p)
+    plans, times, _, peak = _every_plan(p)
+    caps = np.array([128.0, 256.0])
+    assert np.all([(peak <= c).any() and (peak > c).any() for c in caps])
+    unary = np.stack([np.where(p.workspace_bytes <= c, p.layer_time_s, np.inf) for c in caps])
+    fastest = np.array([times[peak <= c].min() for c in caps])
+    val, path = bucket_viterbi(unary, rc.pair, all_bucket_moves(rc, caps, 16))
+    assert np.allclose(val, fastest, rtol=1e-12)
+    assert np.allclose([plan_time(p, x) for x in path], val, rtol=1e-12)
+    assert np.all(peak[[np.flatnonzero((plans == x).all(axis=1))[0] for x in path]] <= caps)
+    coarse, _ = bucket_viterbi(unary, rc.pair, all_bucket_moves(rc, caps, 2))
+    assert np.all(coarse <= fastest * (1 + 1e-12))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_dp_intervals_cover_every_plan_that_fits(seed):
+    """run_intervals: every plan within the limit has its largest transient
+    in some interval [floor, cap] the DP searches."""
+    from search.dp_runs import run_intervals
+
+    p = discrete_problem(rich_table(seed, 4))
+    plans, _, memory, peak = _every_plan(p)
+    for limit in np.quantile(memory, [0.01, 0.3, 0.8]):
+        caps, floors = run_intervals(p, run_chain(p), float(limit))
+        fits = memory <= limit
+        covered = np.any((peak[fits, None] >= floors[None, :]) & (peak[fits, None] <= caps[None, :]), axis=1)
+        assert covered.all()

@@ -1,0 +1,142 @@
+"""A chain's run terms by position (:class:`RunChain`), for the DP over runs
+of recomputing layers (:mod:`search.dp_runs`, :func:`search.dp.solve_dp`),
+and its run sums rounded down into buckets: the moves between them, the
+Viterbi and the bounds to go over (option, bucket) states. A bucketed sum
+never exceeds the true one, so what these allow is a superset of the plans
+whose transients keep within a cap: their values are lower bounds."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from search.problem import DiscreteProblem, chain_order
+
+__all__ = ["BUCKETS", "BucketMoves", "RunChain", "all_bucket_moves", "bucket_moves", "bucket_start", "bucket_to_go",
+           "bucket_viterbi", "run_chain"]
+
+BUCKETS = 16  # buckets of a run's sum in the DP's bounds (bucket_moves)
+
+
+class RunChain(NamedTuple):
+    """A chain problem in layer order with its run terms by position."""
+
+    time: np.ndarray  # [n, O] seconds, +inf where infeasible
+    persistent: np.ndarray  # [n, O] backward-phase bytes, +inf where infeasible
+    optimizer: np.ndarray  # [n, O] optimizer-phase bytes, +inf where infeasible
+    workspace: np.ndarray  # [n, O] bytes, +inf where infeasible
+    recompute: np.ndarray  # [n, O] bytes a recomputing option holds again in its run (0 otherwise)
+    joins: np.ndarray  # [n, O] bool: the option joins the run before it (never at position 0)
+    pair: np.ndarray  # [n, O, O] seconds: position i - 1 on s, i on t (position 0 unused)
+    credit: np.ndarray  # [n, O, O] bytes the edge i - 1 -> i frees on (s, t) (search.problem.run_terms)
+
+
+def run_chain(p: DiscreteProblem) -> RunChain | None:
+    """``p``'s :class:`RunChain`, or None where ``p`` is no chain in layer
+    order (runs follow the layers' order, :func:`search.problem.run_terms`)."""
+    n, O = p.num_layers, p.num_options
+    order = chain_order(p)
+    if order is None or not np.array_equal(order, np.arange(n)):
+        return None
+    pair = np.zeros((n, O, O))
+    credit = np.zeros((n, O, O))
+    pair[p.edge_dst] = p.reshard_s  # edges join i - 1 to i: one per position
+    credit[p.edge_dst] = p.option_recomputes[None, :, None] * p.checkpoint_credit[:, None, :]
+    joins = np.broadcast_to(p.option_joins, (n, O)) & (np.arange(n) > 0)[:, None]
+    return RunChain(time=p.layer_time_s, persistent=p.persistent_bytes, optimizer=p.optimizer_bytes,
+                    workspace=p.workspace_bytes, recompute=p.recompute_bytes, joins=joins, pair=pair, credit=credit)
+
+
+def bucket_moves(rc: RunChain, i: int, cap: float, buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """The moves into position ``i`` (``i >= 1``) of the bucketed run sum at
+    ``cap``: a run's sum ``r`` is held as ``floor(r / d)`` buckets of ``d =
+    cap / buckets`` (the last holding everything above), so it never exceeds
+    the true sum. Returns, for option ``t`` at ``i`` and bucket ``b`` at
+    ``i - 1``, whether the move keeps ``t``'s transient within the cap (a
+    joining ``t`` holds ``b d`` beside its workspace) and the bucket at ``i``:
+    ``([O, B] bool, [O, B] int)``."""
+    d = cap / buckets
+    b = np.arange(buckets)[None, :]
+    step = np.floor(np.where(np.isfinite(rc.time[i]), rc.recompute[i], 0.0) / d).astype(np.int64)[:, None]  # [O, 1]
+    J = rc.joins[i][:, None]
+    allowed = ~J | (b * d + rc.workspace[i][:, None] <= cap)
+    return allowed, np.minimum(np.where(J, b + step, step), buckets - 1)
+
+
+def bucket_start(rc: RunChain, cap: float, buckets: int) -> np.ndarray:
+    """``[O]``: each option's bucket at position 0 (no run to join there)."""
+    r = np.where(np.isfinite(rc.time[0]), rc.recompute[0], 0.0)
+    return np.minimum(np.floor(r / (cap / buckets)).astype(np.int64), buckets - 1)
+
+
+def bucket_to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.ndarray, cap: float,
+                 buckets: int) -> np.ndarray:
+    """``[n, O, B]``: the least sum of ``unary`` and ``pair`` over the
+    positions after ``i``, given option ``s`` and bucket ``b`` at ``i``, over
+    the continuations whose transients keep within ``cap`` as the bucketed
+    run sums count them (never more than the true ones: a lower bound on
+    the continuations that keep within it)."""
+    n, O = unary.shape
+    h = np.zeros((n, O, buckets))
+    for i in range(n - 1, 0, -1):
+        allowed, nxt_b = bucket_moves(rc, i, cap, buckets)  # [O(t), B]
+        ok = allowed & inside[i][:, None]
+        nxt = np.where(ok, unary[i][:, None] + np.take_along_axis(h[i], nxt_b, axis=1), np.inf)  # [t, b]
+        h[i - 1] = np.min(pair[i][:, :, None] + nxt[None, :, :], axis=1)  # [s, b]
+    return h
+
+
+class BucketMoves(NamedTuple):
+    """:func:`bucket_moves` at every position for ``K`` caps."""
+
+    allowed: np.ndarray  # [K, n, O, B] bool (position 0 unused)
+    nxt: np.ndarray  # [K, n, O, B] int, the bucket at position i
+    start: np.ndarray  # [K, O] int, each option's bucket at position 0
+
+
+def all_bucket_moves(rc: RunChain, caps: np.ndarray, buckets: int) -> BucketMoves:
+    n, O = rc.time.shape
+    allowed = np.ones((len(caps), n, O, buckets), dtype=bool)
+    nxt = np.zeros((len(caps), n, O, buckets), dtype=np.int64)
+    for k, cap in enumerate(caps):
+        for i in range(1, n):
+            allowed[k, i], nxt[k, i] = bucket_moves(rc, i, float(cap), buckets)
+    return BucketMoves(allowed, nxt, np.stack([bucket_start(rc, float(c), buckets) for c in caps]))
+
+
+def bucket_viterbi(unary: np.ndarray, pair: np.ndarray, moves: BucketMoves, weighted=None):
+    """Min-sum paths of ``K`` chains over the states (option, bucketed run
+    sum) (:func:`bucket_moves`; chain ``k`` at ``moves``' cap ``k``), like
+    :func:`search.dp.viterbi` (``unary [K, n, O]``, ``pair [n, O, O]``,
+    ``weighted = (C, w)``). The bucketed sums never exceed the true ones, so
+    these are relaxations of the paths whose transients keep within each
+    cap. Returns the values ``[K]`` and the paths ``[K, n]``."""
+    K, n, O = unary.shape
+    B = moves.allowed.shape[-1]
+    kk = np.arange(K)[:, None]
+    value = np.full((K, O, B), np.inf)
+    value[kk, np.arange(O)[None, :], moves.start] = unary[:, 0]
+    back_s = np.zeros((n, K, O, B), dtype=np.int64)
+    back_b = np.zeros((n, K, O, B), dtype=np.int64)
+    for i in range(1, n):
+        P = pair[i][None] if weighted is None else pair[i][None] + weighted[1][:, None, None] * weighted[0][i][None]
+        X = value[:, :, :, None] + P[:, :, None, :]  # [K, s, b, t]
+        xs = np.argmin(X, axis=1)  # [K, b, t]
+        src = np.where(moves.allowed[:, i], np.take_along_axis(X, xs[:, None], axis=1)[:, 0].transpose(0, 2, 1),
+                       np.inf)  # [K, t, b]
+        cand = np.where(moves.nxt[:, i][..., None] == np.arange(B), src[..., None], np.inf)  # [K, t, b, b']
+        b_from = np.argmin(cand, axis=2)  # [K, t, b']
+        value = np.take_along_axis(cand, b_from[:, :, None, :], axis=2)[:, :, 0, :] + unary[:, i][:, :, None]
+        back_b[i] = b_from
+        back_s[i] = np.take_along_axis(xs.transpose(0, 2, 1), b_from, axis=2)
+    flat = value.reshape(K, -1)
+    j = np.argmin(flat, axis=1)
+    rows = np.arange(K)
+    path = np.zeros((K, n), dtype=np.int64)
+    t, b = j // B, j % B
+    path[:, n - 1] = t
+    for i in range(n - 1, 0, -1):
+        t, b = back_s[i][rows, t, b], back_b[i][rows, t, b]
+        path[:, i - 1] = t
+    return flat[rows, j], path
