@@ -319,7 +319,7 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
 
     bucketed = rc is not None and np.isfinite(limit)  # runs under a limit: intervals of the peak, not caps
     if bucketed:
-        caps, floors = run_intervals(p, rc, limit)
+        caps, floors, _ = run_intervals(p, rc, limit)
         if caps.size == 0:
             return infeasible(least(), 0, 0)
         moves = all_bucket_moves(rc, caps, BUCKETS)
@@ -483,9 +483,9 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
                 path, used, done = _pareto_search(ch, unary_t[c] * t0, budgets[c], limit, best["t"], lam, mu,
                                                   max_labels - labels)
             else:  # deepening from the interval's bound (search_runs)
-                path, used, done, proven = search_runs(rc, float(caps[c]), limit, best["t"], lam=lam, mu=mu,
-                                                       max_labels=max_labels - labels, deadline=deadline,
-                                                       floor=float(floors[c]), lower=float(cap_lower[c]))
+                path, used, done, proven = search_runs(rc, float(caps[c]), float(floors[c]), limit, best["t"],
+                                                       lam=lam, mu=mu, max_labels=max_labels - labels,
+                                                       deadline=deadline, lower=float(cap_lower[c]))
                 cap_lower[c] = max(cap_lower[c], proven)
             labels += used
             if not done:

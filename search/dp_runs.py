@@ -24,20 +24,18 @@ transients; :func:`search.pareto.nondominated_grouped`), as
 :func:`search.dp._pareto_search` does without runs, and is exact up to its
 label budget.
 
-The fastest plan (:func:`search.dp.solve_dp`) is searched in intervals
-``(f, c]`` of the peak (:func:`run_intervals`): every transient within
-``c``, the plan counted at ``a + max(f, peak)``, exactly its memory in its
-own interval. Its Lagrangian bounds come from a Viterbi over the options and
-the run sum rounded down into buckets (:func:`search.run_chain.bucket_viterbi`), which never
-overstates a transient, so they hold; its labels are pruned by the same
-bucketed bounds to go (:func:`search.run_chain.bucket_to_go`). The smallest memory
-(:func:`minimum_memory_runs`) keeps :mod:`search.dp`'s workspace caps: at
-cap ``w`` the peak starts at ``w``, the plan counted at ``a + max(w,
-peak)``, exactly its memory at the cap of its own largest workspace. Either
-way most labels' peaks sit at the floor and compare equal, and a label's
-``r`` compares as ``max(r, floor - G_i)``, ``G_i`` the most any
-continuation of the run can add to a later transient: below that ``r``
-never raises the peak above the floor.
+Both the fastest plan (:func:`search.dp.solve_dp`) and the smallest memory
+(:func:`minimum_memory_runs`) are searched in intervals ``(f, c]`` of the
+peak (:func:`run_intervals`): every transient within ``c``, the plan
+counted at ``a + max(f, peak)``, exactly its memory in its own interval.
+The DP's Lagrangian bounds come from a Viterbi over the options and the run
+sum rounded down into buckets (:func:`search.run_chain.bucket_viterbi`),
+which never overstates a transient, so they hold; its labels are pruned by
+the same bucketed bounds to go (:func:`search.run_chain.bucket_to_go`). Most
+labels' peaks sit at the floor ``f`` and compare equal, and a label's ``r``
+compares as ``max(r, f - G_i)``, ``G_i`` the most any continuation of the
+run can add to a later transient: below that ``r`` never raises the peak
+above the floor.
 """
 
 from __future__ import annotations
@@ -52,24 +50,17 @@ from search.problem import (
     MinimumMemory,
     _phase_minimum_by_cap,
     _restricted,
-    memory_by_workspace_cap,
+    minimum_memory,
     plan_memory,
+    without_joins,
 )
 from search.run_chain import BUCKETS, RunChain, bucket_to_go, run_chain
 
-__all__ = ["DEEPENING", "INTERVALS", "lighter_runs", "minimum_memory_runs", "run_cap_bounds", "run_intervals",
-           "search_runs"]
+__all__ = ["DEEPENING", "INTERVALS", "lighter_runs", "minimum_memory_runs", "run_intervals", "search_runs"]
 
 _TOL = 1e-9  # relative: bounds closer than this count as equal
 DEEPENING = 1e-4 * 2.0 ** (np.arange(32) / 2)  # search_runs' upper bounds above the lower, relative
 INTERVALS = 16  # intervals of the peak transient solve_dp searches (run_intervals)
-
-
-def run_cap_bounds(p: DiscreteProblem, rc: RunChain) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`search.problem.memory_by_workspace_cap` with each layer's kept
-    bytes lowered by the most its input edge can free: a lower bound per cap
-    on every plan whose workspaces are all within it, runs included."""
-    return memory_by_workspace_cap(p._replace(persistent_bytes=_least_kept(p, rc)))
 
 
 def _least_kept(p: DiscreteProblem, rc: RunChain) -> np.ndarray:
@@ -90,7 +81,8 @@ def run_intervals(p: DiscreteProblem, rc: RunChain, limit: float,
     interval ``(floor, cap]`` a plan keeps every transient within ``cap`` and
     counts ``a + max(floor, peak)``, its memory where its peak is in the
     interval: the intervals cover every plan that fits, each counted
-    exactly in its own. Returns ``(caps, floors)``."""
+    exactly in its own. Returns ``(caps, floors, lower bounds on the
+    memory of each interval's plans)``."""
     kept = _least_kept(p, rc)
     lo = float(np.max(np.min(p.workspace_bytes, axis=1)))
     hi = limit - float(np.sum(np.min(kept, axis=1)))
@@ -100,8 +92,9 @@ def run_intervals(p: DiscreteProblem, rc: RunChain, limit: float,
     caps, floors = edges[1:], edges[:-1]
     backward, covered = _phase_minimum_by_cap(p.workspace_bytes, kept, caps)
     optimizer, _ = _phase_minimum_by_cap(p.workspace_bytes, p.optimizer_bytes, caps)
-    fits = (covered == p.num_layers) & (np.maximum(floors + backward, optimizer) <= limit)
-    return caps[fits], floors[fits]
+    bound = np.where(covered == p.num_layers, np.maximum(floors + backward, optimizer), np.inf)
+    fits = bound <= limit
+    return caps[fits], floors[fits], bound[fits]
 
 
 def _to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.ndarray) -> np.ndarray:
@@ -115,19 +108,18 @@ def _to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.ndarray
     return h
 
 
-def search_runs(rc: RunChain, cap: float, limit: float, upper: float, *, minimize: str = "time",
+def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: float, *, minimize: str = "time",
                 lam: float = 0.0, mu: float = 0.0, max_labels: int = 2_000_000, deadline: float = np.inf,
-                floor: float | None = None, buckets: int = BUCKETS, lower: float | None = None):
-    """The exact best path at workspace cap ``cap``: ``minimize="time"``, the
-    fastest with ``a + max(cap, peak) <= limit`` and ``q <= limit``, only
-    looking for paths faster than ``upper`` (``lam``, ``mu``: Lagrange
-    multipliers of the two phases in seconds per byte, used only to prune);
-    ``minimize="memory"``, the least ``max(a + max(cap, peak), q)`` below
-    ``upper`` bytes (``limit`` unused). With ``floor``, the paths whose
-    every transient keeps within ``cap`` instead, counted at ``a + max(floor,
-    peak)`` (:func:`search.dp.solve_dp`'s intervals of peaks), the bounds
-    to go taken over the bucketed run sums (:func:`search.run_chain.bucket_to_go`, ``buckets``).
-    With ``lower`` (a lower bound on the answer, seconds), it deepens:
+                buckets: int = BUCKETS, lower: float | None = None):
+    """The exact best path of the interval ``(floor, cap]`` of the peak
+    (:func:`run_intervals`: every transient within ``cap``, the plan counted
+    at ``a + max(floor, peak)``): ``minimize="time"``, the fastest with ``a +
+    max(floor, peak) <= limit`` and ``q <= limit``, only looking for paths
+    faster than ``upper`` (``lam``, ``mu``: Lagrange multipliers of the two
+    phases in seconds per byte, used only to prune; the bounds to go taken
+    over the bucketed run sums, :func:`search.run_chain.bucket_to_go`,
+    ``buckets``); ``minimize="memory"``, the least ``max(a + max(floor,
+    peak), q)`` below ``upper`` bytes (``limit`` unused). With ``lower`` (a lower bound on the answer), it deepens:
     the labels grow fast with the upper bound, so it searches below
     ``lower * (1 + step)`` for the steps of :data:`DEEPENING` first, each
     search that finds nothing proving a higher lower bound, and below
@@ -136,8 +128,7 @@ def search_runs(rc: RunChain, cap: float, limit: float, upper: float, *, minimiz
     labels used, completed, lower bound proven)``: with a path, the best;
     without, nothing below the bound."""
     by_time = minimize == "time"
-    interval = floor is not None
-    fl = float(floor) if interval else float(cap)
+    fl = float(floor)
     width = cap / buckets
     n, O = rc.time.shape
     inside = np.isfinite(rc.time) & (rc.workspace <= cap)
@@ -158,13 +149,8 @@ def search_runs(rc: RunChain, cap: float, limit: float, upper: float, *, minimiz
     if by_time:
         use_mult = (lam > 0 or mu > 0) and np.isfinite(limit)
         weighted = T + lam * np.where(inside, rc.persistent, 0.0) + mu * np.where(inside, rc.optimizer, 0.0)
-        if interval:  # [n, O, B]: by the bucket of the label's run sum
-            h_time = bucket_to_go(rc, inside, T, rc.pair, cap, buckets)
-            h_mult = bucket_to_go(rc, inside, weighted, rc.pair - lam * rc.credit, cap, buckets) if use_mult \
-                else h_time
-        else:
-            h_time = _to_go(rc, inside, T, rc.pair)[:, :, None]
-            h_mult = _to_go(rc, inside, weighted, rc.pair - lam * rc.credit)[:, :, None] if use_mult else h_time
+        h_time = bucket_to_go(rc, inside, T, rc.pair, cap, buckets)  # [n, O, B]: by the bucket of the run's sum
+        h_mult = bucket_to_go(rc, inside, weighted, rc.pair - lam * rc.credit, cap, buckets) if use_mult else h_time
         q_most = np.where(inside, Q, -np.inf).max(axis=1)
         q_floor = limit - np.r_[np.cumsum(q_most[::-1])[::-1][1:], 0.0]  # [n] (search.dp._pareto_search)
     bar = [np.inf]  # what a path must beat: the search's upper bound less the tolerance
@@ -172,11 +158,9 @@ def search_runs(rc: RunChain, cap: float, limit: float, upper: float, *, minimiz
     def keep(i, t, tau, a, q, r, pk):
         limit_t = limit_m = bar[0]
         if not by_time:
-            return np.maximum(a + a_go[i, t] + pk, q + q_go[i]) < limit_m
-        b = np.minimum(np.floor(r / width), buckets - 1).astype(np.int64) if interval else np.zeros(r.size, np.int64)
-        ok = (a + a_go[i, t] + pk <= limit) & (q + q_go[i] <= limit) & (tau + h_time[i, t, b] < limit_t)
-        if interval:
-            ok &= pk <= cap
+            return (np.maximum(a + a_go[i, t] + pk, q + q_go[i]) < limit_m) & (pk <= cap)
+        b = np.minimum(np.floor(r / width), buckets - 1).astype(np.int64)
+        ok = (a + a_go[i, t] + pk <= limit) & (q + q_go[i] <= limit) & (tau + h_time[i, t, b] < limit_t) & (pk <= cap)
         if use_mult:  # weak duality: every completion keeps a <= limit - peak, peak >= pk
             ok &= tau + lam * a + mu * q + h_mult[i, t, b] - lam * (limit - pk) - mu * limit < limit_t
         return ok
@@ -187,7 +171,7 @@ def search_runs(rc: RunChain, cap: float, limit: float, upper: float, *, minimiz
         return _search_labels(rc, inside, T, A, Q, W, R, keep, by_time, q_floor if by_time else None, r_floor, fl,
                               budget, deadline)
 
-    if lower is None or not (np.isfinite(lower) and lower > 0) or not by_time:
+    if lower is None or not (np.isfinite(lower) and lower > 0):
         path, used, done = below(upper, max_labels)
         return path, used, done, upper * (1 - _TOL) if done and path is None else -np.inf
     used, proven = 0, -np.inf
@@ -269,10 +253,11 @@ def minimum_memory_runs(p: DiscreteProblem, rc: RunChain | None = None, *,
                         max_labels: int = 2_000_000) -> MinimumMemory:
     """The exact smallest memory of a chain problem in layer order whose
     plans may hold runs (:func:`search.problem.minimum_memory`'s answer where
-    runs break its layer-by-layer sums): :func:`search_runs` by memory at
-    each workspace cap, in the order of the caps' lower bounds
-    (:func:`run_cap_bounds`) until the next bound is no better than the best
-    plan found. Raises ``ValueError`` where ``p`` is no chain in layer order,
+    runs break its layer-by-layer sums): :func:`search_runs` by memory in
+    each interval of the peak (:func:`run_intervals` under the memory of the
+    smallest plan without runs, the first upper bound), in the order of
+    their lower bounds until the next is no better than the best plan
+    found. Raises ``ValueError`` where ``p`` is no chain in layer order,
     ``RuntimeError`` where a cap needs more than ``max_labels`` labels."""
     n = p.num_layers
     if n == 0:
@@ -280,14 +265,20 @@ def minimum_memory_runs(p: DiscreteProblem, rc: RunChain | None = None, *,
     rc = run_chain(p) if rc is None else rc
     if rc is None:
         raise ValueError("minimum_memory_runs needs a chain graph in layer order (every layer feeds the next)")
-    caps, bound = run_cap_bounds(p, rc)
-    best, choice = np.inf, None
+    free = without_joins(p)  # its smallest plan (else each layer's least kept bytes): the first upper bound
+    if free.feasible.any(axis=1).all():
+        choice = minimum_memory(free).choice
+    else:
+        choice = np.argmin(np.where(p.feasible, p.persistent_bytes, np.inf), axis=1)
+    best = plan_memory(p, choice)
+    caps, floors, bound = run_intervals(p, rc, best)
     for k in np.argsort(bound, kind="stable"):
         if bound[k] >= best * (1 - _TOL):
             break
-        path, used, done, _ = search_runs(rc, float(caps[k]), np.inf, best, minimize="memory", max_labels=max_labels)
+        path, used, done, _ = search_runs(rc, float(caps[k]), float(floors[k]), np.inf, best, minimize="memory",
+                                          max_labels=max_labels)
         if not done:
-            raise RuntimeError(f"the smallest memory with runs needs over {max_labels} labels at one workspace cap")
+            raise RuntimeError(f"the smallest memory with runs needs over {max_labels} labels in one interval")
         if path is not None and plan_memory(p, path) < best:
             best, choice = plan_memory(p, path), path
     return MinimumMemory(best, choice, float(p.workspace_bytes[np.arange(n), choice].max()))

@@ -215,13 +215,16 @@ def test_bucketed_viterbi_is_a_relaxation_exact_where_buckets_are(seed):
 @pytest.mark.parametrize("seed", range(4))
 def test_the_dp_intervals_cover_every_plan_that_fits(seed):
     """run_intervals: every plan within the limit has its largest transient
-    in some interval [floor, cap] the DP searches."""
+    in some interval [floor, cap] the DP searches, whose lower bound on
+    memory it does not beat."""
     from search.dp_runs import run_intervals
 
     p = discrete_problem(rich_table(seed, 4))
     plans, _, memory, peak = _every_plan(p)
     for limit in np.quantile(memory, [0.01, 0.3, 0.8]):
-        caps, floors = run_intervals(p, run_chain(p), float(limit))
+        caps, floors, bound = run_intervals(p, run_chain(p), float(limit))
         fits = memory <= limit
-        covered = np.any((peak[fits, None] >= floors[None, :]) & (peak[fits, None] <= caps[None, :]), axis=1)
-        assert covered.all()
+        inside = (peak[fits, None] >= floors[None, :]) & (peak[fits, None] <= caps[None, :])
+        assert inside.any(axis=1).all()
+        # and the interval's lower bound is no more than the plan's memory
+        assert np.all(np.any(inside & (bound[None, :] <= memory[fits, None] * (1 + 1e-12)), axis=1))
