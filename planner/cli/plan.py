@@ -154,7 +154,8 @@ def add_plan_commands(sub: Any) -> None:
     batch.add_argument("--batch", type=int, metavar="B", help="global batch")
     batch.add_argument("--batch-per-device", type=int, metavar="b", help="samples per device (default 32)")
     pl.add_argument("--method", choices=METHODS, default="auto",
-                    help="auto (DP on chains, else gradient), gradient, dp (chains) or milp (default auto)")
+                    help="auto (DP on chains, else MILP; the gradient search joins in where they prove nothing "
+                         "within 5 s), gradient, dp (chains) or milp (default auto)")
     pl.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the gradient search (default 0)")
     pl.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     pl.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="adam")
