@@ -7,8 +7,9 @@ backward phase (persistent bytes plus the largest workspace, which needs
 the plan's top three workspaces) and the optimizer phase (a plain sum).
 Where the problem holds runs of recomputing layers
 (:func:`search.problem.has_runs`), whose memory is no such sum, each
-move's memory is the exact memory of the plan it makes
-(:func:`search.problem.plan_memories`, in chunks: ``O(n)`` per move)."""
+move's memory is the exact memory of the plan it makes, computed in the
+window of layers whose runs the move can change
+(:mod:`search.run_moves`: ``O(run length)`` per move)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from search.problem import DiscreteProblem, has_runs, plan_memories, plan_memory
+from search.problem import DiscreteProblem, has_runs, plan_memory
+from search.run_moves import moved_run_memories
 
 __all__ = ["CurrentState", "MoveScores", "current_state", "pair_moves", "single_moves", "with_overlap"]
 
@@ -84,12 +86,13 @@ def current_state(p: DiscreteProblem, c: np.ndarray) -> CurrentState:
     )
 
 
-def _moved_memories(p: DiscreteProblem, c: np.ndarray, layers: np.ndarray, chunk_plans: int = 16_384) -> np.ndarray:
+def _moved_memories(p: DiscreteProblem, c: np.ndarray, layers: np.ndarray) -> np.ndarray:
     """Exact memories ``[K, O, ...]`` of plan ``c`` with the layers
     ``layers`` [K, m] moved to every combination of options (``m`` = 1:
     ``[K, O]``; 2: ``[K, O, O]``; ``inf`` where a layer cannot run the
-    option), the plans that can run evaluated in chunks."""
-    n, O = p.num_layers, p.num_options
+    option), each in the window of layers its move can change
+    (:func:`search.run_moves.moved_run_memories`)."""
+    O = p.num_options
     K, m = layers.shape
     grid = np.stack(np.meshgrid(*[np.arange(O)] * m, indexing="ij"), axis=-1).reshape(-1, m)  # [O^m, m]
     runs = np.ones((K, grid.shape[0]), bool)
@@ -97,12 +100,7 @@ def _moved_memories(p: DiscreteProblem, c: np.ndarray, layers: np.ndarray, chunk
         runs &= p.feasible[layers[:, j][:, None], grid[None, :, j]]
     kk, gg = np.nonzero(runs)
     out = np.full((K, grid.shape[0]), np.inf)
-    for a in range(0, kk.size, chunk_plans):
-        k, g = kk[a:a + chunk_plans], gg[a:a + chunk_plans]
-        plans = np.broadcast_to(c, (k.size, n)).copy()
-        for j in range(m):
-            plans[np.arange(k.size), layers[k, j]] = grid[g, j]
-        out[k, g] = plan_memories(p, plans)
+    out[kk, gg] = moved_run_memories(p, c, layers[kk], grid[gg])
     return out.reshape((K,) + (O,) * m)
 
 
