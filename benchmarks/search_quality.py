@@ -25,10 +25,16 @@ summary gives the ratios of search times. With ``--remat-runs`` (and
 ``--levers remat|all``) every layer that saves activations may recompute,
 alone or in a run with the layers before it (``remat+join``,
 ``CostSettings.remat_runs``); the DP then searches the runs on chains
-(``search.dp_runs``) beside the MILP.
+(``search.dp_runs``) beside the MILP. On graphs with branches only the MILP
+searches runs, and it may not prove even the smallest memory within
+``--milp-time-limit``: the limits then come from the smallest memory it
+found (a plan fits the tight limit, but no infeasible instance can be
+claimed, so there is none), the exact solvers take that answer instead of
+searching it again, and rows the MILP did not prove say so; the summary
+gives the gradient method's time against the MILP's lower bound there.
 
     PYTHONPATH=. .venv/bin/python benchmarks/search_quality.py [--quick] [--models a,b] [--levers all]
-        [--remat-runs]
+        [--remat-runs] [--hardware abci-v100] [--devices 8,256]
 """
 
 from __future__ import annotations
@@ -112,17 +118,21 @@ def tables_for(graph, hw, P, levers: str = "none", remat_runs: bool = False):
     return meshes, tables
 
 
-def exact_per_mesh(problems, limit, chain: bool, milp_time_limit_s: float = MILP_TIME_LIMIT_S):
+def exact_per_mesh(problems, limit, chain: bool, milp_time_limit_s: float = MILP_TIME_LIMIT_S, smallest=None):
     """Best exact plan over the meshes with DP (chains; with runs of
-    recomputed layers, chains in layer order) and MILP; times of each."""
+    recomputed layers, chains in layer order) and MILP; times of each.
+    ``smallest``: per problem, a smallest memory the solvers take instead of
+    searching it themselves (None: they search it)."""
+    smallest = [None] * len(problems) if smallest is None else smallest
     out = {"dp_s": None, "milp_s": 0.0, "dp": None, "milp": None}
     if chain and all(dp_solves(p) for p in problems):
         t0 = time.perf_counter()
-        res = [solve_dp(p, limit) for p in problems]
+        res = [solve_dp(p, limit, smallest=mm) for p, mm in zip(problems, smallest, strict=True)]
         out["dp_s"] = time.perf_counter() - t0
         out["dp"] = res
     t0 = time.perf_counter()
-    out["milp"] = [solve_milp(p, limit, time_limit_s=milp_time_limit_s) for p in problems]
+    out["milp"] = [solve_milp(p, limit, time_limit_s=milp_time_limit_s, smallest=mm)
+                   for p, mm in zip(problems, smallest, strict=True)]
     out["milp_s"] = time.perf_counter() - t0
     return out
 
@@ -145,7 +155,7 @@ def best(results):
     return t, i, bool(results[i].exact)
 
 
-def run(models, devices, hardware, quick: bool, levers: str = "none", milp_time_limit_s: float = MILP_TIME_LIMIT_S,
+def run(models, devices, hardware, levers: str = "none", milp_time_limit_s: float = MILP_TIME_LIMIT_S,
         remat_runs: bool = False):
     rows = []
     header = (f"{'model':14s} {'hardware':9s} {'P':>5s} {'limit':>11s} {'GB':>8s} {'exact':>9s} {'mesh':>6s} "
@@ -166,12 +176,18 @@ def run(models, devices, hardware, quick: bool, levers: str = "none", milp_time_
                     _, plain_tables = tables_for(graph, hw, P)
                     plain_problems = [discrete_problem(t) for t in plain_tables]
                 chain = chain_order(problems[0]) is not None
-                need = min(smallest_memory(p).memory_bytes for p in problems)
-                limits = {
-                    "loose": max(hw.device.memory_bytes, 2.0 * need),
-                    "tight": need * 1.001,
-                    "infeasible": need * 0.99,
-                }
+                t0 = time.perf_counter()
+                mins = [smallest_memory(p, milp_time_limit_s) for p in exact_problems]
+                need = min(mm.memory_bytes for mm in mins)
+                limits = {"loose": max(hw.device.memory_bytes, 2.0 * need), "tight": need * 1.001}
+                given = None  # the solvers search the smallest memory themselves where it is proven
+                if all(mm.exact for mm in mins):
+                    limits["infeasible"] = need * 0.99
+                else:
+                    given = mins
+                    print(f"  {name} {hw_name} P={P}: smallest memory not proven within {milp_time_limit_s:g} s "
+                          f"per mesh ({time.perf_counter() - t0:.0f} s): {need / 1e9:.3f} GB found, limits from it, "
+                          "no infeasible instance", flush=True)
                 plain_limits = {}
                 if levers != "none":
                     need_plain = min(minimum_memory(without_levers(p)).memory_bytes for p in problems)
@@ -187,7 +203,7 @@ def run(models, devices, hardware, quick: bool, levers: str = "none", milp_time_
                     t0 = time.perf_counter()
                     grad = solve_many(tables, limit, "gradient")
                     grad_s = time.perf_counter() - t0
-                    ex = exact_per_mesh(exact_problems, limit, chain, milp_time_limit_s)
+                    ex = exact_per_mesh(exact_problems, limit, chain, milp_time_limit_s, given)
                     plain = {}
                     if kind in plain_limits:
                         t0 = time.perf_counter()
@@ -199,12 +215,19 @@ def run(models, devices, hardware, quick: bool, levers: str = "none", milp_time_
                     ref = ex["dp"] if dp_proven else ex["milp"]
                     b_ex, b_gr = best(ref), best([_R(s) for s in grad])
                     milp_b = best(ex["milp"])
-                    if b_ex and milp_b and dp_proven and milp_b[2] and abs(milp_b[0] / b_ex[0] - 1) > 1e-5:
+                    milp_proven = all(r.exact or not r.feasible for r in ex["milp"])  # on every mesh
+                    if b_ex and milp_b and dp_proven and milp_proven and abs(milp_b[0] / b_ex[0] - 1) > 1e-5:
                         print(f"  ! DP and MILP disagree: {b_ex[0]} vs {milp_b[0]}")
                     ratio = b_gr[0] / b_ex[0] if (b_ex and b_gr) else None
+                    # no plan is faster than the least of the meshes' lower bounds, where every mesh
+                    # without a plan is proven to have none (its smallest memory is above the limit)
+                    unsure = any(not r.feasible and not (mm.exact and mm.memory_bytes > limit)
+                                 for r, mm in zip(ref, mins, strict=True))
+                    bound = None if unsure else min((r.lower_bound_s for r in ref if r.feasible), default=None)
                     row = dict(model=name, hardware=hw_name, P=P, kind=kind, limit=limit,
                                exact_feasible=b_ex is not None, grad_feasible=b_gr is not None,
                                exact_time=b_ex[0] if b_ex else None, exact_proven=b_ex[2] if b_ex else None,
+                               exact_bound=bound,
                                exact_mesh=meshes[b_ex[1]] if b_ex else None,
                                grad_time=b_gr[0] if b_gr else None, grad_mesh=meshes[b_gr[1]] if b_gr else None,
                                ratio=ratio, grad_s=grad_s, dp_s=ex["dp_s"], milp_s=ex["milp_s"], dag=not chain,
@@ -226,7 +249,8 @@ def run(models, devices, hardware, quick: bool, levers: str = "none", milp_time_
                           f"{fmt(ratio, '8.5f')} {grad_s:7.3f} {fmt(ex['dp_s'], '7.3f')} {ex['milp_s']:8.3f}"
                           + (f" | {plain['grad_s']:7.3f} {fmt(plain['dp_s'], '7.3f')} {plain['milp_s']:8.3f}"
                              if plain else "")
-                          + ("" if row["exact_proven"] in (None, True) else "  (exact solver not proven optimal)"),
+                          + ("" if row["exact_proven"] in (None, True) else
+                             f"  (exact solver not proven optimal; its bound {fmt(bound and bound * 1e3, '.3f')} ms)"),
                           flush=True)
     return rows
 
@@ -253,12 +277,19 @@ def summary(rows, timings):
     print(f"instances {len(rows)} ({len(feas)} feasible, {len(infeas)} infeasible)")
     print(f"gradient / exact time: median {np.median(ratios):.5f}, mean {ratios.mean():.5f}, worst {ratios.max():.5f} "
           f"({sum(ratios <= 1.005)} of {ratios.size} within 0.5 %, {sum(ratios <= 1.02)} within 2 %)")
+    unproven = [r for r in feas if r["exact_proven"] is False]
+    if unproven:
+        gaps = [r["grad_time"] / r["exact_bound"] for r in unproven
+                if r["grad_time"] is not None and r["exact_bound"]]
+        print(f"  of which {len(unproven)} against the MILP's best plan within its time limit, not proven optimal; "
+              f"gradient / the MILP's lower bound there: "
+              + (f"median {np.median(gaps):.5f}, worst {max(gaps):.5f} over {len(gaps)}" if gaps else "no bound"))
     worst = feas[int(np.argmax([r["ratio"] for r in feas]))]
     print(f"worst instance: {worst['model']} {worst['hardware']} P={worst['P']} {worst['kind']}")
     print(f"feasible instances solved feasibly by the gradient method: {solved} of {len(feas)}")
     print(f"infeasible instances reported infeasible: {reported} of {len(infeas)}")
     if dag:
-        print(f"DAG models and chains with runs (feasible instances), MILP time / gradient time: "
+        print(f"DAG models and chains the DP does not take (feasible instances), MILP time / gradient time: "
               f"median {np.median(speed):.1f}x, "
               f"min {speed.min():.1f}x, max {speed.max():.1f}x, aggregate {agg:.1f}x over {len(dag)} instances; "
               + ", ".join(f"{k}: median {np.median(v):.1f}x (min {v.min():.1f}x)" for k, v in by_kind.items()))
@@ -280,10 +311,10 @@ def summary(rows, timings):
                       f"max {x.max():.1f}x over {x.size} instances")
     for k, v in timings.items():
         print(f"{k}: {v}")
-    print("SUMMARY median_ratio={:.5f} worst_ratio={:.5f} feasible_solved={}/{} infeasible_reported={}/{} "
-          "milp_over_gradient_median={:.1f}x aggregate={:.1f}x".format(
-              np.median(ratios), ratios.max(), solved, len(feas), reported, len(infeas),
-              np.median(speed) if dag else float("nan"), agg))
+    milp_txt = (f"milp_over_gradient_median={np.median(speed):.1f}x aggregate={agg:.1f}x" if dag
+                else "milp_over_gradient_median=n/a (no DAG instances)")
+    print(f"SUMMARY median_ratio={np.median(ratios):.5f} worst_ratio={ratios.max():.5f} "
+          f"feasible_solved={solved}/{len(feas)} infeasible_reported={reported}/{len(infeas)} {milp_txt}")
 
 
 def main():
@@ -299,7 +330,13 @@ def main():
     ap.add_argument("--milp-time-limit", type=float, default=MILP_TIME_LIMIT_S,
                     help=f"seconds per mesh for the exact MILP (default {MILP_TIME_LIMIT_S:g}); "
                     "rows it does not prove optimal say so")
+    ap.add_argument("--hardware", help=f"comma-separated subset of {','.join(HARDWARE)}")
+    ap.add_argument("--devices", help="comma-separated device counts (default: 8,64,256,1024; --quick: 8,256)")
     args = ap.parse_args()
+    if args.hardware and set(args.hardware.split(",")) - set(HARDWARE):
+        ap.error(f"unknown hardware {args.hardware!r}; choose from {', '.join(HARDWARE)}")
+    if args.devices and not all(x.isdigit() and int(x) > 0 for x in args.devices.split(",")):
+        ap.error(f"--devices takes positive integers separated by commas, not {args.devices!r}")
     if args.remat_runs and args.levers not in ("remat", "all"):
         ap.error("--remat-runs needs --levers remat or all")
     if args.models:
@@ -312,7 +349,10 @@ def main():
     timings = {} if args.skip_timings else planner_timings()
     models = tuple(args.models.split(",")) if args.models else ("vgg16", "resnet50") if args.quick else MODELS
     devices = (8, 256) if args.quick else DEVICES
-    rows = run(models, devices, HARDWARE, args.quick, args.levers, args.milp_time_limit, args.remat_runs)
+    hardware = tuple(args.hardware.split(",")) if args.hardware else HARDWARE
+    if args.devices:
+        devices = tuple(int(x) for x in args.devices.split(","))
+    rows = run(models, devices, hardware, args.levers, args.milp_time_limit, args.remat_runs)
     summary(rows, timings)
 
 
