@@ -128,9 +128,15 @@ def recomputed_runs(table: CostTable, probs):
     _, R = jax.lax.associative_scan(link, (beta, rec))
     transient = R - rec
     src, dst = table.edge_src, table.edge_dst
-    idx = jnp.arange(L)
-    joining = (idx[None, :] > src[:, None]) & (idx[None, :] < dst[:, None])  # [E, L] layers src+1..dst-1
-    in_run = rho[src] * jnp.prod(jnp.where(joining, beta[None, :], 1.0), axis=-1) * (src < dst)  # [E]
+    # the product of beta over the layers src+1..dst-1 of each edge, from prefix sums (O(E + L), not
+    # O(E L)): the layers that cannot join are counted, the logs of the others summed; at one-hot
+    # probabilities every log is 0 and the product exact
+    zero = beta <= 0.0
+    zeros = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(zero.astype(jnp.int32))])  # [L + 1] over layers < k
+    logs = jnp.concatenate([jnp.zeros(1), jnp.cumsum(jnp.log(jnp.where(zero, 1.0, beta)))])  # [L + 1]
+    lo, hi = src + 1, jnp.maximum(dst, src + 1)  # the half-open range [src + 1, dst)
+    between = jnp.where(zeros[hi] - zeros[lo] > 0, 0.0, jnp.exp(logs[hi] - logs[lo]))  # [E]
+    in_run = rho[src] * between * (src < dst)  # [E]
     kept = jnp.sum(jnp.where(joins[None, :], probs[dst] * table.checkpoint_bytes[dst], 0.0), axis=-1)  # [E]
     credit = jnp.sum(in_run * kept * table.edge_input_share * table.edge_mask)
     return credit, transient

@@ -311,6 +311,36 @@ def test_remat_runs_offers_runs_on_cnn_layers_and_costs_them_by_hand():
     assert plan_memory(p, plan) - plan_memory(p, keep) == -8192 + 10240
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_relaxed_run_terms_are_the_expectations_over_every_plan(seed):
+    """Layers drawn independently from the probabilities: the relaxed run
+    terms (costmodels.recomputed_runs: a scan, and prefix sums over the
+    layers each edge skips) are the expectations of the discrete ones
+    (search.problem.run_terms) over all 3^6 plans, weighted by their
+    probabilities; with skip edges over up to four layers and two layers
+    that never join (probability exactly 0)."""
+    import itertools
+
+    from costmodels.evaluate import recomputed_runs
+    from search.problem import run_terms
+
+    rng = np.random.default_rng(seed)
+    n = 6
+    act, inputs, work = (rng.integers(1, 100, n).astype(float) for _ in range(3))
+    edges = [(i, i + 1) for i in range(n - 1)] + [(0, 3), (1, 5), (0, 5)]
+    t = hand_table(edges, rng.uniform(0.2, 1.0, len(edges)), act, inputs, work)
+    probs = rng.dirichlet(np.ones(3), n)
+    probs[[2, 4], 2] = 0.0  # layers 2 and 4 never join
+    probs /= probs.sum(axis=1, keepdims=True)
+    plans = np.array(list(itertools.product(range(3), repeat=n)))  # [729, n]
+    weight = np.prod(probs[np.arange(n), plans], axis=1)
+    credit, transient = run_terms(discrete_problem(t), plans)
+    full = jnp.zeros((n, 15)).at[:, :3].set(jnp.asarray(probs, jnp.float32))
+    got_credit, got_transient = recomputed_runs(t, full)
+    assert float(got_credit) == pytest.approx(weight @ credit, rel=1e-5)
+    np.testing.assert_allclose(np.asarray(got_transient), weight @ transient, rtol=1e-5, atol=1e-4)
+
+
 def test_relaxed_run_memory_has_the_gradients_of_finite_differences():
     """The gradient search differentiates the relaxed memory: with runs
     (an associative scan, a product per edge) its gradient at an interior
