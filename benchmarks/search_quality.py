@@ -284,7 +284,8 @@ def summary(rows, timings):
         print(f"  of which {len(unproven)} against the MILP's best plan within its time limit, not proven optimal; "
               f"gradient / the MILP's lower bound there: "
               + (f"median {np.median(gaps):.5f}, worst {max(gaps):.5f} over {len(gaps)}" if gaps else "no bound"))
-    worst = feas[int(np.argmax([r["ratio"] for r in feas]))]
+    rated = [r for r in feas if r["ratio"] is not None]
+    worst = rated[int(np.argmax([r["ratio"] for r in rated]))]
     print(f"worst instance: {worst['model']} {worst['hardware']} P={worst['P']} {worst['kind']}")
     print(f"feasible instances solved feasibly by the gradient method: {solved} of {len(feas)}")
     print(f"infeasible instances reported infeasible: {reported} of {len(infeas)}")
