@@ -86,18 +86,21 @@ def current_state(p: DiscreteProblem, c: np.ndarray) -> CurrentState:
     )
 
 
-def _moved_memories(p: DiscreteProblem, c: np.ndarray, layers: np.ndarray) -> np.ndarray:
+def _moved_memories(p: DiscreteProblem, c: np.ndarray, layers: np.ndarray,
+                    scored: np.ndarray | None = None) -> np.ndarray:
     """Exact memories ``[K, O, ...]`` of plan ``c`` with the layers
     ``layers`` [K, m] moved to every combination of options (``m`` = 1:
     ``[K, O]``; 2: ``[K, O, O]``; ``inf`` where a layer cannot run the
-    option), each in the window of layers its move can change
-    (:func:`search.run_moves.moved_run_memories`)."""
+    option, or where ``scored`` [K, O, ...] is false), each in the window of
+    layers its move can change (:func:`search.run_moves.moved_run_memories`)."""
     O = p.num_options
     K, m = layers.shape
     grid = np.stack(np.meshgrid(*[np.arange(O)] * m, indexing="ij"), axis=-1).reshape(-1, m)  # [O^m, m]
     runs = np.ones((K, grid.shape[0]), bool)
     for j in range(m):
         runs &= p.feasible[layers[:, j][:, None], grid[None, :, j]]
+    if scored is not None:
+        runs &= scored.reshape(K, -1)
     kk, gg = np.nonzero(runs)
     out = np.full((K, grid.shape[0]), np.inf)
     out[kk, gg] = moved_run_memories(p, c, layers[kk], grid[gg])
@@ -134,9 +137,13 @@ def single_moves(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = N
     return MoveScores(time, np.maximum(backward, optimizer))
 
 
-def pair_moves(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = None) -> MoveScores:
+def pair_moves(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = None,
+               faster_than: float | None = None) -> MoveScores:
     """Time and memory ``[e, S, S]`` after moving both layers of edge ``k``,
-    its source to ``s`` and its destination to ``t``."""
+    its source to ``s`` and its destination to ``t``. With ``faster_than``,
+    only the moves whose time is below it get their memory (the others
+    ``inf``): where plans hold runs, a memory costs a window of layers
+    (:mod:`search.run_moves`), and the local search needs only those."""
     cur = current_state(p, c) if cur is None else cur
     u, v = p.edge_src, p.edge_dst
     rows = np.arange(p.num_layers)
@@ -167,6 +174,8 @@ def pair_moves(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = Non
     ws = np.maximum(np.maximum(others[:, None, None], p.workspace_bytes[u][:, :, None]), p.workspace_bytes[v][:, None, :])
     backward = cur.persistent_bytes + dA[u][:, :, None] + dA[v][:, None, :] + ws
     optimizer = cur.optimizer_bytes + dQ[u][:, :, None] + dQ[v][:, None, :]
+    scored = None if faster_than is None else time < faster_than
     if cur.runs:
-        return MoveScores(time, _moved_memories(p, c, np.stack([u, v], axis=1)))
-    return MoveScores(time, np.maximum(backward, optimizer))
+        return MoveScores(time, _moved_memories(p, c, np.stack([u, v], axis=1), scored))
+    memory = np.maximum(backward, optimizer)
+    return MoveScores(time, memory if scored is None else np.where(scored, memory, np.inf))

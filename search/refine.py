@@ -314,7 +314,7 @@ def local_search(p: DiscreteProblem, choice, memory_limit: float, max_moves: int
             c[lay] = s
             continue
         if p.num_edges:
-            pair = pair_moves(p, c, cur)
+            pair = pair_moves(p, c, cur, faster_than=t_now - tol)
             ok = (pair.memory_bytes <= limit) & (pair.time_s < t_now - tol)
             if ok.any():
                 k, s, t = np.unravel_index(int(np.argmin(np.where(ok, pair.time_s, np.inf))), pair.time_s.shape)

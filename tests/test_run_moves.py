@@ -4,6 +4,7 @@ layers a move can change, against the whole plans' memories
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -16,14 +17,15 @@ from test_remat_runs import hand_table
 
 def skip_problem(seed: int, n: int = 14):
     """A chain with random skip edges (several into one layer, as at a
-    ResNet's adds) and random bytes; options 0 (keep), 1 (remat), 2
+    ResNet's adds), random bytes and times; options 0 (keep), 1 (remat), 2
     (remat+join)."""
     rng = np.random.default_rng(seed)
     act, inputs, work = (rng.integers(1, 100, n).astype(float) for _ in range(3))
     skips = {(int(u), int(v)) for u, v in rng.integers(0, n, (n // 2, 2)) if v > u + 1}
     edges = [(i, i + 1) for i in range(n - 1)] + sorted(skips)
     shares = rng.uniform(0.2, 1.0, len(edges))
-    return discrete_problem(hand_table(edges, shares, act, inputs, work))
+    t = hand_table(edges, shares, act, inputs, work)
+    return discrete_problem(t._replace(compute_s=jnp.asarray(rng.uniform(1.0, 2.0, (n, 15)), jnp.float32)))
 
 
 def runny_plan(p, rng):
@@ -67,3 +69,25 @@ def test_moves_score_each_moved_plan_by_its_whole_memory():
                 x[u], x[v] = s, t
                 assert pair[k, s, t] == pytest.approx(plan_memories(p, x[None])[0], rel=1e-12)
     assert np.isinf(single[:, 3:]).all()  # options the layers cannot run
+
+
+@pytest.mark.parametrize("runs", [True, False])
+def test_pair_moves_score_memory_only_below_the_time_asked(runs):
+    """pair_moves(faster_than=t) leaves the time of every move and the
+    memory of each move faster than t as they are without it, and the
+    others' memory inf (the local search asks only for improving moves)."""
+    from search.problem import without_joins
+
+    rng = np.random.default_rng(3)
+    p = skip_problem(3, n=10)
+    p = p if runs else without_joins(p)
+    assert has_runs(p) == runs
+    c = runny_plan(p, rng) if runs else rng.integers(0, 2, p.num_layers)
+    full = pair_moves(p, c)
+    t = float(np.median(full.time_s[np.isfinite(full.time_s)]))
+    part = pair_moves(p, c, faster_than=t)
+    below = full.time_s < t
+    assert below.any() and (~below & np.isfinite(full.memory_bytes)).any()
+    np.testing.assert_array_equal(part.time_s, full.time_s)
+    np.testing.assert_array_equal(part.memory_bytes[below], full.memory_bytes[below])
+    assert np.isinf(part.memory_bytes[~below]).all()
