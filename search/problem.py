@@ -54,6 +54,7 @@ __all__ = [
     "plan_memory",
     "plan_times",
     "plan_memories",
+    "run_parts",
     "run_terms",
     "has_runs",
     "recomputing_saves_no_time",
@@ -338,15 +339,26 @@ def run_terms(p: DiscreteProblem, choices: np.ndarray) -> tuple[np.ndarray, np.n
     j = p.option_joins[c] & (np.arange(n) > 0)  # [N, n] (the first layer has no run to join)
     if not np.any(j[..., 1:] & p.option_recomputes[c[..., :-1]]):  # no layer joins a run: nothing changes
         return np.zeros(c.shape[:-1]), np.zeros(c.shape)
+    _, transient, credit = run_parts(p, c)
+    return credit.sum(axis=-1), transient
+
+
+def run_parts(p: DiscreteProblem, choices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The parts of :func:`run_terms`, per layer and edge, of plans
+    ``choices`` [N, n]: the first layer of each layer's run ``[N, n]``, each
+    layer's transient ``[N, n]``, and each edge's credit ``[N, e]`` (its
+    destination's freed checkpoint where both ends are in one run, else 0)."""
+    c = np.asarray(choices, dtype=np.int64)
+    n = p.num_layers
+    j = p.option_joins[c] & (np.arange(n) > 0)  # [N, n] (the first layer has no run to join)
     rec = p.recompute_bytes[np.arange(n), c]  # [N, n]
     start = np.maximum.accumulate(np.where(j, -1, np.arange(n)), axis=-1)  # [N, n] last layer <= l not joining
     before = np.concatenate([np.zeros(c.shape[:-1] + (1,)), np.cumsum(rec, axis=-1)], axis=-1)  # sums of rec[< k]
     run = before[..., 1:] - np.take_along_axis(before, start, axis=-1)  # [N, n] rec over the run up to l
     src_recomputes = p.option_recomputes[np.take(c, p.edge_src, axis=-1)]  # [N, e]
     inside = src_recomputes & (np.take(start, p.edge_dst, axis=-1) <= p.edge_src) & (p.edge_src < p.edge_dst)
-    credit = np.sum(np.where(inside, p.checkpoint_credit[np.arange(p.num_edges), np.take(c, p.edge_dst, axis=-1)], 0.0),
-                    axis=-1)
-    return credit, run - rec
+    credit = np.where(inside, p.checkpoint_credit[np.arange(p.num_edges), np.take(c, p.edge_dst, axis=-1)], 0.0)
+    return start, run - rec, credit
 
 
 def has_runs(p: DiscreteProblem) -> bool:

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from search.problem import DiscreteProblem
+from search.problem import DiscreteProblem, run_parts
 
 __all__ = ["RunState", "moved_run_memories", "run_state"]
 
@@ -50,22 +50,18 @@ class RunState(NamedTuple):
 
 def run_state(p: DiscreteProblem, c: np.ndarray) -> RunState:
     """The :class:`RunState` of plan ``c`` [n] (the terms of
-    :func:`search.problem.run_terms`, kept per layer)."""
+    :func:`search.problem.run_terms`, kept per layer:
+    :func:`search.problem.run_parts`)."""
     n, rows = p.num_layers, np.arange(p.num_layers)
     j = p.option_joins[c] & (rows > 0)  # [n]
-    rec = p.recompute_bytes[rows, c]
-    start = np.maximum.accumulate(np.where(j, -1, rows))
-    before = np.concatenate([[0.0], np.cumsum(rec)])
-    transient = before[1:] - before[start] - rec  # [n]
+    start, transient, credit = (x[0] for x in run_parts(p, c[None]))
     peak = p.workspace_bytes[rows, c] + transient
     peak_before = np.concatenate([[-np.inf], np.maximum.accumulate(peak)])
     peak_after = np.concatenate([np.maximum.accumulate(peak[::-1])[::-1], [-np.inf]])
     # end[l]: one before the first layer after l that does not join
     nxt = np.concatenate([np.where(~j[1:], rows[1:], n), [n]])  # [n] l + 1 if it starts a run, else n
     end = np.minimum.accumulate(nxt[::-1])[::-1] - 1
-    src, dst = p.edge_src, p.edge_dst
-    inside = p.option_recomputes[c[src]] & (start[dst] <= src) & (src < dst)
-    credit = np.where(inside, p.checkpoint_credit[np.arange(p.num_edges), c[dst]], 0.0)
+    dst = p.edge_dst
     by_dst = np.zeros(n + 1)
     np.add.at(by_dst, dst + 1, credit)
     deg = np.bincount(dst, minlength=n)
