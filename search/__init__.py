@@ -16,6 +16,7 @@ AutoML cost is built on)."""
 from search.brute import solve_brute
 from search.dp import DPResult, solve_dp
 from search.gradient import GradientConfig, RelaxedResult, relaxed_search
+from search.layer_chain import layer_order_chain
 from search.milp import MILPResult, smallest_memory, solve_milp
 from search.problem import (
     DiscreteProblem,
@@ -49,6 +50,7 @@ __all__ = [
     "chain_order",
     "compact_options",
     "discrete_problem",
+    "layer_order_chain",
     "local_search",
     "minimum_memory",
     "smallest_memory",

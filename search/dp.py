@@ -263,8 +263,12 @@ def _pareto_search(ch: _Chain, time: np.ndarray, budget_a: float, budget_q: floa
 
 
 def dp_solves(p: DiscreteProblem) -> bool:
-    """Whether :func:`solve_dp` takes ``p``: a chain graph, and, where plans
-    may hold runs of recomputing layers, one in layer order."""
+    """Whether the solvers' DP (:func:`search.solve`'s ``"dp"`` and ``"auto"``)
+    takes ``p``: a chain graph, and, where plans may hold runs of
+    recomputing layers, one in layer order. :func:`solve_dp` itself also
+    takes plans with runs on graphs in layer order whose skip edges reshard
+    nothing (:func:`search.run_chain.run_chain`; the bounds of
+    :func:`search.layer_chain.layer_order_chain`)."""
     return chain_order(p) is not None and (not has_runs(p) or run_chain(p) is not None)
 
 
@@ -293,20 +297,23 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     exact memory), and the exact completion and the smallest memory are
     :func:`search.dp_runs.search_runs`'s labels, which add the run's sum."""
     deadline = np.inf if time_limit_s is None else time.perf_counter() + float(time_limit_s)
-    order = chain_order(p)
+    rc = run_chain(p) if has_runs(p) else None
+    order = chain_order(p) if rc is None else np.arange(p.num_layers)
     if order is None:
         raise ValueError("the DP needs a chain graph (every layer feeds only the next); "
                          "use method='milp' or 'gradient' for graphs with branches")
-    rc = run_chain(p) if has_runs(p) else None
     if has_runs(p) and rc is None:
-        raise NotImplementedError("the DP searches runs of recomputed layers (remat+join) only on a chain in "
-                                  "layer order (every layer feeds the next); use method='milp' or 'gradient'")
+        raise NotImplementedError("the DP searches runs of recomputed layers (remat+join) only in layer order, "
+                                  "on edges that join consecutive layers or skip ahead without resharding "
+                                  "(search.run_chain.run_chain); use method='milp' or 'gradient'")
     n = p.num_layers
     limit = float(memory_limit)
     if n == 0:
         z = np.zeros(0, dtype=np.int64)
         return DPResult(z, 0.0, 0.0, True, 0.0, True, 0, 0)
     ch = _chain(p, order)
+    if rc is not None:  # the chain's own pairs, and the skip edges' credits taken off (search.run_chain)
+        ch = ch._replace(pair=rc.pair, persistent=np.where(p.feasible, rc.persistent, 0.0))
 
     def least() -> MinimumMemory:  # the smallest-memory plan
         if smallest is not None:

@@ -15,6 +15,16 @@ On a chain in layer order (every edge joins layer ``i - 1`` to layer
   it: a running sum ``r`` over the run, which starts again at every layer
   that does not join (the first layer never joins).
 
+Skip edges (``src < dst - 1``, resharding nothing:
+:func:`search.layer_chain.layer_order_chain` folds a residual network's
+into their destinations) free their destination's checkpoint where their
+source recomputes and the run reaches from it to the destination. The
+chain's ``persistent`` has every such credit taken off already (a
+relaxation, so the bounds to go hold); each label carries a bit mask of the
+open skip edges whose source recomputed with no run break since, cleared
+where a layer does not join, and adds a credit back where its edge closes
+unearned. Labels compare only with labels of the same mask.
+
 So a plan's backward phase is ``a + peak`` with ``a`` additive and
 ``peak = max_i (workspace_i + T_i)`` the largest transient, ``T_i`` the
 run's sum before ``i``; its optimizer phase ``q`` is additive. The search
@@ -68,7 +78,7 @@ def _least_kept(p: DiscreteProblem, rc: RunChain) -> np.ndarray:
     edge can free (+inf where infeasible)."""
     rows = np.arange(p.num_layers)
     freed = np.max(np.where(p.feasible[np.maximum(rows - 1, 0)][:, :, None], rc.credit, 0.0), axis=1)
-    return np.where(p.feasible, p.persistent_bytes - freed, np.inf)
+    return np.where(p.feasible, rc.persistent - freed, np.inf)  # (skip edges' credits taken off already)
 
 
 def run_intervals(p: DiscreteProblem, rc: RunChain, limit: float,
@@ -193,8 +203,13 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, by_time: bool, q_f
     prunes): ``(path or None, labels used, completed)``."""
     n, O = rc.time.shape
     J = rc.joins
-    # a label set: (tau, a, q, r, peak, parent option, parent label)
-    empty = tuple(np.zeros(0) for _ in range(5)) + (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    # skip edges by position: the bits of those that open (where the option recomputes) and close there
+    opens = np.zeros((n, O), dtype=np.int64)
+    for k in range(rc.skip_src.size):
+        opens[rc.skip_src[k]] |= np.where(rc.skip_starts[k], np.int64(1) << rc.skip_bit[k], 0)
+    closing = [np.flatnonzero(rc.skip_dst == i) for i in range(n)]
+    # a label set: (tau, a, q, r, peak, parent option, parent label, mask of open skip edges the run still reaches)
+    empty = tuple(np.zeros(0) for _ in range(5)) + tuple(np.zeros(0, np.int64) for _ in range(3))
     labels: list[list[tuple]] = []
     layer = []
     used = 0
@@ -203,7 +218,8 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, by_time: bool, q_f
             layer.append(empty)
             continue
         lab = (np.array([T[0, t]]), np.array([A[0, t]]), np.array([Q[0, t]]), np.array([R[0, t]]),
-               np.array([max(peak_floor, W[0, t])]), np.zeros(1, np.int64), np.zeros(1, np.int64))
+               np.array([max(peak_floor, W[0, t])]), np.zeros(1, np.int64), np.zeros(1, np.int64),
+               opens[0, t:t + 1].copy())
         ok = keep(0, t, *lab[:5])
         layer.append(tuple(x[ok] for x in lab))
         used += int(ok.sum())
@@ -224,12 +240,18 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, by_time: bool, q_f
             r = run + R[i, t]
             ps = np.concatenate([np.full(prev[s][0].size, s, np.int64) for s in live])
             pi = np.concatenate([np.arange(prev[s][0].size) for s in live])
+            mask = np.concatenate([prev[s][7] for s in live]) if J[i, t] else np.zeros(tau.size, np.int64)
+            for k in closing[i]:  # a skip edge the run does not reach from a recomputing source: credit back
+                bit = np.int64(1) << rc.skip_bit[k]
+                a = a + np.where(mask & bit, 0.0, rc.skip_credit[k, t])
+                mask = mask & ~bit
+            mask = mask | opens[i, t]
             ok = keep(i, t, tau, a, q, r, pk)
-            lab = tuple(x[ok] for x in (tau, a, q, r, pk, ps, pi))
+            lab = tuple(x[ok] for x in (tau, a, q, r, pk, ps, pi, mask))
             if lab[0].size:
                 cmp_t = lab[0] if by_time else np.zeros(lab[0].size)
                 cmp_q = np.maximum(lab[2], q_floor[i]) if by_time else lab[2]
-                f = nondominated_grouped(cmp_t, lab[1], cmp_q, np.maximum(lab[3], r_floor[i]), lab[4])
+                f = _filter(cmp_t, lab[1], cmp_q, np.maximum(lab[3], r_floor[i]), lab[4], lab[7])
                 lab = tuple(x[f] for x in lab)
             used += lab[0].size
             layer.append(lab)
@@ -249,6 +271,18 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, by_time: bool, q_f
     return label_path(labels, s, j, 5, 6), used, True
 
 
+def _filter(tau, a, q, r, pk, mask) -> np.ndarray:
+    """The labels no other label with the same open skip edges matches or
+    beats (:func:`search.pareto.nondominated_grouped` per mask)."""
+    if mask.size == 0 or np.all(mask == mask[0]):
+        return nondominated_grouped(tau, a, q, r, pk)
+    out = []
+    for m in np.unique(mask):
+        g = np.flatnonzero(mask == m)
+        out.append(g[nondominated_grouped(tau[g], a[g], q[g], r[g], pk[g])])
+    return np.sort(np.concatenate(out))
+
+
 def minimum_memory_runs(p: DiscreteProblem, rc: RunChain | None = None, *,
                         max_labels: int = 2_000_000) -> MinimumMemory:
     """The exact smallest memory of a chain problem in layer order whose
@@ -264,7 +298,8 @@ def minimum_memory_runs(p: DiscreteProblem, rc: RunChain | None = None, *,
         return MinimumMemory(0.0, np.zeros(0, dtype=np.int64), 0.0)
     rc = run_chain(p) if rc is None else rc
     if rc is None:
-        raise ValueError("minimum_memory_runs needs a chain graph in layer order (every layer feeds the next)")
+        raise ValueError("minimum_memory_runs needs a graph in layer order whose edges join consecutive layers "
+                         "or skip ahead resharding nothing (search.run_chain.run_chain)")
     free = without_joins(p)  # its smallest plan (else each layer's least kept bytes): the first upper bound
     if free.feasible.any(axis=1).all():
         choice = minimum_memory(free).choice

@@ -38,6 +38,7 @@ from search.dp_runs import minimum_memory_runs
 from search.problem import (
     DiscreteProblem,
     MinimumMemory,
+    chain_order,
     has_runs,
     minimum_memory,
     plan_memory,
@@ -268,7 +269,8 @@ def smallest_memory(p: DiscreteProblem, time_limit_s: float | None = None) -> Mi
     runs out of labels."""
     if not has_runs(p):
         return minimum_memory(p)
-    rc = run_chain(p)
+    # chains only: on a residual network's graph (search.layer_chain) the labels may take many minutes
+    rc = run_chain(p) if chain_order(p) is not None else None
     if rc is not None:
         try:
             return minimum_memory_runs(p, rc)

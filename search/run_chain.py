@@ -11,10 +11,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from search.problem import DiscreteProblem, chain_order
+from search.problem import DiscreteProblem
 
-__all__ = ["BUCKETS", "BucketMoves", "RunChain", "all_bucket_moves", "bucket_moves", "bucket_start", "bucket_to_go",
-           "bucket_viterbi", "run_chain"]
+__all__ = ["BUCKETS", "MAX_OPEN_SKIPS", "BucketMoves", "RunChain", "all_bucket_moves", "bucket_moves", "bucket_start",
+           "bucket_to_go", "bucket_viterbi", "run_chain"]
 
 BUCKETS = 16  # buckets of a run's sum in the DP's bounds (bucket_moves)
 
@@ -30,22 +30,65 @@ class RunChain(NamedTuple):
     joins: np.ndarray  # [n, O] bool: the option joins the run before it (never at position 0)
     pair: np.ndarray  # [n, O, O] seconds: position i - 1 on s, i on t (position 0 unused)
     credit: np.ndarray  # [n, O, O] bytes the edge i - 1 -> i frees on (s, t) (search.problem.run_terms)
+    # skip edges (src < dst - 1, resharding nothing): their credits, already taken off `persistent` at the
+    # destination (a relaxation); a plan earns one only where its source recomputes and the run reaches
+    # the destination, else the label search adds it back (search.dp_runs)
+    skip_src: np.ndarray  # [K] int
+    skip_dst: np.ndarray  # [K] int
+    skip_credit: np.ndarray  # [K, O] bytes, by the destination's option
+    skip_starts: np.ndarray  # [K, O] bool: the source's option recomputes (the edge can free its checkpoint)
+    skip_bit: np.ndarray  # [K] int64: the edge's bit in a label's mask of open edges (reused once it closes)
+
+
+MAX_OPEN_SKIPS = 62  # skip edges open at one position that a label's int64 mask holds
 
 
 def run_chain(p: DiscreteProblem) -> RunChain | None:
     """``p``'s :class:`RunChain`, or None where ``p`` is no chain in layer
-    order (runs follow the layers' order, :func:`search.problem.run_terms`)."""
+    order (runs follow the layers' order, :func:`search.problem.run_terms`):
+    every edge runs forward and joins consecutive layers, or skips ahead
+    resharding nothing (:func:`search.layer_chain.layer_order_chain` makes
+    them so) with at most :data:`MAX_OPEN_SKIPS` of them over any layer."""
     n, O = p.num_layers, p.num_options
-    order = chain_order(p)
-    if order is None or not np.array_equal(order, np.arange(n)):
+    src, dst = p.edge_src, p.edge_dst
+    if np.any(src >= dst):
+        return None
+    step = dst == src + 1
+    skip = np.flatnonzero(~step)
+    if np.any(p.reshard_s[skip] != 0.0):
+        return None
+    can_start = p.feasible[src[skip]] & p.option_recomputes[None, :]  # [K, O]
+    live = can_start.any(axis=1) & (p.checkpoint_credit[skip] > 0).any(axis=1)
+    skip = skip[live]  # the others never free anything
+    bits = _bits(src[skip], dst[skip])
+    if bits is None:
         return None
     pair = np.zeros((n, O, O))
     credit = np.zeros((n, O, O))
-    pair[p.edge_dst] = p.reshard_s  # edges join i - 1 to i: one per position
-    credit[p.edge_dst] = p.option_recomputes[None, :, None] * p.checkpoint_credit[:, None, :]
+    pair[dst[step]] = p.reshard_s[step]  # one edge per position (parallel edges are merged)
+    credit[dst[step]] = p.option_recomputes[None, :, None] * p.checkpoint_credit[step][:, None, :]
     joins = np.broadcast_to(p.option_joins, (n, O)) & (np.arange(n) > 0)[:, None]
-    return RunChain(time=p.layer_time_s, persistent=p.persistent_bytes, optimizer=p.optimizer_bytes,
-                    workspace=p.workspace_bytes, recompute=p.recompute_bytes, joins=joins, pair=pair, credit=credit)
+    persistent = p.persistent_bytes.copy()
+    np.subtract.at(persistent, dst[skip], p.checkpoint_credit[skip])
+    return RunChain(time=p.layer_time_s, persistent=persistent, optimizer=p.optimizer_bytes,
+                    workspace=p.workspace_bytes, recompute=p.recompute_bytes, joins=joins, pair=pair, credit=credit,
+                    skip_src=src[skip], skip_dst=dst[skip], skip_credit=p.checkpoint_credit[skip],
+                    skip_starts=can_start[live], skip_bit=bits)
+
+
+def _bits(src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:
+    """A bit per edge ``(src, dst]`` such that edges open at one position
+    have different bits (interval colouring in order of sources), or None
+    where more than :data:`MAX_OPEN_SKIPS` are open at once."""
+    out = np.zeros(src.size, dtype=np.int64)
+    free_at = np.full(MAX_OPEN_SKIPS, -1)  # the destination of the edge holding each bit
+    for k in np.argsort(src, kind="stable"):
+        ok = np.flatnonzero(free_at <= src[k])
+        if ok.size == 0:
+            return None
+        out[k] = ok[0]
+        free_at[ok[0]] = dst[k]
+    return out
 
 
 def bucket_moves(rc: RunChain, i: int, cap: float, buckets: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,103 @@
+"""Runs of recomputing layers on graphs with skip edges (residual networks):
+the label search carries the skip edges' checkpoint credits
+(search.run_chain, search.dp_runs), so the DP is exact where skip edges
+reshard nothing, and search.layer_chain's folding of their resharding
+bounds the fastest plan from both sides. Oracle: brute force over every
+plan of small random graphs."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_dp_runs import rich_table
+
+from search import discrete_problem, solve_brute, solve_dp
+from search.dp import dp_solves
+from search.dp_runs import minimum_memory_runs
+from search.layer_chain import layer_order_chain
+from search.problem import has_runs, plan_memory, plan_time
+from search.run_chain import run_chain
+
+# a downsampling block (1 -> 2 -> 3 -> 5 beside 1 -> 4 -> 5: no edge joins 3 and 4) and a longer skip over it
+EDGES = [(0, 1), (1, 2), (2, 3), (1, 4), (3, 5), (4, 5), (0, 5)]
+
+
+def dag_table(seed: int, skip_reshard: bool):
+    t = rich_table(seed, 6, edges=EDGES)
+    skip = np.array([v != u + 1 for u, v in EDGES])
+    rng = np.random.default_rng(100 + seed)
+    # every layer may keep, recompute or join (strategy 0), and checkpoints are large: skip credits matter
+    feasible = np.asarray(t.feasible).copy()
+    feasible[:, :3] = True
+    ckpt = np.where(np.arange(15) % 3 > 0, rng.integers(50, 300, (6, 15)), 0)
+    t = t._replace(feasible=jnp.asarray(feasible), checkpoint_bytes=jnp.asarray(ckpt, jnp.float32),
+                   edge_input_share=jnp.asarray(rng.uniform(0.3, 1.0, len(EDGES)), jnp.float32))
+    if not skip_reshard:
+        t = t._replace(reshard_s=jnp.where(jnp.asarray(skip)[:, None, None], 0.0, t.reshard_s))
+    return t
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dp_over_runs_with_skip_edges_matches_brute_force(seed):
+    """Skip edges that reshard nothing: the DP takes the graph, its smallest
+    memory and its fastest plan at limits from below the smallest memory to
+    above the fastest plan's are brute force's, proven."""
+    p = discrete_problem(dag_table(seed, skip_reshard=False))
+    rc = run_chain(p)
+    assert has_runs(p) and not dp_solves(p) and rc is not None and rc.skip_src.size >= 2
+    full = solve_brute(p)
+    assert minimum_memory_runs(p).memory_bytes == pytest.approx(full.min_memory_bytes, rel=1e-12)
+    for limit in np.linspace(full.min_memory_bytes * 0.99, full.memory_bytes * 1.02, 5):
+        brute, dp = solve_brute(p, limit), solve_dp(p, limit)
+        assert dp.feasible == brute.feasible
+        if brute.feasible:
+            assert dp.exact and dp.time_s == pytest.approx(brute.time_s, rel=1e-9)
+            assert plan_memory(p, dp.choice) == dp.memory_bytes <= limit
+
+
+def test_skip_credits_change_the_answer():
+    """The test above can fail: without the skip edges' credits, the
+    smallest memory or the fastest plan at its limits moves on several of
+    its graphs."""
+    moved = 0
+    for seed in range(6):
+        p = discrete_problem(dag_table(seed, skip_reshard=False))
+        skip = p.edge_dst != p.edge_src + 1
+        none = p._replace(checkpoint_credit=np.where(skip[:, None], 0.0, p.checkpoint_credit))
+        full = solve_brute(p)
+        for limit in np.linspace(full.min_memory_bytes * 0.99, full.memory_bytes * 1.02, 5):
+            a, b = solve_brute(p, limit), solve_brute(none, limit)
+            moved += (a.feasible != b.feasible) or (a.feasible and a.time_s != pytest.approx(b.time_s, rel=1e-9))
+    assert moved >= 5
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_folded_resharding_bounds_the_fastest_plan(seed):
+    """Skip edges that reshard: the DP does not take the graph; on
+    layer_order_chain's lower and upper problems it does, every plan keeps
+    its memory, and their fastest plans bound brute force's time from below
+    and above at every limit."""
+    p = discrete_problem(dag_table(seed, skip_reshard=True))
+    assert has_runs(p) and run_chain(p) is None
+    lo, hi = layer_order_chain(p, "lower"), layer_order_chain(p, "upper")
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        c = np.array([rng.choice(np.flatnonzero(f)) for f in p.feasible])
+        assert plan_memory(lo, c) == plan_memory(p, c) == plan_memory(hi, c)
+        assert plan_time(lo, c) <= plan_time(p, c) <= plan_time(hi, c)
+    full = solve_brute(p)
+    for limit in np.linspace(full.min_memory_bytes, full.memory_bytes * 1.02, 4):
+        brute, a, b = solve_brute(p, limit), solve_dp(lo, limit), solve_dp(hi, limit)
+        assert a.feasible and b.feasible and a.exact and b.exact
+        assert a.time_s <= brute.time_s * (1 + 1e-9) <= plan_time(p, a.choice) * (1 + 2e-9)
+        assert brute.time_s <= plan_time(p, b.choice) * (1 + 1e-9) <= b.time_s * (1 + 2e-9)
+
+
+def test_layer_order_chain_rejects_what_it_cannot_fold():
+    p = discrete_problem(dag_table(0, skip_reshard=True))
+    with pytest.raises(ValueError, match="lower"):
+        layer_order_chain(p, "middle")
+    back = p._replace(edge_src=p.edge_dst, edge_dst=p.edge_src)
+    with pytest.raises(ValueError, match="earlier layer"):
+        layer_order_chain(back, "lower")
