@@ -40,9 +40,10 @@ def dag_table(seed: int, skip_reshard: bool):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_dp_over_runs_with_skip_edges_matches_brute_force(seed):
-    """Skip edges that reshard nothing: the DP takes the graph, its smallest
-    memory and its fastest plan at limits from below the smallest memory to
-    above the fastest plan's are brute force's, proven."""
+    """Skip edges that reshard nothing: solve_dp takes the graph (solve's DP
+    paths do not: dp_solves), and its smallest memory and its fastest plan
+    at limits from below the smallest memory to above the fastest plan's
+    are brute force's, proven."""
     p = discrete_problem(dag_table(seed, skip_reshard=False))
     rc = run_chain(p)
     assert has_runs(p) and not dp_solves(p) and rc is not None and rc.skip_src.size >= 2
