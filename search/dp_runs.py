@@ -203,11 +203,8 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, by_time: bool, q_f
     prunes): ``(path or None, labels used, completed)``."""
     n, O = rc.time.shape
     J = rc.joins
-    # skip edges by position: the bits of those that open (where the option recomputes) and close there
-    opens = np.zeros((n, O), dtype=np.int64)
-    for k in range(rc.skip_src.size):
-        opens[rc.skip_src[k]] |= np.where(rc.skip_starts[k], np.int64(1) << rc.skip_bit[k], 0)
-    closing = [np.flatnonzero(rc.skip_dst == i) for i in range(n)]
+    opens = rc.skip_opens  # [n, O] the bits of the skip edges each option opens
+    closing = [np.flatnonzero(rc.skip_dst == i) for i in range(n)]  # the skip edges closing at each position
     # a label set: (tau, a, q, r, peak, parent option, parent label, mask of open skip edges the run still reaches)
     empty = tuple(np.zeros(0) for _ in range(5)) + tuple(np.zeros(0, np.int64) for _ in range(3))
     labels: list[list[tuple]] = []

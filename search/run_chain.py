@@ -36,8 +36,8 @@ class RunChain(NamedTuple):
     skip_src: np.ndarray  # [K] int
     skip_dst: np.ndarray  # [K] int
     skip_credit: np.ndarray  # [K, O] bytes, by the destination's option
-    skip_starts: np.ndarray  # [K, O] bool: the source's option recomputes (the edge can free its checkpoint)
     skip_bit: np.ndarray  # [K] int64: the edge's bit in a label's mask of open edges (reused once it closes)
+    skip_opens: np.ndarray  # [n, O] int64: the bits of the skip edges each option opens there (it recomputes)
 
 
 MAX_OPEN_SKIPS = 62  # skip edges open at one position that a label's int64 mask holds
@@ -70,10 +70,12 @@ def run_chain(p: DiscreteProblem) -> RunChain | None:
     joins = np.broadcast_to(p.option_joins, (n, O)) & (np.arange(n) > 0)[:, None]
     persistent = p.persistent_bytes.copy()
     np.subtract.at(persistent, dst[skip], p.checkpoint_credit[skip])
+    opens = np.zeros((n, O), dtype=np.int64)
+    np.bitwise_or.at(opens, src[skip], np.where(can_start[live], np.int64(1) << bits[:, None], 0))
     return RunChain(time=p.layer_time_s, persistent=persistent, optimizer=p.optimizer_bytes,
                     workspace=p.workspace_bytes, recompute=p.recompute_bytes, joins=joins, pair=pair, credit=credit,
-                    skip_src=src[skip], skip_dst=dst[skip], skip_credit=p.checkpoint_credit[skip],
-                    skip_starts=can_start[live], skip_bit=bits)
+                    skip_src=src[skip], skip_dst=dst[skip], skip_credit=p.checkpoint_credit[skip], skip_bit=bits,
+                    skip_opens=opens)
 
 
 def _bits(src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:

@@ -52,7 +52,15 @@ def test_dp_over_runs_matches_brute_force(seed):
     assert minimum_memory_runs(p).memory_bytes == pytest.approx(full.min_memory_bytes, rel=1e-12)
     mm = smallest_memory(p)
     assert mm.exact and plan_memory(p, mm.choice) == pytest.approx(full.min_memory_bytes, rel=1e-12)
-    for limit in np.linspace(full.min_memory_bytes * 0.99, full.memory_bytes * 1.02, 6):
+    assert_dp_matches_brute_force(p, full, 6)
+
+
+def assert_dp_matches_brute_force(p, full, count: int):
+    """solve_dp at ``count`` limits from below brute force's smallest memory
+    (``full``: its result without a limit) to above its fastest plan's: the
+    same feasibility and time, proven, within the limit; without a plan,
+    the smallest memory."""
+    for limit in np.linspace(full.min_memory_bytes * 0.99, full.memory_bytes * 1.02, count):
         brute, dp = solve_brute(p, limit), solve_dp(p, limit)
         assert dp.feasible == brute.feasible
         if brute.feasible:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_dp_runs import rich_table
+from test_dp_runs import assert_dp_matches_brute_force, rich_table
 
 from search import discrete_problem, solve_brute, solve_dp
 from search.dp import dp_solves
@@ -49,12 +49,7 @@ def test_dp_over_runs_with_skip_edges_matches_brute_force(seed):
     assert has_runs(p) and not dp_solves(p) and rc is not None and rc.skip_src.size >= 2
     full = solve_brute(p)
     assert minimum_memory_runs(p).memory_bytes == pytest.approx(full.min_memory_bytes, rel=1e-12)
-    for limit in np.linspace(full.min_memory_bytes * 0.99, full.memory_bytes * 1.02, 5):
-        brute, dp = solve_brute(p, limit), solve_dp(p, limit)
-        assert dp.feasible == brute.feasible
-        if brute.feasible:
-            assert dp.exact and dp.time_s == pytest.approx(brute.time_s, rel=1e-9)
-            assert plan_memory(p, dp.choice) == dp.memory_bytes <= limit
+    assert_dp_matches_brute_force(p, full, 5)
 
 
 def test_skip_credits_change_the_answer():
