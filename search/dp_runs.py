@@ -42,10 +42,14 @@ The DP's Lagrangian bounds come from a Viterbi over the options and the run
 sum rounded down into buckets (:func:`search.run_chain.bucket_viterbi`),
 which never overstates a transient, so they hold; its labels are pruned by
 the same bucketed bounds to go (:func:`search.run_chain.bucket_to_go`). Most
-labels' peaks sit at the floor ``f`` and compare equal, and a label's ``r``
-compares as ``max(r, f - G_i)``, ``G_i`` the most any continuation of the
-run can add to a later transient: below that ``r`` never raises the peak
-above the floor.
+labels' peaks sit at the floor ``f`` and compare equal. Each coordinate
+compares only above where it can still change how a plan ends (``coords``
+in :func:`search_runs`): a label's ``r`` as ``max(r, peak - G_i)``, ``G_i``
+the most any continuation of the run can add to a later transient (below
+that ``r`` never raises the peak); by time, ``q`` only above what still
+fits whatever follows; by memory, ``q`` only above the least the backward
+phase can end at less what the optimizer phase can add, and the peak as
+``a + peak`` (beside ``a``), which is how it counts.
 """
 
 from __future__ import annotations
@@ -155,7 +159,6 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
     for i in range(n - 2, -1, -1):
         G[i] = max(np.max(np.where(inside[i + 1] & J[i + 1], W[i + 1], -np.inf)),
                    np.max(np.where(inside[i + 1] & J[i + 1], R[i + 1], -np.inf)) + G[i + 1])
-    r_floor = fl - G  # [n] a run's sum below this never lifts the peak over the floor
     if by_time:
         use_mult = (lam > 0 or mu > 0) and np.isfinite(limit)
         weighted = T + lam * np.where(inside, rc.persistent, 0.0) + mu * np.where(inside, rc.optimizer, 0.0)
@@ -163,7 +166,28 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
         h_mult = bucket_to_go(rc, inside, weighted, rc.pair - lam * rc.credit, cap, buckets) if use_mult else h_time
         q_most = np.where(inside, Q, -np.inf).max(axis=1)
         q_floor = limit - np.r_[np.cumsum(q_most[::-1])[::-1][1:], 0.0]  # [n] (search.dp._pareto_search)
+    else:  # [n, O] the least a completion adds to the backward phase less what it adds to the optimizer's
+        gap = np.where(inside, rc.persistent, 0.0) - np.where(inside, rc.optimizer, 0.0)
+        d_go = _to_go(rc, inside, np.where(inside, gap, np.inf), -rc.credit)
     bar = [np.inf]  # what a path must beat: the search's upper bound less the tolerance
+
+    def coords(i, t, tau, a, q, r, pk):
+        """The coordinates labels compare in, so that a label no larger
+        than another in all five ends no worse after every completion. A
+        run's sum ``r`` counts only above ``pk - G[i]``: below, it lifts no
+        later transient above ``pk``. The optimizer phase ``q``: by time, it
+        only has to fit, which it does below ``q_floor[i]`` whatever follows;
+        by memory, it counts only where it ends above the backward phase,
+        which a completion ends at least ``d_go[i, t]`` above where ``q``
+        ends, so ``q`` counts only above ``a + pk + d_go``. By memory, the
+        peak compares as ``a + pk`` beside ``a``: with both no larger (and
+        ``r`` as above), ``a + max(pk, later transients)`` is no larger
+        either, which labels with a lower peak but more kept bytes no longer
+        break."""
+        cmp_r = np.maximum(r, pk - G[i])
+        if by_time:
+            return tau, a, np.maximum(q, q_floor[i]), cmp_r, pk
+        return a + pk, a, np.maximum(q, a + pk + d_go[i, t]), cmp_r, np.zeros(tau.size)
 
     def keep(i, t, tau, a, q, r, pk):
         limit_t = limit_m = bar[0]
@@ -178,8 +202,7 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
     def below(bound: float, budget: int):
         """The best path beating ``bound``: (path or None, labels, completed)."""
         bar[0] = bound * (1.0 - _TOL)
-        return _search_labels(rc, inside, T, A, Q, W, R, keep, by_time, q_floor if by_time else None, r_floor, fl,
-                              budget, deadline)
+        return _search_labels(rc, inside, T, A, Q, W, R, keep, coords, by_time, fl, budget, deadline)
 
     if lower is None or not (np.isfinite(lower) and lower > 0):
         path, used, done = below(upper, max_labels)
@@ -197,10 +220,11 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
     return None, used, True, proven
 
 
-def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, by_time: bool, q_floor, r_floor, peak_floor: float,
+def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, coords, by_time: bool, peak_floor: float,
                    max_labels: int, deadline: float):
     """:func:`search_runs`' label propagation at one upper bound (``keep``
-    prunes): ``(path or None, labels used, completed)``."""
+    prunes, labels compare in ``coords``): ``(path or None, labels used,
+    completed)``."""
     n, O = rc.time.shape
     J = rc.joins
     opens = rc.skip_opens  # [n, O] the bits of the skip edges each option opens
@@ -246,9 +270,7 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, by_time: bool, q_f
             ok = keep(i, t, tau, a, q, r, pk)
             lab = tuple(x[ok] for x in (tau, a, q, r, pk, ps, pi, mask))
             if lab[0].size:
-                cmp_t = lab[0] if by_time else np.zeros(lab[0].size)
-                cmp_q = np.maximum(lab[2], q_floor[i]) if by_time else lab[2]
-                f = _filter(cmp_t, lab[1], cmp_q, np.maximum(lab[3], r_floor[i]), lab[4], lab[7])
+                f = _filter(*coords(i, t, *lab[:5]), lab[7])
                 lab = tuple(x[f] for x in lab)
             used += lab[0].size
             layer.append(lab)

@@ -14,14 +14,19 @@ from search import discrete_problem, smallest_memory, solve, solve_brute, solve_
 from search.dp import dp_solves, viterbi
 from search.dp_runs import lighter_runs, minimum_memory_runs
 from search.pareto import nondominated_grouped
+from search.milp import minimum_memory_milp, solve_milp
 from search.problem import has_runs, plan_memory, plan_time
 from search.run_chain import run_chain
 
 
-def rich_table(seed: int, n: int, edges=None):
+def rich_table(seed: int, n: int, edges=None, state_most: int = 100, workspace_most: int = 100,
+               update_share: float = 0.0):
     """A chain of ``n`` layers (or ``edges``) with five strategies under the
     "remat" menu (keep, remat, remat+join), about 60 % of the options
-    runnable, random costs."""
+    runnable, random costs (state and workspace bytes below ``state_most``
+    and ``workspace_most``; up to ``update_share`` of the state is the
+    optimizer's update, which the backward phase does not hold, so that
+    the optimizer phase can be the larger)."""
     rng = np.random.default_rng(seed)
     edges = [(i, i + 1) for i in range(n - 1)] if edges is None else edges
     t = hand_table(edges, [1.0] * len(edges), *(rng.integers(1, 100, n).astype(float) for _ in range(3)))
@@ -30,10 +35,12 @@ def rich_table(seed: int, n: int, edges=None):
     feasible[:, 0] = True
     recomputes = np.arange(O) % 3 > 0
     f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    compute = rng.uniform(1, 2, (n, O))
+    state = rng.integers(0, state_most, (n, O))
+    update = np.floor(state * np.random.default_rng([seed, 1]).uniform(0, update_share, (n, O)))
     return t._replace(
-        feasible=jnp.asarray(feasible), compute_s=f(rng.uniform(1, 2, (n, O))),
-        state_bytes=f(rng.integers(0, 100, (n, O))), activation_bytes=f(rng.integers(1, 200, (n, O))),
-        workspace_bytes=f(rng.integers(1, 100, (n, O))),
+        feasible=jnp.asarray(feasible), compute_s=f(compute), state_bytes=f(state), update_bytes=f(update),
+        activation_bytes=f(rng.integers(1, 200, (n, O))), workspace_bytes=f(rng.integers(1, workspace_most, (n, O))),
         recompute_bytes=f(np.where(recomputes, rng.integers(1, 150, (n, O)), 0)),
         checkpoint_bytes=f(np.where(recomputes, rng.integers(1, 80, (n, O)), 0)),
         reshard_s=f(rng.uniform(0, 0.5, (len(edges), 5, 5))),
@@ -236,3 +243,39 @@ def test_the_dp_intervals_cover_every_plan_that_fits(seed):
         assert inside.any(axis=1).all()
         # and the interval's lower bound is no more than the plan's memory
         assert np.all(np.any(inside & (bound[None, :] <= memory[fits, None] * (1 + 1e-12)), axis=1))
+
+
+RICH = dict(state_most=1000, workspace_most=300, update_share=0.9)  # either phase may be the larger
+
+
+# 16-layer chains where either phase may be the larger; 20-layer chains (seeds where comparing a run's sum
+# or the kept bytes wrongly changes the smallest memory) where the workspaces vary as much as the state
+MILP_CASES = [(100 + s, 16, RICH) for s in range(6)] + [(s, 20, dict(state_most=300, workspace_most=300))
+                                                        for s in (103, 105, 115, 117)]
+
+
+@pytest.mark.parametrize("seed, n, kw", MILP_CASES)
+def test_label_searches_match_the_milp(seed, n, kw):
+    """The label searches give the MILP's answers (another exact solver)
+    on chains larger than brute force takes: the smallest memory, and the
+    fastest plan at three limits. Their dominance compares the optimizer
+    phase, a run's sum and the peak only where these can still change how
+    a plan ends, and must drop no label an optimum needs."""
+    p = discrete_problem(rich_table(seed, n, **kw))
+    ref = minimum_memory_milp(p)
+    assert ref.exact
+    assert minimum_memory_runs(p).memory_bytes == pytest.approx(ref.memory_bytes, rel=1e-12)
+    for limit in ref.memory_bytes * np.array([1.001, 1.05, 1.2]):
+        dp, milp = solve_dp(p, limit), solve_milp(p, limit, smallest=ref)
+        assert dp.feasible and dp.exact and milp.exact
+        assert dp.time_s == pytest.approx(milp.time_s, rel=1e-6)
+
+
+def test_rich_chains_need_the_optimizer_phase():
+    """The RICH chains above are not vacuous: on each, the plan with the
+    smallest backward phase (the optimizer phase left out) needs more
+    memory than the smallest memory."""
+    for seed in range(100, 106):
+        p = discrete_problem(rich_table(seed, 16, **RICH))
+        backward_only = minimum_memory_milp(p._replace(optimizer_bytes=np.where(p.feasible, 0.0, np.inf)))
+        assert plan_memory(p, backward_only.choice) > minimum_memory_milp(p).memory_bytes
