@@ -277,7 +277,7 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
                 exact_method, m = unproven[i]
                 history.append(HistoryEntry(exact_method, m.time_s, m.memory_bytes, m.feasible))
                 bound = m.lower_bound_s
-                if m.feasible and m.time_s < time_s:
+                if m.feasible and (mem > lim or m.time_s < time_s):  # it fits; the gradient's plan is slower or not
                     choice, time_s, mem, used = m.choice, m.time_s, m.memory_bytes, exact_method
             if mem <= lim:
                 choice = drop_idle_levers(p, choice, lim)

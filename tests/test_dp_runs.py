@@ -279,3 +279,30 @@ def test_rich_chains_need_the_optimizer_phase():
         p = discrete_problem(rich_table(seed, 16, **RICH))
         backward_only = minimum_memory_milp(p._replace(optimizer_bytes=np.where(p.feasible, 0.0, np.inf)))
         assert plan_memory(p, backward_only.choice) > minimum_memory_milp(p).memory_bytes
+
+
+def test_auto_keeps_the_dp_plan_that_fits_over_a_faster_one_that_does_not(monkeypatch):
+    """auto, the DP stopped in time (its plan fits, not proven) and the
+    gradient search given a smallest plan that does not fit (an unproven
+    smallest memory, forced: the smallest without runs): where the gradient
+    search's plan breaks the limit, auto returns the DP's plan, which fits,
+    although the other is faster."""
+    import search.solver as solver_module
+    from search.problem import minimum_memory, without_joins
+
+    t = rich_table(5, 5)
+    p = discrete_problem(t)
+    full = solve_brute(p)
+    monkeypatch.setattr(solver_module, "AUTO_MILP_TIME_LIMIT_S", 0.0)
+    monkeypatch.setattr(solver_module, "smallest_memory",
+                        lambda q, time_limit_s=None: minimum_memory(without_joins(q))._replace(exact=False))
+    checked = 0
+    for limit in np.linspace(full.min_memory_bytes, full.memory_bytes, 8)[1:-1]:
+        r = solve_dp(p, limit, time_limit_s=0.0)
+        grad = solve(t, memory_limit=limit, method="gradient")
+        if r.exact or grad.feasible:
+            continue
+        sol = solve(t, memory_limit=limit, method="auto")
+        assert sol.feasible and sol.method == "dp" and sol.time_s == r.time_s and grad.time_s < r.time_s
+        checked += 1
+    assert checked
