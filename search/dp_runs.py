@@ -303,7 +303,7 @@ def _filter(tau, a, q, r, pk, mask) -> np.ndarray:
 
 
 def minimum_memory_runs(p: DiscreteProblem, rc: RunChain | None = None, *,
-                        max_labels: int = 2_000_000) -> MinimumMemory:
+                        max_labels: int = 2_000_000, deadline: float = np.inf) -> MinimumMemory:
     """The exact smallest memory of a chain problem in layer order whose
     plans may hold runs (:func:`search.problem.minimum_memory`'s answer where
     runs break its layer-by-layer sums): :func:`search_runs` by memory in
@@ -311,7 +311,9 @@ def minimum_memory_runs(p: DiscreteProblem, rc: RunChain | None = None, *,
     smallest plan without runs, the first upper bound), in the order of
     their lower bounds until the next is no better than the best plan
     found. Raises ``ValueError`` where ``p`` is no chain in layer order,
-    ``RuntimeError`` where a cap needs more than ``max_labels`` labels."""
+    ``RuntimeError`` where an interval needs more than ``max_labels``
+    labels or the search runs past the ``time.perf_counter()`` value
+    ``deadline``."""
     n = p.num_layers
     if n == 0:
         return MinimumMemory(0.0, np.zeros(0, dtype=np.int64), 0.0)
@@ -330,9 +332,10 @@ def minimum_memory_runs(p: DiscreteProblem, rc: RunChain | None = None, *,
         if bound[k] >= best * (1 - _TOL):
             break
         path, used, done, _ = search_runs(rc, float(caps[k]), float(floors[k]), np.inf, best, minimize="memory",
-                                          max_labels=max_labels)
+                                          max_labels=max_labels, deadline=deadline)
         if not done:
-            raise RuntimeError(f"the smallest memory with runs needs over {max_labels} labels in one interval")
+            raise RuntimeError(f"the smallest memory with runs needs over {max_labels} labels in one interval"
+                               if used > max_labels else "the smallest memory with runs ran past its deadline")
         if path is not None and plan_memory(p, path) < best:
             best, choice = plan_memory(p, path), path
     return MinimumMemory(best, choice, float(p.workspace_bytes[np.arange(n), choice].max()))

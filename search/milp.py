@@ -35,10 +35,10 @@ import scipy.sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from search.dp_runs import minimum_memory_runs
+from search.layer_chain import layer_order_chain
 from search.problem import (
     DiscreteProblem,
     MinimumMemory,
-    chain_order,
     has_runs,
     minimum_memory,
     plan_memory,
@@ -261,22 +261,31 @@ def _run_rows(p: DiscreteProblem, add, lo: list, up: list, r: int, xi, vi, ve, v
 def smallest_memory(p: DiscreteProblem, time_limit_s: float | None = None) -> MinimumMemory:
     """The exact smallest memory of any plan of any problem: the layer-by-layer
     search (:func:`search.problem.minimum_memory`); where plans may hold runs
-    of recomputing layers (:func:`search.problem.has_runs`), the label search
-    over runs on a chain in layer order
-    (:func:`search.dp_runs.minimum_memory_runs`), else the MILP
-    (:func:`minimum_memory_milp`, within ``time_limit_s``: then perhaps not
-    proven, ``exact=False``), which also takes over where the label search
-    runs out of labels."""
+    of recomputing layers (:func:`search.problem.has_runs`) on a graph in
+    layer order, the label search over runs
+    (:func:`search.dp_runs.minimum_memory_runs`): on a chain, in full; on a
+    graph with skip edges (a residual network), over
+    :func:`search.layer_chain.layer_order_chain`'s problem, whose plans and
+    memory are the graph's, within half of ``time_limit_s`` (its labels may
+    take minutes there); else, or where the label search runs out of labels
+    or time, the MILP (:func:`minimum_memory_milp`, within what is left of
+    ``time_limit_s``, at least half: then perhaps not proven,
+    ``exact=False``)."""
     if not has_runs(p):
         return minimum_memory(p)
-    # chains only: on a residual network's graph (search.layer_chain) the labels may take many minutes
-    rc = run_chain(p) if chain_order(p) is not None else None
-    if rc is not None:
-        try:
-            return minimum_memory_runs(p, rc)
-        except RuntimeError:  # past its label budget: the MILP instead
-            pass
-    return minimum_memory_milp(p, time_limit_s)
+    start = _time.perf_counter()
+    if np.all(p.edge_src < p.edge_dst):
+        ordered = layer_order_chain(p, "lower")  # (a chain in layer order: p itself)
+        rc = run_chain(ordered)
+        if rc is not None:
+            skips = rc.skip_src.size > 0
+            deadline = start + time_limit_s / 2 if skips and time_limit_s is not None else np.inf
+            try:
+                return minimum_memory_runs(ordered, rc, deadline=deadline)
+            except RuntimeError:  # past its label budget or its time: the MILP instead
+                pass
+    left = None if time_limit_s is None else max(time_limit_s - (_time.perf_counter() - start), time_limit_s / 2)
+    return minimum_memory_milp(p, left)
 
 
 def minimum_memory_milp(p: DiscreteProblem, time_limit_s: float | None = None) -> MinimumMemory:

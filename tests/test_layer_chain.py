@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from test_dp_runs import assert_dp_matches_brute_force, rich_table
 
-from search import discrete_problem, solve_brute, solve_dp
+from search import discrete_problem, smallest_memory, solve_brute, solve_dp
+from search import milp as milp_module
 from search.dp import dp_solves
 from search.dp_runs import minimum_memory_runs
 from search.layer_chain import layer_order_chain
@@ -88,6 +89,33 @@ def test_folded_resharding_bounds_the_fastest_plan(seed):
         assert a.feasible and b.feasible and a.exact and b.exact
         assert a.time_s <= brute.time_s * (1 + 1e-9) <= plan_time(p, a.choice) * (1 + 2e-9)
         assert brute.time_s <= plan_time(p, b.choice) * (1 + 1e-9) <= b.time_s * (1 + 2e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_smallest_memory_of_a_graph_whose_skip_edges_reshard(seed, monkeypatch):
+    """smallest_memory takes a graph whose skip edges reshard by the label
+    search over layer_order_chain's problem (same plans, same memory):
+    brute force's smallest memory, proven, without the MILP; where the
+    label search runs out of labels or time, the MILP's, also brute force's
+    here."""
+    p = discrete_problem(dag_table(seed, skip_reshard=True))
+    full = solve_brute(p)
+    calls = []
+    real_milp = milp_module.minimum_memory_milp
+    monkeypatch.setattr(milp_module, "minimum_memory_milp", lambda *a, **k: calls.append(1) or real_milp(*a, **k))
+    mm = smallest_memory(p)
+    assert mm.exact and not calls
+    assert mm.memory_bytes == plan_memory(p, mm.choice) == pytest.approx(full.min_memory_bytes, rel=1e-12)
+    with pytest.raises(RuntimeError, match="deadline"):
+        minimum_memory_runs(layer_order_chain(p, "lower"), deadline=0.0)
+
+    def out_of_labels(*args, **kwargs):
+        raise RuntimeError("out of labels")
+
+    monkeypatch.setattr(milp_module, "minimum_memory_runs", out_of_labels)
+    mm = smallest_memory(p)
+    assert calls and mm.exact
+    assert plan_memory(p, mm.choice) == pytest.approx(full.min_memory_bytes, rel=1e-9)
 
 
 def test_layer_order_chain_rejects_what_it_cannot_fold():
