@@ -25,12 +25,14 @@ summary gives the ratios of search times. With ``--remat-runs`` (and
 ``--levers remat|all``) every layer that saves activations may recompute,
 alone or in a run with the layers before it (``remat+join``,
 ``CostSettings.remat_runs``); the DP then searches the runs on chains
-(``search.dp_runs``) beside the MILP. On graphs with branches only the MILP
-searches runs, and it may not prove even the smallest memory within
-``--milp-time-limit``: the limits then come from the smallest memory it
-found (a plan fits the tight limit, but no infeasible instance can be
-claimed, so there is none), the exact solvers take that answer instead of
-searching it again, and rows the MILP did not prove say so; the summary
+(``search.dp_runs``) beside the MILP. On graphs with branches the smallest
+memory comes from the same labels over the layer-order problem
+(``search.smallest_memory``: within half of ``--milp-time-limit``, then
+the MILP), but only the MILP searches the fastest plan with runs. Where
+the smallest memory is not proven, the limits come from the smallest
+memory found (a plan fits the tight limit, but no infeasible instance can
+be claimed, so there is none), the exact solvers take that answer instead
+of searching it again, and rows the MILP did not prove say so; the summary
 gives the gradient method's time against the MILP's lower bound there.
 
     PYTHONPATH=. .venv/bin/python benchmarks/search_quality.py [--quick] [--models a,b] [--levers all]
