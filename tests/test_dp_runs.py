@@ -250,8 +250,8 @@ RICH = dict(state_most=1000, workspace_most=300, update_share=0.9)  # either pha
 
 # 16-layer chains where either phase may be the larger; 20-layer chains (seeds where comparing a run's sum
 # or the kept bytes wrongly changes the smallest memory) where the workspaces vary as much as the state
-MILP_CASES = [(100 + s, 16, RICH) for s in range(6)] + [(s, 20, dict(state_most=300, workspace_most=300))
-                                                        for s in (103, 105, 115, 117)]
+MILP_CASES = [(100 + s, 16, RICH) for s in range(4)] + [(s, 20, dict(state_most=300, workspace_most=300))
+                                                        for s in (103, 105, 117)]
 
 
 @pytest.mark.parametrize("seed, n, kw", MILP_CASES)
@@ -275,7 +275,7 @@ def test_rich_chains_need_the_optimizer_phase():
     """The RICH chains above are not vacuous: on each, the plan with the
     smallest backward phase (the optimizer phase left out) needs more
     memory than the smallest memory."""
-    for seed in range(100, 106):
+    for seed in range(100, 104):
         p = discrete_problem(rich_table(seed, 16, **RICH))
         backward_only = minimum_memory_milp(p._replace(optimizer_bytes=np.where(p.feasible, 0.0, np.inf)))
         assert plan_memory(p, backward_only.choice) > minimum_memory_milp(p).memory_bytes
