@@ -27,8 +27,8 @@ alone or in a run with the layers before it (``remat+join``,
 ``CostSettings.remat_runs``); the DP then searches the runs on chains
 (``search.dp_runs``) beside the MILP. On graphs with branches the smallest
 memory comes from the same labels over the layer-order problem
-(``search.smallest_memory``: within half of ``--milp-time-limit``, then
-the MILP), but only the MILP searches the fastest plan with runs. Where
+(``search.smallest_memory``: within ``--milp-time-limit``, then the MILP
+within its own), but only the MILP searches the fastest plan with runs. Where
 the smallest memory is not proven, the limits come from the smallest
 memory found (a plan fits the tight limit, but no infeasible instance can
 be claimed, so there is none), the exact solvers take that answer instead

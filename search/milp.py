@@ -266,26 +266,25 @@ def smallest_memory(p: DiscreteProblem, time_limit_s: float | None = None) -> Mi
     (:func:`search.dp_runs.minimum_memory_runs`): on a chain, in full; on a
     graph with skip edges (a residual network), over
     :func:`search.layer_chain.layer_order_chain`'s problem, whose plans and
-    memory are the graph's, within half of ``time_limit_s`` (its labels may
-    take minutes there); else, or where the label search runs out of labels
-    or time, the MILP (:func:`minimum_memory_milp`, within what is left of
-    ``time_limit_s``, at least half: then perhaps not proven,
-    ``exact=False``)."""
+    memory are the graph's, within ``time_limit_s`` (its labels may take
+    minutes there); else, or where the label search runs out of labels or
+    time, the MILP (:func:`minimum_memory_milp`, within ``time_limit_s`` of
+    its own, as its incumbent is the gradient search's repair target: then
+    perhaps not proven, ``exact=False``). So on a residual network with
+    runs it may take up to twice ``time_limit_s``."""
     if not has_runs(p):
         return minimum_memory(p)
-    start = _time.perf_counter()
     if np.all(p.edge_src < p.edge_dst):
         ordered = layer_order_chain(p, "lower")  # (a chain in layer order: p itself)
         rc = run_chain(ordered)
         if rc is not None:
             skips = rc.skip_src.size > 0
-            deadline = start + time_limit_s / 2 if skips and time_limit_s is not None else np.inf
+            deadline = _time.perf_counter() + time_limit_s if skips and time_limit_s is not None else np.inf
             try:
                 return minimum_memory_runs(ordered, rc, deadline=deadline)
             except RuntimeError:  # past its label budget or its time: the MILP instead
                 pass
-    left = None if time_limit_s is None else max(time_limit_s - (_time.perf_counter() - start), time_limit_s / 2)
-    return minimum_memory_milp(p, left)
+    return minimum_memory_milp(p, time_limit_s)
 
 
 def minimum_memory_milp(p: DiscreteProblem, time_limit_s: float | None = None) -> MinimumMemory:
