@@ -13,8 +13,8 @@ from test_remat_runs import CHAIN, hand_table
 from search import discrete_problem, smallest_memory, solve, solve_brute, solve_dp
 from search.dp import dp_solves, viterbi
 from search.dp_runs import lighter_runs, minimum_memory_runs
-from search.pareto import nondominated_grouped
 from search.milp import minimum_memory_milp, solve_milp
+from search.pareto import nondominated_grouped
 from search.problem import has_runs, plan_memory, plan_time
 from search.run_chain import run_chain
 
