@@ -278,7 +278,7 @@ def smallest_memory(p: DiscreteProblem, time_limit_s: float | None = None) -> Mi
         ordered = layer_order_chain(p, "lower")  # (a chain in layer order: p itself)
         rc = run_chain(ordered)
         if rc is not None:
-            skips = rc.skip_src.size > 0
+            skips = np.any(p.edge_dst != p.edge_src + 1)  # (rc keeps only the skip edges that can free bytes)
             deadline = _time.perf_counter() + time_limit_s if skips and time_limit_s is not None else np.inf
             try:
                 return minimum_memory_runs(ordered, rc, deadline=deadline)
