@@ -30,7 +30,7 @@ So a plan's backward phase is ``a + peak`` with ``a`` additive and
 run's sum before ``i``; its optimizer phase ``q`` is additive. The search
 carries labels ``(tau, a, q, r, peak)`` per ``(position, option)``, Pareto
 filtered (smaller is better in each: a smaller ``r`` only lowers later
-transients; :func:`search.pareto.nondominated_grouped`), as
+transients; :func:`search.pareto.nondominated_rows`), as
 :func:`search.dp._pareto_search` does without runs, and is exact up to its
 label budget.
 
@@ -58,7 +58,7 @@ import time
 
 import numpy as np
 
-from search.pareto import label_path, nondominated_grouped
+from search.pareto import nondominated_rows
 from search.problem import (
     DiscreteProblem,
     MinimumMemory,
@@ -75,6 +75,7 @@ __all__ = ["DEEPENING", "INTERVALS", "lighter_runs", "minimum_memory_runs", "run
 _TOL = 1e-9  # relative: bounds closer than this count as equal
 DEEPENING = 1e-4 * 2.0 ** (np.arange(32) / 2)  # search_runs' upper bounds above the lower, relative
 INTERVALS = 16  # intervals of the peak transient solve_dp searches (run_intervals)
+_CHUNK = 1 << 20  # candidate labels _search_labels builds at a time
 
 
 def _least_kept(p: DiscreteProblem, rc: RunChain) -> np.ndarray:
@@ -224,82 +225,70 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, coords, by_time: b
                    max_labels: int, deadline: float):
     """:func:`search_runs`' label propagation at one upper bound (``keep``
     prunes, labels compare in ``coords``): ``(path or None, labels used,
-    completed)``."""
+    completed)``. Each position extends every label of the one before to
+    every option at once (in chunks of about :data:`_CHUNK` candidates) and
+    filters them by option and mask in one pass."""
     n, O = rc.time.shape
     J = rc.joins
     opens = rc.skip_opens  # [n, O] the bits of the skip edges each option opens
     closing = [np.flatnonzero(rc.skip_dst == i) for i in range(n)]  # the skip edges closing at each position
-    # a label set: (tau, a, q, r, peak, parent option, parent label, mask of open skip edges the run still reaches)
-    empty = tuple(np.zeros(0) for _ in range(5)) + tuple(np.zeros(0, np.int64) for _ in range(3))
-    labels: list[list[tuple]] = []
-    layer = []
-    used = 0
-    for t in range(O):
-        if not inside[0, t]:
-            layer.append(empty)
-            continue
-        lab = (np.array([T[0, t]]), np.array([A[0, t]]), np.array([Q[0, t]]), np.array([R[0, t]]),
-               np.array([max(peak_floor, W[0, t])]), np.zeros(1, np.int64), np.zeros(1, np.int64),
-               opens[0, t:t + 1].copy())
-        ok = keep(0, t, *lab[:5])
-        layer.append(tuple(x[ok] for x in lab))
-        used += int(ok.sum())
-    labels.append(layer)
+    # a position's labels, flat: (tau, a, q, r, peak, option, parent label at the position before, mask of
+    # open skip edges the run still reaches)
+    t0 = np.flatnonzero(inside[0])
+    first = (T[0, t0], A[0, t0], Q[0, t0], R[0, t0], np.maximum(peak_floor, W[0, t0]), t0,
+             np.zeros(t0.size, np.int64), opens[0, t0])
+    ok = keep(0, t0, *first[:5])
+    labels = [tuple(x[ok] for x in first)]
+    used = int(ok.sum())
     for i in range(1, n):
-        prev = labels[-1]
-        live = [s for s in range(O) if prev[s][0].size]
-        layer = []
-        for t in range(O):
-            if not inside[i, t] or not live:
-                layer.append(empty)
-                continue
-            tau = np.concatenate([prev[s][0] + rc.pair[i, s, t] for s in live]) + T[i, t]
-            a = np.concatenate([prev[s][1] - rc.credit[i, s, t] for s in live]) + A[i, t]
-            q = np.concatenate([prev[s][2] for s in live]) + Q[i, t]
-            run = np.concatenate([prev[s][3] for s in live]) if J[i, t] else np.zeros(tau.size)  # T_i
-            pk = np.maximum(np.concatenate([prev[s][4] for s in live]), W[i, t] + run)
+        tau0, a0, q0, r0, pk0, s0, _, m0 = labels[-1]
+        size = tau0.size
+        targets = np.flatnonzero(inside[i])
+        if size == 0 or targets.size == 0:
+            return None, used, True
+        parts = []
+        per = max(1, _CHUNK // size)
+        for c in range(0, targets.size, per):
+            tt = targets[c:c + per]
+            k = tt.size
+            t = np.tile(tt, size)  # [size * k] the option, per candidate
+            par = np.repeat(np.arange(size), k)  # its parent label
+            tau = (tau0[:, None] + rc.pair[i][np.ix_(s0, tt)] + T[i, tt]).ravel()
+            a = (a0[:, None] - rc.credit[i][np.ix_(s0, tt)] + A[i, tt]).ravel()
+            q = (q0[:, None] + Q[i, tt]).ravel()
+            join = J[i, t]
+            run = np.where(join, r0[par], 0.0)  # T_i
+            pk = np.maximum(pk0[par], W[i, t] + run)
             r = run + R[i, t]
-            ps = np.concatenate([np.full(prev[s][0].size, s, np.int64) for s in live])
-            pi = np.concatenate([np.arange(prev[s][0].size) for s in live])
-            mask = np.concatenate([prev[s][7] for s in live]) if J[i, t] else np.zeros(tau.size, np.int64)
-            for k in closing[i]:  # a skip edge the run does not reach from a recomputing source: credit back
-                bit = np.int64(1) << rc.skip_bit[k]
-                a = a + np.where(mask & bit, 0.0, rc.skip_credit[k, t])
+            mask = np.where(join, m0[par], 0)
+            for e in closing[i]:  # a skip edge the run does not reach from a recomputing source: credit back
+                bit = np.int64(1) << rc.skip_bit[e]
+                a = a + np.where(mask & bit, 0.0, rc.skip_credit[e, t])
                 mask = mask & ~bit
             mask = mask | opens[i, t]
-            ok = keep(i, t, tau, a, q, r, pk)
-            lab = tuple(x[ok] for x in (tau, a, q, r, pk, ps, pi, mask))
-            if lab[0].size:
-                f = _filter(*coords(i, t, *lab[:5]), lab[7])
-                lab = tuple(x[f] for x in lab)
-            used += lab[0].size
-            layer.append(lab)
-        labels.append(layer)
+            ok = np.flatnonzero(keep(i, t, tau, a, q, r, pk))
+            tau, a, q, r, pk, t, par, mask = (x[ok] for x in (tau, a, q, r, pk, t, par, mask))
+            if tau.size:
+                masks, which = np.unique(mask, return_inverse=True)
+                f = nondominated_rows(np.stack(coords(i, t, tau, a, q, r, pk), axis=1),
+                                      t * masks.size + which.reshape(-1))  # (by option, then mask)
+                parts.append(tuple(x[f] for x in (tau, a, q, r, pk, t, par, mask)))
+        if parts:
+            labels.append(tuple(np.concatenate(x) for x in zip(*parts)))
+        else:
+            labels.append(tuple(x[:0] for x in labels[-1]))
+        used += labels[-1][0].size
         if used > max_labels or time.perf_counter() > deadline:
             return None, used, False
-    finals = []
-    for s in range(O):
-        tau, a, q, _, pk = labels[-1][s][:5]
-        if tau.size:
-            score = tau if by_time else np.maximum(a + pk, q)
-            j = int(np.argmin(score))
-            finals.append((float(score[j]), s, j))
-    if not finals:
+    tau, a, q, _, pk, _, _, _ = labels[-1]
+    if tau.size == 0:
         return None, used, True
-    _, s, j = min(finals)
-    return label_path(labels, s, j, 5, 6), used, True
-
-
-def _filter(tau, a, q, r, pk, mask) -> np.ndarray:
-    """The labels no other label with the same open skip edges matches or
-    beats (:func:`search.pareto.nondominated_grouped` per mask)."""
-    if mask.size == 0 or np.all(mask == mask[0]):
-        return nondominated_grouped(tau, a, q, r, pk)
-    out = []
-    for m in np.unique(mask):
-        g = np.flatnonzero(mask == m)
-        out.append(g[nondominated_grouped(tau[g], a[g], q[g], r[g], pk[g])])
-    return np.sort(np.concatenate(out))
+    j = int(np.argmin(tau if by_time else np.maximum(a + pk, q)))
+    path = np.zeros(n, dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        path[i] = labels[i][5][j]
+        j = int(labels[i][6][j])
+    return path, used, True
 
 
 def minimum_memory_runs(p: DiscreteProblem, rc: RunChain | None = None, *,

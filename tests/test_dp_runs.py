@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from test_remat_runs import CHAIN, hand_table
 
-from search import discrete_problem, smallest_memory, solve, solve_brute, solve_dp
+from search import discrete_problem, pareto, smallest_memory, solve, solve_brute, solve_dp
 from search.dp import dp_solves, viterbi
 from search.dp_runs import lighter_runs, minimum_memory_runs
 from search.milp import minimum_memory_milp, solve_milp
-from search.pareto import nondominated_grouped
+from search.pareto import nondominated_rows
 from search.problem import has_runs, plan_memory, plan_time
 from search.run_chain import run_chain
 
@@ -163,18 +163,24 @@ def _dominated_by_brute_force(x: np.ndarray) -> np.ndarray:
     return np.any(le & (~eq | earlier), axis=0)
 
 
-@pytest.mark.parametrize("m", [50, 3000])
-def test_grouped_pareto_filter_keeps_exactly_the_nondominated(m):
-    """nondominated_grouped against all-pairs dominance over five columns,
-    with ties and few distinct (r, peak) values, on a small set (all-pairs
-    inside) and a large one (the staircase sweep inside)."""
+@pytest.mark.parametrize("rounds", [0, 2, 10_000])
+@pytest.mark.parametrize("m", [50, 1500])
+def test_pareto_filter_keeps_exactly_the_nondominated_of_each_group(m, rounds, monkeypatch):
+    """nondominated_rows against all-pairs dominance over five columns
+    within each group, with ties and few distinct values in the last two,
+    through the vectorised rounds alone, the sweep alone and both."""
+    monkeypatch.setattr(pareto, "_HEAD_ROUNDS", rounds)
     rng = np.random.default_rng(m)
     x = np.stack([rng.integers(0, 30, m), rng.integers(0, 30, m), rng.integers(0, 4, m),
                   rng.integers(0, 3, m), rng.integers(0, 3, m)], axis=1).astype(float)
-    kept = nondominated_grouped(*x.T)
-    want = np.flatnonzero(~_dominated_by_brute_force(x))
-    # equal labels: one of each is kept, whichever
-    assert sorted(map(tuple, x[kept])) == sorted(map(tuple, x[want]))
+    group = rng.integers(0, 3, m)
+    kept = nondominated_rows(x, group)
+    assert np.all(np.diff(kept) > 0)
+    for g in range(3):
+        rows = np.flatnonzero(group == g)
+        want = rows[~_dominated_by_brute_force(x[rows])]  # of equal rows, the first: as the filter keeps
+        assert np.array_equal(kept[group[kept] == g], want)
+    assert np.array_equal(nondominated_rows(x), np.flatnonzero(~_dominated_by_brute_force(x)))
 
 
 def test_viterbi_with_weighted_pairs_is_viterbi_with_the_pairs_added():
