@@ -66,6 +66,7 @@ from search.problem import (
     _restricted,
     minimum_memory,
     plan_memory,
+    with_strategies_of,
     without_joins,
 )
 from search.run_chain import BUCKETS, RunChain, bucket_to_go, run_chain
@@ -87,7 +88,7 @@ def _least_kept(p: DiscreteProblem, rc: RunChain) -> np.ndarray:
 
 
 def run_intervals(p: DiscreteProblem, rc: RunChain, limit: float,
-                  count: int = INTERVALS) -> tuple[np.ndarray, np.ndarray]:
+                  count: int = INTERVALS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The intervals of the largest transient (the peak) that
     :func:`search.dp.solve_dp` searches one by one under ``limit``: ``count``
     of equal width from the least peak any plan has (every layer's smallest
@@ -102,7 +103,7 @@ def run_intervals(p: DiscreteProblem, rc: RunChain, limit: float,
     lo = float(np.max(np.min(p.workspace_bytes, axis=1)))
     hi = limit - float(np.sum(np.min(kept, axis=1)))
     if not hi >= lo:
-        return np.zeros(0), np.zeros(0)
+        return np.zeros(0), np.zeros(0), np.zeros(0)
     edges = np.linspace(lo, hi, count + 1) if hi > lo else np.array([lo, lo])
     caps, floors = edges[1:], edges[:-1]
     backward, covered = _phase_minimum_by_cap(p.workspace_bytes, kept, caps)
@@ -340,7 +341,6 @@ def lighter_runs(p: DiscreteProblem, choice: np.ndarray) -> np.ndarray:
     often break the limit only by them."""
     c = np.asarray(choice, dtype=np.int64)
     rows = np.arange(p.num_layers)
-    same = (p.option_strategy[None, :] == p.option_strategy[c][:, None]) & p.feasible
-    allowed = same & (p.layer_time_s <= p.layer_time_s[rows, c][:, None])
+    allowed = with_strategies_of(p, c).feasible & (p.layer_time_s <= p.layer_time_s[rows, c][:, None])
     allowed[rows, c] = True
     return minimum_memory_runs(_restricted(p, allowed)).choice

@@ -377,6 +377,17 @@ def without_joins(p: DiscreteProblem) -> DiscreteProblem:
     return _restricted(p, p.feasible & ~p.option_joins[None, :])
 
 
+def with_strategies_of(p: DiscreteProblem, plans) -> DiscreteProblem:
+    """``p`` with only the options of the strategies ``plans`` ([k, n] or
+    one plan [n]) give each layer: any ZeRO stage, keeping or recomputing,
+    alone or in a run, of those strategies (so a plan of it reshards as one
+    of them would)."""
+    c = np.asarray(plans, dtype=np.int64).reshape(-1, p.num_layers)
+    used = np.zeros((p.num_layers, int(p.option_strategy.max()) + 1), dtype=bool)  # [n, strategies]
+    used[np.broadcast_to(np.arange(p.num_layers), c.shape), p.option_strategy[c]] = True
+    return _restricted(p, used[:, p.option_strategy] & p.feasible)
+
+
 def without_recomputing(p: DiscreteProblem) -> DiscreteProblem:
     """``p`` without its recomputing options (``remat``, ``remat+join``)."""
     return _restricted(p, p.feasible & ~p.option_recomputes[None, :])

@@ -31,6 +31,7 @@ from search.problem import (
     plan_memory,
     plan_time,
 )
+from search.relevel import relevel
 from search.segments import (
     SegmentCandidates,
     Segments,
@@ -347,7 +348,8 @@ class RefineResult(NamedTuple):
 
 
 def refine(p: DiscreteProblem, candidates, memory_limit: float, max_candidates: int = 4,
-           segment_window: float = 0.03, smallest: MinimumMemory | None = None) -> RefineResult:
+           segment_window: float = 0.03, smallest: MinimumMemory | None = None,
+           relevel_time_limit_s: float | None = None) -> RefineResult:
     """Repair and locally improve each distinct candidate plan ``[k, n]``
     (the best ``max_candidates`` after repair get the local search, and
     each distinct local optimum within ``segment_window`` of the best then
@@ -355,7 +357,10 @@ def refine(p: DiscreteProblem, candidates, memory_limit: float, max_candidates: 
     back on the exact smallest-memory plan (:func:`repair`), which fits
     whenever any plan does; where it does not, that plan is returned,
     marked infeasible. ``smallest``: that plan's
-    :func:`search.milp.smallest_memory`, where the caller has it."""
+    :func:`search.milp.smallest_memory`, where the caller has it. Where
+    plans may hold runs, the best plan's levers and runs are then re-planned
+    exactly with its strategies fixed (:func:`search.relevel.relevel`, its
+    completion within ``relevel_time_limit_s``) and locally searched again."""
     limit = float(memory_limit)
     cands = np.unique(np.asarray(candidates, dtype=np.int64).reshape(-1, p.num_layers), axis=0)
     times = np.array([plan_time(p, x) for x in cands])
@@ -381,9 +386,15 @@ def refine(p: DiscreteProblem, candidates, memory_limit: float, max_candidates: 
     local = local[np.argsort(ltimes, kind="stable")][: int(np.sum(ltimes <= ltimes.min() * (1 + segment_window)))]
     seg = chain_segments(p)
     best, best_t = None, np.inf
+    optima = []
     for z in local:
         z = local_search(p, z, limit, segments=seg)
+        optima.append(z)
         tz = plan_time(p, z)
         if tz < best_t:
             best, best_t = z, tz
+    z = relevel(p, best, limit, relevel_time_limit_s, others=np.asarray(optima))
+    if plan_time(p, z) < best_t:
+        best = local_search(p, z, limit, segments=seg)
+        best_t = plan_time(p, best)
     return RefineResult(best, best_t, plan_memory(p, best), True, rounded, float(rtimes.min()), len(cands))
