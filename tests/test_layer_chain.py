@@ -7,17 +7,19 @@ plan of small random graphs."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_dp_runs import assert_dp_matches_brute_force, rich_table
+from test_dp_runs import _every_plan, assert_dp_matches_brute_force, rich_table
 
 from search import discrete_problem, smallest_memory, solve_brute, solve_dp
 from search import milp as milp_module
 from search.dp import dp_solves
 from search.dp_runs import minimum_memory_runs
 from search.layer_chain import layer_order_chain
-from search.problem import has_runs, plan_memory, plan_time
+from search.problem import has_runs, minimum_memory, plan_memory, plan_time, without_joins
 from search.run_chain import run_chain
 
 # a downsampling block (1 -> 2 -> 3 -> 5 beside 1 -> 4 -> 5: no edge joins 3 and 4) and a longer skip over it
@@ -116,6 +118,31 @@ def test_smallest_memory_of_a_graph_whose_skip_edges_reshard(seed, monkeypatch):
     mm = smallest_memory(p)
     assert calls and mm.exact
     assert plan_memory(p, mm.choice) == pytest.approx(full.min_memory_bytes, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_smallest_memory_past_its_deadline_offers_the_runs_of_the_strategies_without_them(seed, monkeypatch):
+    """Where the label search stops and the MILP finds nothing in its time,
+    smallest_memory returns, unproven, the smallest plan with the strategies
+    of the smallest plan without runs: brute force's smallest over those
+    strategies, no larger than that plan."""
+    p = discrete_problem(dag_table(seed, skip_reshard=True))
+    free = minimum_memory(without_joins(p)).choice
+    plans, _, memories, _ = _every_plan(p)
+    same = np.all(p.option_strategy[plans] == p.option_strategy[free], axis=1)
+    real_runs = milp_module.minimum_memory_runs
+
+    def stopped(q, rc=None, **kw):  # the search over every option stops at its deadline
+        if "deadline" in kw:
+            raise RuntimeError("the smallest memory with runs ran past its deadline")
+        return real_runs(q, rc, **kw)
+
+    monkeypatch.setattr(milp_module, "minimum_memory_runs", stopped)
+    monkeypatch.setattr(milp_module, "milp", lambda *a, **k: SimpleNamespace(status=1, x=None, message="time limit"))
+    mm = smallest_memory(p, 1.0)
+    assert not mm.exact
+    assert mm.memory_bytes == plan_memory(p, mm.choice) == pytest.approx(memories[same].min(), rel=1e-12)
+    assert mm.memory_bytes <= plan_memory(p, free)
 
 
 def test_layer_order_chain_rejects_what_it_cannot_fold():
