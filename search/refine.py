@@ -359,8 +359,9 @@ def refine(p: DiscreteProblem, candidates, memory_limit: float, max_candidates: 
     marked infeasible. ``smallest``: that plan's
     :func:`search.milp.smallest_memory`, where the caller has it. Where
     plans may hold runs, the best plan's levers and runs are then re-planned
-    exactly with its strategies fixed (:func:`search.relevel.relevel`, its
-    completion within ``relevel_time_limit_s``) and locally searched again."""
+    exactly within the strategies of the local optima
+    (:func:`search.relevel.relevel`, its completion within
+    ``relevel_time_limit_s``) and locally searched again."""
     limit = float(memory_limit)
     cands = np.unique(np.asarray(candidates, dtype=np.int64).reshape(-1, p.num_layers), axis=0)
     times = np.array([plan_time(p, x) for x in cands])

@@ -51,7 +51,10 @@ def relevel(p: DiscreteProblem, choice, memory_limit: float, time_limit_s: float
     q = layer_order_chain(with_strategies_of(p, plans), "upper")
     if not has_runs(q) or run_chain(q) is None:  # no runs with these strategies (or more skip edges open
         return c  # over one layer than the labels' masks hold)
-    r = solve_dp(q, memory_limit, time_limit_s=time_limit_s)
+    try:
+        r = solve_dp(q, memory_limit, time_limit_s=time_limit_s)
+    except RuntimeError:  # its smallest memory past the label budget: no plan to offer
+        return c
     if not r.feasible or plan_memory(p, r.choice) > memory_limit:
         return c
     if plan_memory(p, c) > memory_limit or plan_time(p, r.choice) < plan_time(p, c):
