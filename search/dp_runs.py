@@ -229,7 +229,7 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, coords, by_time: b
     completed)``. Each position extends every label of the one before to
     every option at once (in chunks of about :data:`_CHUNK` candidates) and
     filters them by option and mask in one pass."""
-    n, O = rc.time.shape
+    n = rc.time.shape[0]
     J = rc.joins
     opens = rc.skip_opens  # [n, O] the bits of the skip edges each option opens
     closing = [np.flatnonzero(rc.skip_dst == i) for i in range(n)]  # the skip edges closing at each position

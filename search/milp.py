@@ -306,9 +306,10 @@ def minimum_memory_milp(p: DiscreteProblem, time_limit_s: float | None = None,
     :func:`search.problem.minimum_memory` answers for problems with runs of
     recomputing layers (:func:`search.problem.has_runs`), whose memory its
     layer-by-layer search cannot add up; the same value elsewhere. Stopped
-    at ``time_limit_s``, it returns the smallest of its best plan, the
-    smallest plan without runs (:func:`search.problem.without_joins`) and
-    ``hint`` (a plan [n], where the caller has one), with ``exact=False``."""
+    at ``time_limit_s``, it returns the smaller of its best plan and
+    ``hint`` (a plan [n], where the caller has one), else the smallest plan
+    without runs (:func:`search.problem.without_joins`), with
+    ``exact=False``."""
     n = p.num_layers
     if n == 0:
         return MinimumMemory(0.0, np.zeros(0, dtype=np.int64), 0.0)
@@ -324,11 +325,11 @@ def minimum_memory_milp(p: DiscreteProblem, time_limit_s: float | None = None,
         return MinimumMemory(plan_memory(p, choice), choice, float(np.max(p.workspace_bytes[rows, choice])))
     if time_limit_s is None or res.status != 1:  # (1: the time limit)
         raise RuntimeError(f"the smallest-memory MILP found no plan: {res.message}")
-    found = [minimum_memory(without_joins(p)).choice]  # a plan without runs: the sums of minimum_memory
+    # a plan without runs (the sums of minimum_memory), or the hint (smallest_memory's is no larger: its
+    # options hold that plan's)
+    found = [minimum_memory(without_joins(p)).choice if hint is None else np.asarray(hint, dtype=np.int64)]
     if res.x is not None:
         found.append(np.argmax(np.where(xi >= 0, res.x[np.maximum(xi, 0)], -1.0), axis=1))
-    if hint is not None:
-        found.append(np.asarray(hint, dtype=np.int64))
     choice = min(found, key=lambda ch: plan_memory(p, ch))
     return MinimumMemory(plan_memory(p, choice), choice, float(np.max(p.workspace_bytes[rows, choice])), False)
 
