@@ -63,9 +63,12 @@ which add each run's sum and the largest transient.
 What is exact: with ``gradient_overlap = 0`` (every preset) the result is the
 global optimum of the discrete problem under both phases (float64 sums of
 the table's float32 values; ties broken arbitrarily) whenever ``exact`` is
-true, which holds unless the label search of step 3 ran out of labels.
-``feasible`` is exact in every case (``minimum_memory`` decides it when no
-search found a plan). With an overlap term the time is ``max`` of two
+true, which holds unless the label search of step 3 ran out of labels (or
+time). ``feasible`` is true only for a plan within the limit; where it is
+false, ``lower_bound_s`` says whether that is proven: infinite where no plan
+fits (the smallest memory, proven, is above the limit, or every label search
+finished without a plan), finite where the searches stopped first (over
+runs, with a smallest memory not proven: ``MinimumMemory.exact``). With an overlap term the time is ``max`` of two
 additive functions (``- overlap * min(G, B)``); the DP optimises each and
 returns the better plan with the lower bound ``max`` of the two, so the gap
 is reported and may be non-zero.
@@ -282,8 +285,9 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     ``benchmarks/search_quality.py`` at its tight limit on 8 DGX A100s needs
     645,369 labels, 1.6 s, so the default is 2,000,000, about 80 MB);
     ``bisection_steps`` bounds the steps of each multiplier's search after
-    its bracket; ``time_limit_s`` the exact completion over runs (where
-    the labels grow most);
+    its bracket; ``time_limit_s`` the Lagrangian ascent after its first
+    turn (which always completes: it finds the first plans that fit) and
+    the exact completion over runs (where the labels grow most);
     ``smallest``: the smallest memory (:func:`search.milp.smallest_memory`)
     where the caller has it. Raises
     ``ValueError`` if the graph is not a chain, ``NotImplementedError`` if
@@ -320,8 +324,9 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
             return smallest
         return minimum_memory(p) if rc is None else minimum_memory_runs(p, rc)
 
-    def infeasible(mm, caps_searched, labels_used):  # no plan fits: the smallest-memory plan, as the other solvers
-        return DPResult(mm.choice, plan_time(p, mm.choice), mm.memory_bytes, False, np.inf, False,
+    def infeasible(mm, caps_searched, labels_used, lower_s=np.inf):  # no plan found: the smallest-memory plan,
+        # as the other solvers (lower_s: inf where no plan fits, proven; else the bound where the search stopped)
+        return DPResult(mm.choice, plan_time(p, mm.choice), mm.memory_bytes, False, lower_s, False,
                         caps_searched, labels_used)
 
     bucketed = rc is not None and np.isfinite(limit)  # runs under a limit: intervals of the peak, not caps
@@ -406,7 +411,7 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         mult_best[:, idx[better]] = m[:, better]
         return fits, g, excess
 
-    def ascend(r, idx):
+    def ascend(r, idx, until):
         """Move multiplier ``r`` of elements ``idx`` to the maximum of the dual
         along ``r``, the other multiplier fixed: the smallest value whose plan
         keeps phase ``r`` (the dual is concave and piecewise linear along
@@ -425,6 +430,8 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         s_lo, s_hi = np.where(up, slope[r, idx], np.nan), np.where(up, np.nan, slope[r, idx])
         done = np.zeros(k, dtype=bool)
         for _ in range(64 + bisection_steps):
+            if time.perf_counter() > until:
+                break
             go = ~done & (lower[idx] < best["t"] * (1 - _TOL))
             if not go.any():
                 break
@@ -464,21 +471,24 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     stuck = np.zeros(K, dtype=bool)
     stale = np.ones((2, K), dtype=bool)  # the multiplier may be off its maximum along its axis
     for stage in range(_ASCENT_STAGES):  # coordinate ascent: lambda, mu, lambda, ...
+        if stage and time.perf_counter() > deadline:  # the first turn always (it finds the first plans that fit)
+            break
         r = stage % 2
         # at zero with the phase kept, the slope along r is <= 0: already the maximum there
         idx = np.flatnonzero(stale[r] & ~stuck & (lower < best["t"] * (1 - _TOL)) & (~fit[r] | (mult[r] > 0)))
         if idx.size:
             was = mult[r, idx].copy()
-            stuck[ascend(r, idx)] = True
+            stuck[ascend(r, idx, np.inf if stage == 0 else deadline)] = True
             stale[1 - r, idx[mult[r, idx] != was]] = True  # the other axis's maximum moves with this one
         stale[r] = False
         if not np.any(stale & ~stuck & (lower < best["t"] * (1 - _TOL))):
             break
     if best["path"] is None:  # no multiplier's plan kept both phases: does any plan?
         mm = least()
-        if mm.memory_bytes > limit:
+        if mm.memory_bytes > limit and mm.exact:
             return infeasible(mm, int(caps.size), 0)
-        best["t"], best["path"] = plan_time(p, mm.choice), mm.choice[order]  # an upper bound to prune with
+        if mm.memory_bytes <= limit:  # an upper bound to prune with (else: none, the labels decide)
+            best["t"], best["path"] = plan_time(p, mm.choice), mm.choice[order]
     cap_lower = lower.reshape(caps.size, V).max(axis=1)
     labels = 0
     if V == 1:  # exact completion where the Lagrangian left a gap
@@ -504,6 +514,8 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
                 cap_lower[c] = t
             else:
                 cap_lower[c] = best["t"]
+    if best["path"] is None:  # no plan found: none fits where every interval's labels finished (bound inf)
+        return infeasible(least(), int(caps.size), labels, float(cap_lower.min()))
     choice = _to_layers(ch, best["path"])
     lb = float(min(cap_lower.min(), best["t"]))
     exact = lb >= best["t"] * (1 - _TOL)

@@ -205,7 +205,8 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
             # auto: the completion over runs within the MILP's time limit (runs need it most)
             r = solve_dp(p, limits[i], time_limit_s=auto_limit if method == "auto" and runs[i] else None,
                          smallest=mins[i])
-            if method == "auto" and r.feasible and not r.exact:
+            # (not feasible: proven where its bound is infinite; else the smallest memory was not proven)
+            if method == "auto" and not r.exact and (r.feasible or np.isfinite(r.lower_bound_s)):
                 unproven[i], plan_of[i], seconds[i] = (plan_of[i], r), "gradient", _time.perf_counter() - t
                 _emit(callback, "dp", f"table {i}: the DP did not prove an optimum within its label budget or "
                       f"{auto_limit:g} s; the gradient search joins in", i)

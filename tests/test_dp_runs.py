@@ -312,3 +312,30 @@ def test_auto_keeps_the_dp_plan_that_fits_over_a_faster_one_that_does_not(monkey
         assert sol.feasible and sol.method == "dp" and sol.time_s == r.time_s and grad.time_s < r.time_s
         checked += 1
     assert checked
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_an_unproven_smallest_memory_above_the_limit_proves_nothing(seed, monkeypatch):
+    """solve_dp given a smallest memory that is not proven and does not fit
+    (forced: the smallest plan without runs, above the limit), at limits
+    just above brute force's smallest memory, with no multiplier's plan
+    kept (forced: no Lagrangian ascent, so only the fastest plans are
+    tried, which break the limit): the DP's labels still find brute
+    force's fastest plan (no claim of infeasibility); and with its labels
+    cut to one, where it finds none, it returns no plan that fits with a
+    finite lower bound (not proven infeasible)."""
+    import search.dp as dp_module
+    from search.problem import minimum_memory, without_joins
+
+    monkeypatch.setattr(dp_module, "_ASCENT_STAGES", 0)
+    p = discrete_problem(rich_table(seed, 5))
+    wrong = minimum_memory(without_joins(p))._replace(exact=False)
+    lo = solve_brute(p).min_memory_bytes
+    limits = [x for x in lo * np.array([1.0, 1.02, 1.05]) if x < wrong.memory_bytes]
+    assert limits
+    for limit in limits:
+        brute = solve_brute(p, limit)
+        r = solve_dp(p, limit, smallest=wrong)
+        assert r.feasible and r.exact and r.time_s == pytest.approx(brute.time_s, rel=1e-9), (seed, limit)
+        cut = solve_dp(p, limit, smallest=wrong, max_labels=1)
+        assert not cut.feasible and np.isfinite(cut.lower_bound_s) and cut.lower_bound_s <= brute.time_s * (1 + 1e-9)
