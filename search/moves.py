@@ -18,9 +18,10 @@ from typing import NamedTuple
 import numpy as np
 
 from search.problem import DiscreteProblem, has_runs, plan_memory
-from search.run_moves import moved_run_memories
+from search.run_moves import moved_run_memories, window_bounds
 
-__all__ = ["CurrentState", "MoveScores", "current_state", "pair_moves", "single_moves", "with_overlap"]
+__all__ = ["CurrentState", "MoveScores", "current_state", "pair_memory_floors", "pair_moves", "single_moves",
+           "with_overlap"]
 
 
 class MoveScores(NamedTuple):
@@ -138,12 +139,13 @@ def single_moves(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = N
 
 
 def pair_moves(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = None,
-               faster_than: float | None = None) -> MoveScores:
+               faster_than: float | None = None, only: np.ndarray | None = None) -> MoveScores:
     """Time and memory ``[e, S, S]`` after moving both layers of edge ``k``,
     its source to ``s`` and its destination to ``t``. With ``faster_than``,
     only the moves whose time is below it get their memory (the others
-    ``inf``): where plans hold runs, a memory costs a window of layers
-    (:mod:`search.run_moves`), and the local search needs only those."""
+    ``inf``), and with ``only`` [e, S, S] (bool) only those it marks: where
+    plans hold runs, a memory costs a window of layers
+    (:mod:`search.run_moves`), and the searches need only some."""
     cur = current_state(p, c) if cur is None else cur
     u, v = p.edge_src, p.edge_dst
     rows = np.arange(p.num_layers)
@@ -175,7 +177,33 @@ def pair_moves(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = Non
     backward = cur.persistent_bytes + dA[u][:, :, None] + dA[v][:, None, :] + ws
     optimizer = cur.optimizer_bytes + dQ[u][:, :, None] + dQ[v][:, None, :]
     scored = None if faster_than is None else time < faster_than
+    if only is not None:
+        scored = only if scored is None else scored & only
     if cur.runs:
         return MoveScores(time, _moved_memories(p, c, np.stack([u, v], axis=1), scored))
     memory = np.maximum(backward, optimizer)
     return MoveScores(time, memory if scored is None else np.where(scored, memory, np.inf))
+
+
+def pair_memory_floors(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = None) -> np.ndarray:
+    """A lower bound ``[e, S, S]`` on each memory of :func:`pair_moves`, at
+    ``O(e S^2)`` without windows: exact where plans hold no runs; with runs,
+    the optimizer phase exact and the backward phase from
+    :func:`search.run_moves.window_bounds` (the most credit, the peak
+    outside the window or the moved layers' workspaces). A search that
+    ranks moves by memory saved scores only the moves this bound cannot
+    rule out (``pair_moves(only=)``)."""
+    cur = current_state(p, c) if cur is None else cur
+    if not cur.runs:
+        return pair_moves(p, c, cur).memory_bytes
+    u, v = p.edge_src, p.edge_dst
+    rows = np.arange(p.num_layers)
+    credit_most, outside = window_bounds(p, c, np.stack([u, v], axis=1))
+    dA = p.persistent_bytes - p.persistent_bytes[rows, c][:, None]
+    dQ = p.optimizer_bytes - p.optimizer_bytes[rows, c][:, None]
+    peak = np.maximum(np.maximum(outside[:, None, None], p.workspace_bytes[u][:, :, None]),
+                      p.workspace_bytes[v][:, None, :])
+    backward = cur.persistent_bytes - credit_most[:, None, None] + dA[u][:, :, None] + dA[v][:, None, :] + peak
+    optimizer = cur.optimizer_bytes + dQ[u][:, :, None] + dQ[v][:, None, :]
+    ok = p.feasible[u][:, :, None] & p.feasible[v][:, None, :]
+    return np.where(ok, np.maximum(backward, optimizer), np.inf)

@@ -20,6 +20,7 @@ from search.milp import smallest_memory
 from search.moves import (
     MoveScores,
     current_state,
+    pair_memory_floors,
     pair_moves,
     single_moves,
     with_overlap,
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 _REL_TOL = 1e-10  # a move must improve the time by more than this fraction to count
+_PAIR_CHUNK = 4096  # moves of an edge's two layers scored per pass where plans hold runs (_cheapest_pair)
 
 
 def repair(p: DiscreteProblem, choice, memory_limit: float, max_rounds: int | None = None,
@@ -103,17 +105,60 @@ def repair(p: DiscreteProblem, choice, memory_limit: float, max_rounds: int | No
             continue
         if not p.num_edges:
             break
-        pair = pair_moves(p, c, cur)
-        saved = m_now - pair.memory_bytes
-        ok = (saved > 0) & np.isfinite(pair.time_s)
-        if not ok.any():
+        move = _cheapest_pair(p, c, cur, t_now, m_now)
+        if move is None:
             break
-        score = np.where(ok, (pair.time_s - t_now) / np.where(ok, saved, 1.0), np.inf)
-        k, s, t = np.unravel_index(int(np.argmin(score)), score.shape)
+        k, s, t = move
         c[p.edge_src[k]], c[p.edge_dst[k]] = s, t
     if plan_memory(p, c) > limit:
         c = _walk_towards(p, c, smallest_memory(p).choice if fallback is None else fallback, limit)
     return c, plan_memory(p, c) <= limit
+
+
+def _cheapest_pair(p: DiscreteProblem, c: np.ndarray, cur, t_now: float, m_now: float,
+                   chunk: int = _PAIR_CHUNK) -> tuple[int, int, int] | None:
+    """The move of an edge's two layers that saves memory at the least added
+    time per byte saved (``(edge, s, t)``, the first in ``[e, S, S]`` order
+    among equals), or None if none saves. Where plans hold runs each memory
+    costs a window (:mod:`search.run_moves`), so moves are scored in chunks
+    by a lower bound on their score (their added time over the most they
+    can save, :func:`search.moves.pair_memory_floors`): every move that
+    speeds the plan up first, then the others in order of that bound until
+    it exceeds the best score found; the result is the full scoring's."""
+    floors = pair_memory_floors(p, c, cur)
+    most = (m_now - floors) * (1 + 1e-9) + 1e-9 * abs(m_now)  # [e, S, S] the most each move can save
+    if not cur.runs:  # the floors are the memories
+        time, memory = pair_moves(p, c, cur).time_s, floors
+    else:
+        time = pair_moves(p, c, cur, only=np.zeros(floors.shape, bool)).time_s
+        memory = np.full(floors.shape, np.inf)
+        cand = np.isfinite(time) & (most > 0)
+        dt = time - t_now
+        bound = np.where(cand, np.where(dt > 0, dt / np.where(most > 0, most, 1.0), -np.inf), np.inf).ravel()
+        order = np.argsort(bound, kind="stable")
+        order = order[:int(np.searchsorted(bound[order], np.inf))]  # the candidates, least bound first
+        speedups = int(np.searchsorted(bound[order], -np.inf, side="right"))  # scored in the first chunk
+        i, best = 0, np.inf
+        while i < order.size and bound[order[i]] <= best:
+            end = max(i + chunk, speedups)
+            take = order[i:end]
+            take = take[bound[take] <= best]
+            i = end
+            only = np.zeros(floors.size, bool)
+            only[take] = True
+            mem = pair_moves(p, c, cur, only=only.reshape(floors.shape)).memory_bytes.ravel()
+            memory.ravel()[take] = mem[take]
+            saved = m_now - mem[take]
+            good = saved > 0
+            if good.any():
+                best = min(best, float(np.min((time.ravel()[take] - t_now)[good] / saved[good])))
+    saved = m_now - memory
+    ok = (saved > 0) & np.isfinite(time)
+    if not ok.any():
+        return None
+    score = np.where(ok, (time - t_now) / np.where(ok, saved, 1.0), np.inf)
+    k, s, t = np.unravel_index(int(np.argmin(score)), score.shape)
+    return int(k), int(s), int(t)
 
 
 def _walk_towards(p: DiscreteProblem, choice: np.ndarray, target: np.ndarray, limit: float) -> np.ndarray:

@@ -30,7 +30,7 @@ import numpy as np
 
 from search.problem import DiscreteProblem, run_parts
 
-__all__ = ["RunState", "moved_run_memories", "run_state"]
+__all__ = ["RunState", "moved_run_memories", "run_state", "window_bounds"]
 
 _CHUNK_ELEMENTS = 2_000_000  # window entries per chunk of moved plans
 
@@ -46,6 +46,7 @@ class RunState(NamedTuple):
     persistent_bytes: float  # the plan's persistent bytes (before credits)
     optimizer_bytes: float  # the plan's optimizer phase
     in_edges: np.ndarray  # [n, D] int: each layer's incoming edges (-1: none)
+    credit_most_before: np.ndarray  # [n + 1] bytes: the largest credit of each edge (any option), summed over dst < i
 
 
 def run_state(p: DiscreteProblem, c: np.ndarray) -> RunState:
@@ -69,8 +70,37 @@ def run_state(p: DiscreteProblem, c: np.ndarray) -> RunState:
     order = np.argsort(dst, kind="stable")
     slot = np.arange(order.size) - np.repeat(np.cumsum(deg) - deg, deg)
     in_edges[dst[order], slot] = order
+    most = np.zeros(n + 1)
+    if p.num_edges:
+        np.add.at(most, dst + 1, np.maximum(np.max(p.checkpoint_credit, axis=1, initial=0.0), 0.0))
     return RunState(start, end, peak_before, peak_after, np.cumsum(by_dst),
-                    float(p.persistent_bytes[rows, c].sum()), float(p.optimizer_bytes[rows, c].sum()), in_edges)
+                    float(p.persistent_bytes[rows, c].sum()), float(p.optimizer_bytes[rows, c].sum()), in_edges,
+                    np.cumsum(most))
+
+
+def _windows(st: RunState, layers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first and last layers ``[N]`` of the windows of moves of ``layers`` [N, m] (module docstring)."""
+    lo, hi = layers.min(axis=1), layers.max(axis=1)
+    return np.where(lo > 0, st.start[np.maximum(lo - 1, 0)], 0), st.end[hi]
+
+
+def window_bounds(p: DiscreteProblem, c: np.ndarray, layers: np.ndarray,
+                  state: RunState | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """For plan ``c`` with layers ``layers`` [N, m] moved to any options,
+    without computing the windows: the most checkpoint credit the moved
+    plan can hold ``[N]`` (the edges outside the move's window as now, each
+    inside at its largest credit) and the largest ``W_l + T_l`` outside the
+    window ``[N]`` (unchanged by the move). So the moved plan's backward
+    phase is at least its persistent bytes minus that credit plus the
+    larger of that peak and the moved layers' workspaces (inside the window
+    ``W_l + T_l >= W_l``: ``T_l`` sums recomputed bytes, never negative): a
+    lower bound on the moves' memories (what :func:`moved_run_memories`
+    computes exactly) at ``O(m)`` per move."""
+    st = run_state(p, c) if state is None else state
+    a, b = _windows(st, np.asarray(layers, np.int64))
+    credit = st.credit_before[-1] - (st.credit_before[b + 1] - st.credit_before[a])
+    credit += st.credit_most_before[b + 1] - st.credit_most_before[a]
+    return credit, np.maximum(st.peak_before[a], st.peak_after[b + 1])
 
 
 def moved_run_memories(p: DiscreteProblem, c: np.ndarray, layers: np.ndarray, options: np.ndarray,
@@ -82,9 +112,7 @@ def moved_run_memories(p: DiscreteProblem, c: np.ndarray, layers: np.ndarray, op
     st = run_state(p, c) if state is None else state
     layers, options = np.asarray(layers, np.int64), np.asarray(options, np.int64)
     N, m = layers.shape
-    lo, hi = layers.min(axis=1), layers.max(axis=1)
-    a = np.where(lo > 0, st.start[np.maximum(lo - 1, 0)], 0)  # [N] the window's first layer
-    b = st.end[hi]  # [N] its last
+    a, b = _windows(st, layers)  # [N] the windows' first and last layers
     persistent = st.persistent_bytes + np.sum(p.persistent_bytes[layers, options] - p.persistent_bytes[layers, c[layers]],
                                               axis=1)
     optimizer = st.optimizer_bytes + np.sum(p.optimizer_bytes[layers, options] - p.optimizer_bytes[layers, c[layers]],

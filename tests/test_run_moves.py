@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from search import discrete_problem
-from search.moves import pair_moves, single_moves
+from search.moves import pair_memory_floors, pair_moves, single_moves
 from search.problem import has_runs, plan_memories
 from search.run_moves import moved_run_memories
 from test_remat_runs import hand_table
@@ -91,3 +91,78 @@ def test_pair_moves_score_memory_only_below_the_time_asked(runs):
     np.testing.assert_array_equal(part.time_s, full.time_s)
     np.testing.assert_array_equal(part.memory_bytes[below], full.memory_bytes[below])
     assert np.isinf(part.memory_bytes[~below]).all()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pair_memory_floors_bound_every_pair_move(seed):
+    """pair_memory_floors never exceeds the memory of the plan a pair move
+    makes (plan_memories, every layer summed), on chains with skip edges
+    whose plans hold runs, and equals it where plans hold none."""
+    from search.problem import without_joins
+
+    rng = np.random.default_rng(seed)
+    p = skip_problem(seed)
+    for q in (p, without_joins(p)):
+        c = runny_plan(q, rng) if has_runs(q) else rng.integers(0, 2, q.num_layers)
+        floors = pair_memory_floors(q, c)
+        exact = pair_moves(q, c).memory_bytes
+        fin = np.isfinite(exact)
+        np.testing.assert_array_equal(np.isfinite(floors), fin)
+        if has_runs(q):
+            assert np.all(floors[fin] <= exact[fin] * (1 + 1e-12))
+            assert np.any(floors[fin] < exact[fin])  # a bound, not the memories
+        else:
+            np.testing.assert_allclose(floors[fin], exact[fin], rtol=1e-12)
+
+
+@pytest.mark.parametrize("weaker", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_cheapest_pair_is_the_full_scorings_and_scores_fewer_moves(seed, weaker, monkeypatch):
+    """repair's pair step (_cheapest_pair, scored in chunks by a lower
+    bound) picks the move the full scoring of every pair move picks (least
+    added time per byte saved, the first among equals), at the fastest
+    plan (a local optimum without a limit: no move speeds it up) and at
+    random plans of chains with skip edges and runs, with
+    pair_memory_floors' bound and with a weaker one (random bytes taken
+    off: the chunks' order scrambled, so that many are scored); at the
+    fastest plan, with the bound itself, it scores fewer moves than
+    there are."""
+    import search.refine as refine_module
+    from search.moves import current_state, with_overlap
+    from test_dp_runs import rich_table
+
+    n = 12
+    edges = [(i, i + 1) for i in range(n - 1)] + [(0, 3), (4, 7), (6, 9)]
+    p = discrete_problem(rich_table(seed, n, edges))
+    assert has_runs(p)
+    scored = []
+
+    def counting(*args, only=None, **kw):
+        if only is not None:
+            scored.append(int(only.sum()))
+        return pair_moves(*args, only=only, **kw)
+
+    monkeypatch.setattr(refine_module, "pair_moves", counting)
+    rng = np.random.default_rng(seed)
+    if weaker:
+        monkeypatch.setattr(refine_module, "pair_memory_floors",
+                            lambda q, c, cur: pair_memory_floors(q, c, cur) - rng.uniform(0, 300, (q.num_edges,) + (q.num_options,) * 2))
+    # a fast plan no single or pair move speeds up (the local search's optimum without a limit)
+    fastest = refine_module.local_search(p, np.argmin(np.where(p.feasible, p.layer_time_s, np.inf), axis=1), np.inf)
+    plans = [fastest] + [np.array([rng.choice(np.flatnonzero(f)) for f in p.feasible]) for _ in range(3)]
+    fewer = False
+    for k, c in enumerate(plans):
+        cur = current_state(p, c)
+        t_now, m_now = with_overlap(p, cur.base_s, cur.grad_s, cur.bwd_s), cur.memory_bytes
+        full = pair_moves(p, c)
+        saved = m_now - full.memory_bytes
+        ok = (saved > 0) & np.isfinite(full.time_s)
+        want = None
+        if ok.any():
+            score = np.where(ok, (full.time_s - t_now) / np.where(ok, saved, 1.0), np.inf)
+            want = tuple(int(x) for x in np.unravel_index(int(np.argmin(score)), score.shape))
+        scored.clear()
+        assert refine_module._cheapest_pair(p, c, cur, t_now, m_now, chunk=1) == want, (seed, k)
+        if k == 0:
+            fewer = sum(scored) < int(np.isfinite(full.time_s).sum())
+    assert fewer or weaker
