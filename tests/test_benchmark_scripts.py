@@ -1,11 +1,13 @@
 """The benchmark scripts in benchmarks/ run end to end and print what their
 docs quote (the figures themselves are recorded in docs/benchmarks.md)."""
 
+import itertools
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,3 +77,41 @@ def test_search_quality_refuses_remat_runs_without_a_remat_menu():
     )
     assert proc.returncode == 2, proc.stdout[-2000:]
     assert "--remat-runs needs --levers remat or all" in proc.stderr
+
+
+def test_search_quality_layer_order_bounds_hold_on_the_graph():
+    """benchmarks/search_quality.py's reference where the MILP proves
+    nothing (forced: a result that is not exact, with the slowest plan that
+    fits and no bound) on a chain with skip edges whose plans hold runs:
+    the layer-order DP's bound is at most brute force's fastest time on
+    the graph, and the plan it reports fits and is no slower than the one
+    given, nor faster than brute force's."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    from search_quality import with_layer_order_bounds
+    from test_dp_runs import rich_table
+
+    from search import discrete_problem, solve_brute
+    from search.milp import MILPResult
+    from search.problem import has_runs, plan_memories, plan_memory, plan_time, plan_times
+
+    n = 5
+    edges = [(i, i + 1) for i in range(n - 1)] + [(0, 2), (1, 4)]
+    checked = 0
+    for seed in range(4):
+        p = discrete_problem(rich_table(seed, n, edges))
+        assert has_runs(p)
+        full = solve_brute(p)
+        for limit in (full.min_memory_bytes * 1.05, full.memory_bytes):
+            brute = solve_brute(p, limit)
+            # a plan that fits, as slow as possible: over every plan
+            plans = np.array(list(itertools.product(*[np.flatnonzero(f) for f in p.feasible])))
+            fit = plans[plan_memories(p, plans) <= limit]
+            slow = fit[np.argmax(plan_times(p, fit))]
+            given = MILPResult(slow, plan_time(p, slow), plan_memory(p, slow), True, 0.0, False, "forced", 0.0)
+            (ref,), _ = with_layer_order_bounds([p], [given], limit, 30.0, [None])
+            assert ref.feasible and brute.time_s * (1 - 1e-9) <= ref.time_s <= given.time_s
+            assert ref.lower_bound_s <= brute.time_s * (1 + 1e-9)
+            assert ref.exact == (ref.lower_bound_s >= ref.time_s * (1 - 1e-9))
+            checked += ref.time_s < given.time_s  # the DP's plan, not the one given
+    assert checked
