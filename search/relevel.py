@@ -38,9 +38,9 @@ def relevel(p: DiscreteProblem, choice, memory_limit: float, time_limit_s: float
     """The fastest plan within ``memory_limit`` that gives every layer the
     strategy ``choice`` [n] or one of ``others`` [k, n] (plans) gives it,
     or ``choice`` where it fits and is no slower (module docstring); the
-    DP's completion over runs within ``time_limit_s`` (where it stops
-    unproven, its best plan so far competes; its Lagrangian ascent before
-    it is not bounded: about 30 s on ResNet-152's 514 layers). Only where
+    DP's Lagrangian ascent after its first turn and its completion over
+    runs within ``time_limit_s`` (where it stops unproven, its best plan so
+    far competes). Only where
     plans with these strategies may hold runs
     (:func:`search.problem.has_runs`) on a graph in layer order; elsewhere
     ``choice`` as given (the local moves price every other lever exactly)."""
