@@ -68,8 +68,8 @@ time). ``feasible`` is true only for a plan within the limit; where it is
 false, ``lower_bound_s`` says whether that is proven: infinite where no plan
 fits (the smallest memory, proven, is above the limit, or every label search
 finished without a plan), finite where the searches stopped first (over
-runs, with a smallest memory not proven: ``MinimumMemory.exact``). With an overlap term the time is ``max`` of two
-additive functions (``- overlap * min(G, B)``); the DP optimises each and
+runs, with a smallest memory not proven: ``MinimumMemory.exact``). With an
+overlap term the time is ``max`` of two additive functions (``- overlap * min(G, B)``); the DP optimises each and
 returns the better plan with the lower bound ``max`` of the two, so the gap
 is reported and may be non-zero.
 """
