@@ -519,3 +519,51 @@ def test_evaluate_takes_levers_and_says_why_one_cannot_run():
     assert rows["relu_12"].joins and not rows["features/12"].joins
     with pytest.raises(ValueError, match="cannot run strategy data\\+remat\\+join here: .*needs a producer"):
         evaluate(g, hw, 8, mesh=(8, 1), plan=plan | {"features/0": "data+remat+join"}, batch=64)
+
+
+def test_free_levers_takes_zero2_where_it_ties_plain_data_parallelism():
+    """free_levers, the reverse of drop_idle_levers: on 4 x 1 A100s (a ring
+    all-reduce, whose two halves are ZeRO-2's reduce-scatter and all-gather)
+    plain data parallelism moves to data + ZeRO-2, equal in time and
+    smaller; ZeRO-1 and ZeRO-3 add collectives, so it stops there; a plan
+    already there stays."""
+    from search.refine import free_levers
+
+    g = _dense_graph(256, 4096)
+    p = discrete_problem(_table(g, load_hardware("dgx-a100"), 512, 4, 1))
+    menu = lever_menu("all")
+    data, zero2 = option_index(Strategy.DATA, Lever(0, False), menu), option_index(Strategy.DATA, Lever(2, False), menu)
+    for z in (1, 3):
+        assert plan_time(p, [option_index(Strategy.DATA, Lever(z, False), menu)]) > plan_time(p, [data]) * (1 + 1e-6)
+    assert free_levers(p, [data]).tolist() == [zero2]
+    assert free_levers(p, [zero2]).tolist() == [zero2]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_free_levers_changes_only_zero_stages_and_never_costs_time_or_memory(seed):
+    """On random lever tables (ZeRO stages 0-3 per strategy) and random
+    plans: free_levers changes only ZeRO stages, its plan is no slower (to
+    its tolerance) and needs less memory where it changed anything, and
+    from its plan no single change of a ZeRO stage is no slower and
+    smaller (brute force over every layer and stage)."""
+    from search.refine import free_levers
+
+    n = 6
+    rng = np.random.default_rng(seed)
+    changed = 0
+    for k in range(4):
+        p = discrete_problem(synthetic_table(seed * 10 + k, n, chain_edges(n, seed, True), levers=4, p_feasible=0.7))
+        c = np.array([rng.choice(np.flatnonzero(f)) for f in p.feasible])
+        f = free_levers(p, c, rel_tol=0.0)
+        assert np.array_equal(p.option_strategy[f], p.option_strategy[c])
+        assert plan_time(p, f) <= plan_time(p, c) * (1 + 1e-12)
+        if not np.array_equal(f, c):
+            changed += 1
+            assert plan_memory(p, f) < plan_memory(p, c)
+        t, m = plan_time(p, f), plan_memory(p, f)
+        for lay in range(n):
+            for o in np.flatnonzero(p.feasible[lay] & (p.option_strategy == p.option_strategy[f[lay]])):
+                x = f.copy()
+                x[lay] = o
+                assert not (plan_time(p, x) <= t and plan_memory(p, x) < m), (lay, o)
+    assert changed
