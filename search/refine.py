@@ -125,11 +125,11 @@ def _cheapest_pair(p: DiscreteProblem, c: np.ndarray, cur, t_now: float, m_now: 
     can save, :func:`search.moves.pair_memory_floors`): every move that
     speeds the plan up first, then the others in order of that bound until
     it exceeds the best score found; the result is the full scoring's."""
-    floors = pair_memory_floors(p, c, cur)
-    most = (m_now - floors) * (1 + 1e-9) + 1e-9 * abs(m_now)  # [e, S, S] the most each move can save
-    if not cur.runs:  # the floors are the memories
-        time, memory = pair_moves(p, c, cur).time_s, floors
+    if not cur.runs:  # every memory is a sum: all at once
+        time, memory = pair_moves(p, c, cur)
     else:
+        floors = pair_memory_floors(p, c, cur)
+        most = (m_now - floors) * (1 + 1e-9) + 1e-9 * abs(m_now)  # [e, S, S] the most each move can save
         time = pair_moves(p, c, cur, only=np.zeros(floors.shape, bool)).time_s
         memory = np.full(floors.shape, np.inf)
         cand = np.isfinite(time) & (most > 0)

@@ -168,3 +168,29 @@ def test_cheapest_pair_is_the_full_scorings_and_scores_fewer_moves(seed, weaker,
         if k == 0:
             fewer = sum(scored) < int(np.isfinite(full.time_s).sum())
     assert fewer or weaker
+
+
+def test_cheapest_pair_without_runs_is_the_full_scorings():
+    """Without runs (every memory a sum) the pair step scores every move at
+    once: the same move as the full scoring of pair_moves."""
+    import search.refine as refine_module
+    from search.moves import current_state, with_overlap
+    from search.problem import without_joins
+    from test_dp_runs import rich_table
+
+    n = 10
+    edges = [(i, i + 1) for i in range(n - 1)] + [(0, 3), (4, 7)]
+    for seed in range(4):
+        p = without_joins(discrete_problem(rich_table(seed, n, edges)))
+        assert not has_runs(p)
+        rng = np.random.default_rng(seed)
+        c = np.array([rng.choice(np.flatnonzero(f)) for f in p.feasible])
+        cur = current_state(p, c)
+        t_now, m_now = with_overlap(p, cur.base_s, cur.grad_s, cur.bwd_s), cur.memory_bytes
+        full = pair_moves(p, c)
+        saved = m_now - full.memory_bytes
+        ok = (saved > 0) & np.isfinite(full.time_s)
+        assert ok.any()
+        score = np.where(ok, (full.time_s - t_now) / np.where(ok, saved, 1.0), np.inf)
+        want = tuple(int(x) for x in np.unravel_index(int(np.argmin(score)), score.shape))
+        assert refine_module._cheapest_pair(p, c, cur, t_now, m_now) == want
