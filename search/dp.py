@@ -319,10 +319,12 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     if rc is not None:  # the chain's own pairs, and the skip edges' credits taken off (search.run_chain)
         ch = ch._replace(pair=rc.pair, persistent=np.where(p.feasible, rc.persistent, 0.0))
 
-    def least() -> MinimumMemory:  # the smallest-memory plan
-        if smallest is not None:
-            return smallest
-        return minimum_memory(p) if rc is None else minimum_memory_runs(p, rc)
+    found: list[MinimumMemory] = [] if smallest is None else [smallest]
+
+    def least() -> MinimumMemory:  # the smallest-memory plan, searched once (over runs: seconds)
+        if not found:
+            found.append(minimum_memory(p) if rc is None else minimum_memory_runs(p, rc))
+        return found[0]
 
     def infeasible(mm, caps_searched, labels_used, lower_s=np.inf):  # no plan found: the smallest-memory plan,
         # as the other solvers (lower_s: inf where no plan fits, proven; else the bound where the search stopped)
