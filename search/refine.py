@@ -434,7 +434,7 @@ class RefineResult(NamedTuple):
 
 def refine(p: DiscreteProblem, candidates, memory_limit: float, max_candidates: int = 4,
            segment_window: float = 0.03, smallest: MinimumMemory | None = None,
-           relevel_time_limit_s: float | None = None) -> RefineResult:
+           relevel_time_limit_s: float | None = None, starts=None) -> RefineResult:
     """Repair and locally improve each distinct candidate plan ``[k, n]``
     (the best ``max_candidates`` after repair get the local search, and
     each distinct local optimum within ``segment_window`` of the best then
@@ -442,7 +442,11 @@ def refine(p: DiscreteProblem, candidates, memory_limit: float, max_candidates: 
     back on the exact smallest-memory plan (:func:`repair`), which fits
     whenever any plan does; where it does not, that plan is returned,
     marked infeasible. ``smallest``: that plan's
-    :func:`search.milp.smallest_memory`, where the caller has it. Where
+    :func:`search.milp.smallest_memory`, where the caller has it.
+    ``starts`` ``[k, n]``: plans from another source (the Lagrangian's,
+    :func:`search.lagrangian.lagrangian_plans`) that are repaired and
+    locally searched besides the best ``max_candidates``, so they never
+    take those places. Where
     plans may hold runs, the best plan's levers and runs are then re-planned
     exactly within the strategies of the local optima
     (:func:`search.relevel.relevel`, its completion within
@@ -455,18 +459,26 @@ def refine(p: DiscreteProblem, candidates, memory_limit: float, max_candidates: 
     mm = (smallest_memory(p) if smallest is None else smallest).choice  # once: each stuck repair walks to it
     if plan_memory(p, mm) > limit:  # nothing fits
         return RefineResult(mm, plan_time(p, mm), plan_memory(p, mm), False, rounded, np.inf, len(cands))
-    repaired = []
-    for x in cands:
-        y, ok = repair(p, x, limit, fallback=mm)
-        if ok:
-            repaired.append(y)
+    extra = np.zeros((0, p.num_layers), dtype=np.int64) if starts is None else \
+        np.unique(np.asarray(starts, dtype=np.int64).reshape(-1, p.num_layers), axis=0)
+
+    def repaired_plans(plans):
+        out = []
+        for x in plans:
+            y, ok = repair(p, x, limit, fallback=mm)
+            if ok:
+                out.append(y)
+        return out
+
+    repaired = repaired_plans(cands)
     if not repaired:  # no candidates (every repair fits here: mm does)
         repaired.append(mm)
     repaired = np.unique(np.asarray(repaired), axis=0)
     rtimes = np.array([plan_time(p, y) for y in repaired])
     order = np.argsort(rtimes, kind="stable")[:max_candidates]
+    chosen = np.unique(np.asarray([repaired[i] for i in order] + repaired_plans(extra)), axis=0)
     # each after the lever changes that free memory at no cost in time, for the local search to spend
-    local = np.unique(np.asarray([local_search(p, free_levers(p, repaired[i]), limit) for i in order]), axis=0)
+    local = np.unique(np.asarray([local_search(p, free_levers(p, y), limit) for y in chosen]), axis=0)
     # then the large neighbourhood (whole chain segments) from each distinct local
     # optimum within segment_window of the best one
     ltimes = np.array([plan_time(p, z) for z in local])

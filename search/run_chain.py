@@ -93,26 +93,33 @@ def _bits(src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:
     return out
 
 
-def bucket_moves(rc: RunChain, i: int, cap: float, buckets: int) -> tuple[np.ndarray, np.ndarray]:
+def _round(x: np.ndarray, up: bool) -> np.ndarray:
+    return (np.ceil(x) if up else np.floor(x)).astype(np.int64)
+
+
+def bucket_moves(rc: RunChain, i: int, cap: float, buckets: int, up: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The moves into position ``i`` (``i >= 1``) of the bucketed run sum at
     ``cap``: a run's sum ``r`` is held as ``floor(r / d)`` buckets of ``d =
     cap / buckets`` (the last holding everything above), so it never exceeds
-    the true sum. Returns, for option ``t`` at ``i`` and bucket ``b`` at
+    the true sum; with ``up``, each layer's bytes rounded up instead, so it
+    is never below it (up to the last bucket: then the transients of plans
+    these moves allow may pass the cap, by less than a bucket and the
+    workspace). Returns, for option ``t`` at ``i`` and bucket ``b`` at
     ``i - 1``, whether the move keeps ``t``'s transient within the cap (a
     joining ``t`` holds ``b d`` beside its workspace) and the bucket at ``i``:
     ``([O, B] bool, [O, B] int)``."""
     d = cap / buckets
     b = np.arange(buckets)[None, :]
-    step = np.floor(np.where(np.isfinite(rc.time[i]), rc.recompute[i], 0.0) / d).astype(np.int64)[:, None]  # [O, 1]
+    step = _round(np.where(np.isfinite(rc.time[i]), rc.recompute[i], 0.0) / d, up)[:, None]  # [O, 1]
     J = rc.joins[i][:, None]
     allowed = ~J | (b * d + rc.workspace[i][:, None] <= cap)
     return allowed, np.minimum(np.where(J, b + step, step), buckets - 1)
 
 
-def bucket_start(rc: RunChain, cap: float, buckets: int) -> np.ndarray:
+def bucket_start(rc: RunChain, cap: float, buckets: int, up: bool = False) -> np.ndarray:
     """``[O]``: each option's bucket at position 0 (no run to join there)."""
     r = np.where(np.isfinite(rc.time[0]), rc.recompute[0], 0.0)
-    return np.minimum(np.floor(r / (cap / buckets)).astype(np.int64), buckets - 1)
+    return np.minimum(_round(r / (cap / buckets), up), buckets - 1)
 
 
 def bucket_to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.ndarray, cap: float,
@@ -140,14 +147,15 @@ class BucketMoves(NamedTuple):
     start: np.ndarray  # [K, O] int, each option's bucket at position 0
 
 
-def all_bucket_moves(rc: RunChain, caps: np.ndarray, buckets: int) -> BucketMoves:
+def all_bucket_moves(rc: RunChain, caps: np.ndarray, buckets: int, up: bool = False) -> BucketMoves:
+    """:func:`bucket_moves` (and ``up``) at every position for each of ``caps``."""
     n, O = rc.time.shape
     allowed = np.ones((len(caps), n, O, buckets), dtype=bool)
     nxt = np.zeros((len(caps), n, O, buckets), dtype=np.int64)
     for k, cap in enumerate(caps):
         for i in range(1, n):
-            allowed[k, i], nxt[k, i] = bucket_moves(rc, i, float(cap), buckets)
-    return BucketMoves(allowed, nxt, np.stack([bucket_start(rc, float(c), buckets) for c in caps]))
+            allowed[k, i], nxt[k, i] = bucket_moves(rc, i, float(cap), buckets, up)
+    return BucketMoves(allowed, nxt, np.stack([bucket_start(rc, float(c), buckets, up) for c in caps]))
 
 
 def bucket_viterbi(unary: np.ndarray, pair: np.ndarray, moves: BucketMoves, weighted=None):

@@ -38,6 +38,7 @@ import numpy as np
 from costmodels.strategies import Strategy
 from search.dp import dp_solves, solve_dp
 from search.gradient import GradientConfig, relaxed_search
+from search.lagrangian import lagrangian_plans
 from search.milp import smallest_memory, solve_milp
 from search.problem import (
     DiscreteProblem,
@@ -262,7 +263,8 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
             if (rounded < 0).any():
                 raise RuntimeError("the gradient search rounded a layer to an option it cannot run")
             cands = np.concatenate([rounded, heuristic_plans(p, mins[i])], axis=0)
-            ref = refine(p, cands, lim, smallest=mins[i], relevel_time_limit_s=auto_limit)
+            ref = refine(p, cands, lim, smallest=mins[i], relevel_time_limit_s=auto_limit,
+                         starts=lagrangian_plans(p, lim))
             fits_relaxed = res.memory_bytes[k] <= lim
             r_best = int(np.argmin(np.where(fits_relaxed, res.time_s[k], np.inf))) if fits_relaxed.any() else \
                 int(np.argmin(res.memory_bytes[k]))
