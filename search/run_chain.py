@@ -102,9 +102,11 @@ def bucket_moves(rc: RunChain, i: int, cap: float, buckets: int, up: bool = Fals
     ``cap``: a run's sum ``r`` is held as ``floor(r / d)`` buckets of ``d =
     cap / buckets`` (the last holding everything above), so it never exceeds
     the true sum; with ``up``, each layer's bytes rounded up instead, so it
-    is never below it (up to the last bucket: then the transients of plans
-    these moves allow may pass the cap, by less than a bucket and the
-    workspace). Returns, for option ``t`` at ``i`` and bucket ``b`` at
+    is never below it until it reaches the last bucket (which holds every
+    sum above, so a run there may still grow past the cap through layers
+    whose workspaces fit within a bucket: the plans these moves allow keep
+    their transients within the cap where every joining workspace is
+    larger than a bucket). Returns, for option ``t`` at ``i`` and bucket ``b`` at
     ``i - 1``, whether the move keeps ``t``'s transient within the cap (a
     joining ``t`` holds ``b d`` beside its workspace) and the bucket at ``i``:
     ``([O, B] bool, [O, B] int)``."""
