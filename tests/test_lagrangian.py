@@ -46,9 +46,8 @@ def test_run_sums_rounded_up_restrict_where_rounded_down_relax():
 def test_lagrangian_plans_bracket_the_limit(seed):
     """At limits between the smallest memory and the fastest plan's (brute
     force), the Lagrangian plans are runnable, one of them fits and one is
-    over the limit (the two ends of a multiplier's bracket); where the
-    fastest plan fits, or no plan can hold a run, there are none to
-    bracket."""
+    over the limit (the two ends of a multiplier's bracket); under no
+    limit, or where no plan can hold a run, there are none."""
     p = discrete_problem(rich_table(seed, 6))
     assert has_runs(p)
     full = solve_brute(p)  # (no limit: the fastest plan, and the smallest memory)
