@@ -28,6 +28,7 @@ from search.moves import (
 from search.problem import (
     DiscreteProblem,
     MinimumMemory,
+    has_runs,
     plain_options,
     plan_memory,
     plan_time,
@@ -52,7 +53,7 @@ _PAIR_CHUNK = 4096  # moves of an edge's two layers scored per pass where plans 
 
 
 def repair(p: DiscreteProblem, choice, memory_limit: float, max_rounds: int | None = None,
-           fallback: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
+           fallback: np.ndarray | None = None, max_pair_moves: int | None = None) -> tuple[np.ndarray, bool]:
     """Moves towards ``memory <= memory_limit`` at the least added time per
     byte saved: each round takes, in order of that ratio, the best single
     move of pairwise non-adjacent layers until their savings cover the
@@ -63,12 +64,22 @@ def repair(p: DiscreteProblem, choice, memory_limit: float, max_rounds: int | No
     else its first move alone is made (which saves alone): every round
     lowers the memory. Where the moves get stuck above the limit, the plan
     walks to ``fallback`` (default: the exact smallest-memory plan,
-    :func:`search.problem.minimum_memory`) one layer at a time
-    (:func:`_walk_towards`), so it fits whenever any plan does. Returns the
-    plan and whether it fits."""
+    :func:`search.problem.minimum_memory`) on the shortest prefix of its
+    layers that fits (:func:`_walk_towards`), so it fits whenever any plan
+    does. Returns the plan and whether it fits.
+
+    ``max_pair_moves``: the moves of an edge's two layers it may make before
+    it walks. Default: any number where plans hold no runs (all are scored
+    at once), none where they may (:func:`search.problem.has_runs`): there
+    each pair move's memory costs a window of layers, seconds per move on
+    ResNet-152 near its smallest memory, where the walk and the local
+    search that follows reached the same plans without them (ad-hoc probes
+    on 8 and 256 V100s: ``docs/search.md``)."""
     c = np.array(choice, dtype=np.int64)
     limit = float(memory_limit)
     max_rounds = 2 * p.num_layers + 20 if max_rounds is None else max_rounds
+    if max_pair_moves is None:
+        max_pair_moves = 0 if has_runs(p) else max_rounds
     for _ in range(max_rounds):
         cur = current_state(p, c)
         t_now = with_overlap(p, cur.base_s, cur.grad_s, cur.bwd_s)
@@ -103,11 +114,12 @@ def repair(p: DiscreteProblem, choice, memory_limit: float, max_rounds: int | No
             else:
                 c[first[0]] = first[1]
             continue
-        if not p.num_edges:
+        if not p.num_edges or max_pair_moves <= 0:
             break
         move = _cheapest_pair(p, c, cur, t_now, m_now)
         if move is None:
             break
+        max_pair_moves -= 1
         k, s, t = move
         c[p.edge_src[k]], c[p.edge_dst[k]] = s, t
     if plan_memory(p, c) > limit:
@@ -162,34 +174,44 @@ def _cheapest_pair(p: DiscreteProblem, c: np.ndarray, cur, t_now: float, m_now: 
 
 
 def _walk_towards(p: DiscreteProblem, choice: np.ndarray, target: np.ndarray, limit: float) -> np.ndarray:
-    """``choice`` moved to ``target`` one layer at a time until it fits
-    ``limit``: each step, of the layers still off ``target``, the one whose
-    move saves memory at the least added time per byte, else (no move saves:
-    the phases or the largest workspace need several layers at once) the one
-    leaving the least memory, then the least time. At most ``n`` steps, and
-    it ends at ``target`` if nothing earlier fits; the plan keeps what of
-    ``choice`` it can."""
+    """``choice`` moved to ``target`` until it fits ``limit``, on a prefix of
+    the layers still off ``target``: ordered once, those whose move alone
+    saves memory by added time per byte saved, then the others by the memory
+    their move leaves, then its time (the phases or the largest workspace
+    may need several layers at once); the prefix is the shortest that fits
+    found by bisection, each step checked exactly (memory need not fall
+    along the prefix, so it is the end of a bracket: that prefix fits, one
+    layer less does not). One scoring of every move and ``O(log n)`` exact
+    evaluations, where a walk of one layer per scoring would take up to
+    ``n`` scorings, each a window of layers per move where plans hold runs.
+    It ends at ``target`` if no shorter prefix fits; the plan keeps what of
+    ``choice`` it can, and the local search then improves it."""
     c = np.array(choice, dtype=np.int64)
     target = np.asarray(target, dtype=np.int64)
-    for _ in range(p.num_layers):  # host loop: each step settles one layer
-        cur = current_state(p, c)
-        m_now = cur.memory_bytes
-        if m_now <= limit:
-            break
-        off = np.flatnonzero(c != target)
-        if not off.size:
-            break
-        single = single_moves(p, c, cur)
-        mem, time = single.memory_bytes[off, target[off]], single.time_s[off, target[off]]
-        saved = m_now - mem
-        if np.any(saved > 0):
-            t_now = with_overlap(p, cur.base_s, cur.grad_s, cur.bwd_s)
-            score = np.where(saved > 0, (time - t_now) / np.where(saved > 0, saved, 1.0), np.inf)
-            lay = off[int(np.argmin(score))]
+    off = np.flatnonzero(c != target)
+    cur = current_state(p, c)
+    if cur.memory_bytes <= limit or not off.size:
+        return c
+    single = single_moves(p, c, cur)
+    mem, time = single.memory_bytes[off, target[off]], single.time_s[off, target[off]]
+    saved = cur.memory_bytes - mem
+    t_now = with_overlap(p, cur.base_s, cur.grad_s, cur.bwd_s)
+    score = np.where(saved > 0, (time - t_now) / np.where(saved > 0, saved, 1.0), np.inf)
+    order = off[np.lexsort((time, mem, score))]
+
+    def moved(k: int) -> np.ndarray:
+        trial = c.copy()
+        trial[order[:k]] = target[order[:k]]
+        return trial
+
+    lo, hi = 0, order.size  # moved(lo) does not fit; moved(hi) is target (fits if anything does)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if plan_memory(p, moved(mid)) <= limit:
+            hi = mid
         else:
-            lay = off[np.lexsort((time, mem))[0]]
-        c[lay] = target[lay]
-    return c
+            lo = mid
+    return moved(hi)
 
 
 def drop_idle_levers(p: DiscreteProblem, choice, memory_limit: float, rel_tol: float = 1e-6) -> np.ndarray:

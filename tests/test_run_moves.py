@@ -194,3 +194,37 @@ def test_cheapest_pair_without_runs_is_the_full_scorings():
         score = np.where(ok, (full.time_s - t_now) / np.where(ok, saved, 1.0), np.inf)
         want = tuple(int(x) for x in np.unravel_index(int(np.argmin(score)), score.shape))
         assert refine_module._cheapest_pair(p, c, cur, t_now, m_now) == want
+
+
+def test_repair_makes_pair_moves_with_runs_only_where_allowed(monkeypatch):
+    """Where plans hold runs, repair makes no move of an edge's two layers
+    by default (each costs a window of layers) and walks to the smallest
+    plan instead, still fitting; with ``max_pair_moves`` it makes at most
+    that many. Checked where, unlimited, it makes two or more (found among
+    random plans and limits; the search must find one)."""
+    import search.refine as refine_module
+    from search import plan_memory, solve_brute
+    from test_remat_runs import random_run_table
+
+    calls = []
+    cheapest = refine_module._cheapest_pair
+    monkeypatch.setattr(refine_module, "_cheapest_pair", lambda *a, **k: calls.append(1) or cheapest(*a, **k))
+    checked = 0
+    for seed in range(24, 40):
+        p = discrete_problem(random_run_table(seed, 6))
+        assert has_runs(p)
+        smallest = solve_brute(p).min_memory_bytes
+        rng = np.random.default_rng(seed)
+        for _ in range(20):
+            c = np.array([rng.choice(np.flatnonzero(f)) for f in p.feasible])
+            limit = smallest + rng.uniform(0, 1) * max(plan_memory(p, c) - smallest, 0.0)
+            calls.clear()
+            refine_module.repair(p, c, limit, max_pair_moves=100)
+            if len(calls) < 2:
+                continue
+            checked += 1
+            for allowed, most in ((None, 0), (1, 1)):
+                calls.clear()
+                fixed, ok = refine_module.repair(p, c, limit, max_pair_moves=allowed)
+                assert len(calls) <= most and ok and plan_memory(p, fixed) <= limit, (seed, allowed)
+    assert checked

@@ -368,6 +368,30 @@ def test_repair_walks_to_the_smallest_plan_where_moves_get_stuck():
     assert ok and fixed.tolist() == [1, 1] and plan_memory(p, fixed) == 21.0
 
 
+def test_the_walk_moves_the_shortest_prefix_that_fits_after_one_scoring(monkeypatch):
+    """Three unconnected layers, each 40 persistent bytes on option 0 and 10
+    on option 1, for 1, 2 and 3 s more: from (0, 0, 0), memory 120, the walk
+    to (1, 1, 1) under a limit of 70 moves the two layers cheapest per byte
+    saved (a and b: 60 bytes, one move leaves 90) and keeps c, after one
+    scoring of the moves (the rest are exact evaluations of prefixes)."""
+    import search.refine as refine_module
+
+    p = discrete_problem(synthetic_table(0, 3, []))
+    zeros = np.zeros((3, 2))
+    p = p._replace(feasible=np.ones((3, 2), bool), persistent_bytes=np.array([[40.0, 10.0]] * 3),
+                   workspace_bytes=zeros, optimizer_bytes=zeros,
+                   layer_time_s=np.array([[1.0, 2.0], [1.0, 3.0], [1.0, 4.0]]), grad_sync_s=zeros, backward_s=zeros,
+                   reshard_s=np.zeros((0, 2, 2)), option_strategy=np.arange(2), option_lever=np.zeros(2, np.int64),
+                   recompute_bytes=zeros, option_recomputes=np.zeros(2, bool), option_joins=np.zeros(2, bool),
+                   checkpoint_credit=np.zeros((0, 2)))
+    assert plan_memory(p, np.zeros(3, np.int64)) == 120.0 and plan_memory(p, np.array([1, 0, 0])) == 90.0
+    scorings = []
+    monkeypatch.setattr(refine_module, "single_moves", lambda *a, **k: scorings.append(1) or single_moves(*a, **k))
+    walked = refine_module._walk_towards(p, np.zeros(3, np.int64), np.ones(3, np.int64), 70.0)
+    assert walked.tolist() == [1, 1, 0] and plan_memory(p, walked) == 60.0 and plan_time(p, walked) == 6.0
+    assert len(scorings) == 1
+
+
 def test_parallel_edges_are_merged_and_both_counted():
     t = synthetic_table(5, 3, [(0, 1), (0, 1), (1, 2)], p_feasible=1.0)
     p = discrete_problem(t)
