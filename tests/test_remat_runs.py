@@ -391,6 +391,44 @@ def test_an_unproven_smallest_memory_neither_claims_nor_refuses(monkeypatch):
     assert solve(t, memory_limit=limit, method="gradient").min_memory_bytes is None
 
 
+def test_the_gradient_method_searches_longer_for_a_smallest_plan_that_fits(monkeypatch):
+    """Where the smallest memory found within the short limit neither fits
+    nor is proven (forced here: the smallest plan without runs, above a
+    limit only runs reach), the gradient method searches for it again with
+    SMALLEST_RETRY_TIME_LIMIT_S (or the caller's shorter limit), and with
+    the real smallest plan as its repair target it fits, where without the
+    retry it has no plan that fits to walk to; no retry where the caller's
+    limit is no longer than the first."""
+    import search.solver as solver_module
+    from search.milp import smallest_memory
+    from search.problem import minimum_memory
+
+    t = random_run_table(1, 5)
+    p = discrete_problem(t)
+    full = solve_brute(p)
+    free = minimum_memory(without_joins(p))
+    limit = 0.5 * (full.min_memory_bytes + free.memory_bytes)
+    asked = []
+
+    def smallest(q, time_limit_s=None):
+        asked.append(time_limit_s)
+        if time_limit_s is not None and time_limit_s <= solver_module.AUTO_MILP_TIME_LIMIT_S:
+            return minimum_memory(without_joins(q))._replace(exact=False)
+        return smallest_memory(q, time_limit_s)
+
+    monkeypatch.setattr(solver_module, "smallest_memory", smallest)
+    sol = solve(t, memory_limit=limit, method="gradient")
+    assert asked == [solver_module.AUTO_MILP_TIME_LIMIT_S, solver_module.SMALLEST_RETRY_TIME_LIMIT_S]
+    assert sol.feasible and sol.min_memory_bytes == pytest.approx(full.min_memory_bytes, rel=1e-6)
+    assert sol.time_s >= solve_brute(p, limit).time_s * (1 - 1e-6)
+    asked.clear()
+    sol = solve(t, memory_limit=limit, method="gradient", milp_time_limit_s=30.0)
+    assert asked == [solver_module.AUTO_MILP_TIME_LIMIT_S, 30.0] and sol.feasible
+    asked.clear()
+    assert not solve(t, memory_limit=limit, method="gradient", milp_time_limit_s=2.0).feasible
+    assert asked == [2.0]
+
+
 def test_the_smallest_memory_milp_stops_at_its_time_limit():
     """minimum_memory_milp within a time limit too short to prove anything:
     a plan no larger than the smallest without runs, marked not exact; with
