@@ -52,13 +52,11 @@ from planner.plans.record import MeshResult, Plan
 from planner.plans.specs import layer_specs
 from planner.schedule_fit import choice_peak, fit_schedule
 from search import (
-    AUTO_MILP_TIME_LIMIT_S,
     GradientConfig,
     SearchEvent,
     Solution,
     discrete_problem,
     run_terms,
-    smallest_memory,
     solve_many,
 )
 
@@ -113,31 +111,33 @@ TIE_RTOL = 1e-6
 FLOAT32_ROUNDING = 1e-5
 
 
-def _infeasible_message(graph: LayerGraph, P: int, limit: float, tables, meshes, margin: float = 0.0,
+def _infeasible_message(graph: LayerGraph, P: int, limit: float, tables, meshes, solutions, margin: float = 0.0,
                         inputs: float = 0.0, *, batch: int = 0, batch_is_global: bool = True,
                         devices_per_node: int | None = None) -> tuple[str, float]:
     """The message and the smallest limit under which some plan fits: the
     smallest memory any plan needs plus the ``inputs`` bytes, plus the share
-    ``margin`` of that limit kept free for the platform. Its advice is what
+    ``margin`` of that limit kept free for the platform. Each mesh's
+    smallest plan is the search's: a :class:`search.Solution` that does not
+    fit is the smallest-memory plan found (proven smallest where its
+    ``min_memory_bytes`` is set), so nothing is searched again and the
+    message says what the search found. Its advice is what
     would help: more devices only where the global ``batch`` is fixed (each
     then holds fewer samples) or the model axis could still grow inside a
     node of ``devices_per_node``; with the per-device batch fixed, more
     devices bring more samples, not room. On a ``cpu`` table a plan's memory
     is also what XLA:CPU's schedule holds (:mod:`planner.schedule_fit`): each
     mesh's smallest plan needs the larger of the two."""
-    problems = [discrete_problem(t) for t in tables]
-    # (with runs of recomputed layers, the MILP's smallest within auto's time limit: perhaps not proven)
-    mins = [smallest_memory(p, AUTO_MILP_TIME_LIMIT_S) for p in problems]
-    peaks = [choice_peak(t, mm.choice) for t, mm in zip(tables, mins, strict=True)]  # None: no schedule
-    needs = [max(mm.memory_bytes, pk or 0.0) for mm, pk in zip(mins, peaks, strict=True)]
+    choices = [np.asarray(s.choice, dtype=np.int64) for s in solutions]
+    peaks = [choice_peak(t, c) for t, c in zip(tables, choices, strict=True)]  # None: no schedule
+    needs = [max(s.memory_bytes, pk or 0.0) for s, pk in zip(solutions, peaks, strict=True)]
     k = int(np.argmin(needs))
-    p, mm = problems[k], mins[k]
+    p, choice = discrete_problem(tables[k]), choices[k]
     rows = np.arange(p.num_layers)
-    persistent = p.persistent_bytes[rows, mm.choice]
-    state = p.optimizer_bytes[rows, mm.choice]  # the optimizer step holds the whole state
+    persistent = p.persistent_bytes[rows, choice]
+    state = p.optimizer_bytes[rows, choice]  # the optimizer step holds the whole state
     # runs of recomputed layers: the checkpoints they free, and their recomputed activations at each step
-    (credit,), (transient,) = run_terms(p, mm.choice[None])
-    ws = p.workspace_bytes[rows, mm.choice] + transient
+    (credit,), (transient,) = run_terms(p, choice[None])
+    ws = p.workspace_bytes[rows, choice] + transient
     w = int(np.argmax(ws))
     kept_total = float(persistent.sum() - credit)
     # the phase that needs the most (search.problem: the backward pass or the optimizer step)
@@ -154,7 +154,7 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, tables, meshes,
         parts = ", ".join(f"{graph.names[i]} {format_bytes_up(state[i])}" for i in top)
         held = (f"at its peak, the optimizer step, {format_bytes_up(float(state.sum()))} are weights, gradients, "
                 f"optimizer state and the optimizer's update (largest: {parts})")
-    if peaks[k] is not None and peaks[k] > mm.memory_bytes:
+    if peaks[k] is not None and peaks[k] > solutions[k].memory_bytes:
         held += (f"; XLA:CPU's schedule holds more, {format_bytes_up(peaks[k])} at its peak (its kernel copies, "
                  "max-pool buffers and gradient all-reduce: costmodels.xla_cpu)")
     d, m = meshes[k]
@@ -163,9 +163,10 @@ def _infeasible_message(graph: LayerGraph, P: int, limit: float, tables, meshes,
     need = format_bytes_up(required)
     kept = (f": {format_bytes_up(needs[k])} for the plan, {format_bytes_up(inputs)} for the input batch and "
             f"{margin:.0%} of the limit kept free for the platform's compiler (MEMORY_MARGIN)") if margin or inputs else ""
-    smallest = (f"the smallest memory limit any plan needs is {need}" if all(x.exact for x in mins) else
-                f"the smallest memory limit the search found a plan for is {need} (not proven smallest: the MILP "
-                f"over runs of recomputed layers stopped at its {AUTO_MILP_TIME_LIMIT_S:g} s limit)")
+    proven = all(s.min_memory_bytes is not None for s in solutions)
+    smallest = (f"the smallest memory limit any plan needs is {need}" if proven else
+                f"the smallest memory limit the search found a plan for is {need} (not proven smallest: the search "
+                "over runs of recomputed layers stopped at its time limit)")
     message = (
         f"no plan of {graph.model_name} on {P} devices fits {format_bytes_up(limit)} per device: {smallest} "
         f"({required:,.0f} bytes, on mesh {d}x{m}){kept}; of the plan's memory, "
@@ -292,7 +293,7 @@ def plan(
     )
     fitting = [i for i, s in enumerate(solutions) if s.feasible]
     if not fitting:
-        message, required = _infeasible_message(graph, P, limit, tables, meshes,
+        message, required = _infeasible_message(graph, P, limit, tables, meshes, solutions,
                                                 MEMORY_MARGIN[platform], inputs, batch=B,
                                                 batch_is_global=batch is not None,
                                                 devices_per_node=None if allow_cross_node_model_axis

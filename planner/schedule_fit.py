@@ -77,13 +77,15 @@ def fit_schedule(tables: Sequence[CostTable], solutions: Sequence[Solution], bud
 
 
 def _smallest(table: CostTable, budget: float, like: Solution) -> Solution:
-    """The plan needing the least of the solvers' memory, if it fits
-    ``budget`` under both; else ``like`` marked as not fitting."""
+    """The plan needing the least of the solvers' memory, with ``like``'s
+    method and history, marked as not fitting where it does not fit
+    ``budget`` under both (so that, as any :class:`search.Solution` that
+    does not fit, it is the smallest-memory plan found)."""
     p = discrete_problem(table)
     mm = smallest_memory(p, AUTO_MILP_TIME_LIMIT_S)  # (runs: within auto's MILP time limit)
     peak = choice_peak(table, mm.choice)
     need = max(mm.memory_bytes, peak if peak is not None else 0.0)
-    if need > budget:
-        return dataclasses.replace(like, memory_bytes=need, memory_limit_bytes=budget, feasible=False)
     return dataclasses.replace(like, choice=tuple(int(c) for c in mm.choice), time_s=plan_time(p, mm.choice),
-                               memory_bytes=need, memory_limit_bytes=budget, lower_bound_s=None, optimality_gap=None)
+                               memory_bytes=need, memory_limit_bytes=budget, feasible=bool(need <= budget),
+                               min_memory_bytes=mm.memory_bytes if mm.exact else None, lower_bound_s=None,
+                               optimality_gap=None)

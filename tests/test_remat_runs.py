@@ -444,6 +444,40 @@ def test_the_smallest_memory_milp_stops_at_its_time_limit():
     assert done.exact and done.memory_bytes == pytest.approx(solve_brute(p).min_memory_bytes, rel=1e-9)
 
 
+def test_the_infeasible_error_says_what_the_search_found(monkeypatch):
+    """planner.plan's infeasible error takes each mesh's smallest plan from
+    the search (a Solution that does not fit is one) instead of searching
+    again: where the search's smallest memory is not proven (forced here),
+    the error says so, and its limit is that plan's; with the real search,
+    proven, it says any plan needs it."""
+    import re
+
+    from builders import tiny_oracle_graph
+
+    import planner
+    import search.solver as solver_module
+    from search.milp import smallest_memory
+
+    kw = dict(devices=1, hardware="dgx-a100", batch=4, memory_limit="1kB", levers="remat")
+    with pytest.raises(ValueError) as info:
+        planner.plan(tiny_oracle_graph(), **kw)
+    assert "the smallest memory limit any plan needs is" in str(info.value)
+    proven = float(re.search(r"\(([\d,]+) bytes", str(info.value)).group(1).replace(",", ""))
+    found = []
+
+    def unproven(q, time_limit_s=None):
+        mm = smallest_memory(q, time_limit_s)
+        found.append(mm.memory_bytes)
+        return mm._replace(exact=False)
+
+    monkeypatch.setattr(solver_module, "smallest_memory", unproven)
+    with pytest.raises(ValueError) as info:
+        planner.plan(tiny_oracle_graph(), **kw)
+    message = str(info.value)
+    assert "the smallest memory limit the search found a plan for is" in message and "not proven" in message
+    assert float(re.search(r"\(([\d,]+) bytes", message).group(1).replace(",", "")) == proven and found
+
+
 def test_the_infeasible_error_counts_what_runs_free():
     """planner.plan's infeasible error on the tiny CNN with runs offered
     (levers="remat", a model without attention): its smallest plan recomputes

@@ -9,7 +9,7 @@ from builders import synthetic_table
 from costmodels import XlaCpuBuffers, one_hot, scheduled_memory_per_device
 from costmodels.strategies import NUM_STRATEGIES as S
 from planner.schedule_fit import SCHEDULE_RETRIES, fit_schedule
-from search import Solution
+from search import Solution, discrete_problem, minimum_memory
 
 
 def _table(out1: float = 4.0, swapped: float = 20.0, d_gt_1: bool = True):
@@ -80,6 +80,9 @@ def test_fit_schedule_searches_again_below_the_excess():
     assert "256 B, 6 B over the budget; searching again within 194 B" in events[0].message
     # then the table's least-memory plan is tried: its schedule too needs 256
     assert (out.feasible, out.memory_bytes, out.memory_limit_bytes) == (False, 256.0, 250.0)
+    # ... and is what the mesh reports, as every plan that does not fit: the least-memory plan and its memory
+    smallest = minimum_memory(discrete_problem(t))
+    assert out.choice == tuple(smallest.choice) and out.min_memory_bytes == smallest.memory_bytes < 256.0
     # a mesh the search found nothing on stays so, unsearched
     none = fit_schedule([t], [_sol([0, 0, 0], 400.0, 250.0, feasible=False)], 250.0, solve)[0]
     assert not none.feasible and len(asked) == SCHEDULE_RETRIES
