@@ -25,7 +25,7 @@ class HistoryEntry:
 class SearchEvent:
     """Progress, for a callback to render (library code never prints)."""
 
-    stage: str  # start | gradient | refine | dp | milp | done, or the planner's own stages
+    stage: str  # start | minimum_memory | gradient | refine | dp | milp | done, or the planner's own stages
     message: str
     table: int | None = None  # which table of a batch (e.g. which mesh shape)
     time_s: float | None = None  # best iteration time so far, if any
