@@ -33,9 +33,11 @@ the smallest memory is not proven, the limits come from the smallest
 memory found (a plan fits the tight limit, but no infeasible instance can
 be claimed, so there is none), the exact solvers take that answer instead
 of searching it again, and rows the MILP did not prove say so. There, on a
-graph with branches and runs, the DP also searches the layer-order problem
-with the skip edges' resharding at its least (``search.layer_order_chain(p,
-"lower")``, within ``--milp-time-limit`` per mesh): its lower bound holds
+graph with branches and runs, the DP also searches the graph in layer order
+(``search.solve_dp``, its labels paying each skip edge's resharding; where
+``search.run_chain`` declines the graph, the layer-order problem with the
+skip edges' resharding at its least, ``search.layer_order_chain(p,
+"lower")``), within ``--milp-time-limit`` per mesh: its lower bound holds
 on the graph and its plan fits there, so each mesh's reference is the
 better plan and the higher bound of the two; the summary gives the
 gradient method's time against that bound.
@@ -159,21 +161,26 @@ class _Ref:
 
 def with_layer_order_bounds(problems, milp, limit, time_limit_s, smallest):
     """On a graph with branches whose plans hold runs, where the MILP
-    proved no optimum on some mesh: per mesh, the DP over the layer-order
-    problem with skip edges' resharding at its least
-    (``search.layer_order_chain(p, "lower")``, no slower than the graph
-    and exactly as large), within ``time_limit_s``. Its lower bound bounds
-    the graph's fastest plan, and its plan, timed on the graph, fits
-    there; each mesh's answer is the better plan and the higher bound of
-    the two solvers. Returns the answers and the DP's seconds."""
+    proved no optimum on some mesh: per mesh, the DP over the graph in
+    layer order (``search.solve_dp``: exact where it completes), or, where
+    ``search.run_chain`` declines the graph, over the layer-order problem
+    with skip edges' resharding at its least (``search.layer_order_chain(p,
+    "lower")``, no slower than the graph and exactly as large), within
+    ``time_limit_s``. Its lower bound bounds the graph's fastest plan, and
+    its plan, timed on the graph, fits there; each mesh's answer is the
+    better plan and the higher bound of the two solvers. Returns the
+    answers and the DP's seconds."""
     t0 = time.perf_counter()
     out = []
     for p, m, mm in zip(problems, milp, smallest, strict=True):
-        if m.exact or not has_runs(p) or np.any(p.edge_src >= p.edge_dst) or \
-                run_chain(layer_order_chain(p, "lower")) is None:
+        if m.exact or not has_runs(p) or np.any(p.edge_src >= p.edge_dst):
             out.append(m)
             continue
-        r = solve_dp(layer_order_chain(p, "lower"), limit, time_limit_s=time_limit_s, smallest=mm)
+        q = p if run_chain(p) is not None else layer_order_chain(p, "lower")
+        if run_chain(q) is None:
+            out.append(m)
+            continue
+        r = solve_dp(q, limit, time_limit_s=time_limit_s, smallest=mm)
         t_dp = plan_time(p, r.choice) if r.feasible else np.inf  # its plan, timed on the graph
         t_milp = m.time_s if m.feasible else np.inf
         bound = max(r.lower_bound_s, m.lower_bound_s if m.feasible else -np.inf)
@@ -295,12 +302,19 @@ def run(models, devices, hardware, levers: str = "none", milp_time_limit_s: floa
                           f"{fmt(ratio, '8.5f')} {grad_s:7.3f} {fmt(ex['dp_s'], '7.3f')} {ex['milp_s']:8.3f}"
                           + (f" | {plain['grad_s']:7.3f} {fmt(plain['dp_s'], '7.3f')} {plain['milp_s']:8.3f}"
                              if plain else "")
-                          + ("" if row["exact_proven"] in (None, True) else
-                             f"  (exact solvers not proven optimal; their bound {fmt(bound and bound * 1e3, '.3f')} ms"
-                             + ("" if ex["order_dp_s"] is None else f"; layer-order DP {ex['order_dp_s']:.1f} s")
-                             + ")"),
+                          + _notes(row["exact_proven"] in (None, True), bound, ex["order_dp_s"]),
                           flush=True)
     return rows
+
+
+def _notes(proven: bool, bound, order_dp_s) -> str:
+    """A row's remarks: an unproven reference and its bound; the DP over the
+    layer order's seconds where it ran (with_layer_order_bounds)."""
+    notes = [] if proven else [f"exact solvers not proven optimal; their bound "
+                               f"{'-' if bound is None else format(bound * 1e3, '.3f')} ms"]
+    if order_dp_s is not None:
+        notes.append(f"DP over the layer order {order_dp_s:.1f} s")
+    return f"  ({'; '.join(notes)})" if notes else ""
 
 
 class _R:

@@ -49,7 +49,9 @@ They are handled in three steps:
    seeds the search's upper bound, or shows that no plan fits.
 
 Runs of recomputing layers (``remat+join``, :func:`search.problem.has_runs`)
-on a chain in layer order (:mod:`search.dp_runs`): the checkpoint credits
+on a graph in layer order (:mod:`search.dp_runs`; on a graph with branches
+the skip edges' least resharding is folded into their destinations for
+steps 1 and 2, and step 3's labels pay the rest): the checkpoint credits
 are pair terms of the backward phase (``weighted=`` of the Viterbis); step
 1's caps become intervals of the largest transient
 (:func:`search.dp_runs.run_intervals`), step 2's Viterbi runs over the
@@ -95,7 +97,14 @@ from search.problem import (
     plan_time,
     plan_times,
 )
-from search.run_chain import BUCKETS, all_bucket_moves, bucket_viterbi, run_chain
+from search.run_chain import (
+    BUCKETS,
+    HOP_BITS,
+    MAX_OPEN_SKIPS,
+    all_bucket_moves,
+    bucket_viterbi,
+    run_chain,
+)
 
 __all__ = ["DPResult", "dp_solves", "solve_dp", "viterbi"]
 
@@ -269,9 +278,9 @@ def dp_solves(p: DiscreteProblem) -> bool:
     """Whether the solvers' DP (:func:`search.solve`'s ``"dp"`` and ``"auto"``)
     takes ``p``: a chain graph, and, where plans may hold runs of
     recomputing layers, one in layer order. :func:`solve_dp` itself also
-    takes plans with runs on graphs in layer order whose skip edges reshard
-    nothing (:func:`search.run_chain.run_chain`; the bounds of
-    :func:`search.layer_chain.layer_order_chain`)."""
+    takes plans with runs on graphs with branches in layer order
+    (:func:`search.run_chain.run_chain`), exactly but at a cost that grows
+    with the skip edges' resharding classes."""
     return chain_order(p) is not None and (not has_runs(p) or run_chain(p) is not None)
 
 
@@ -290,9 +299,11 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     the exact completion over runs (where the labels grow most);
     ``smallest``: the smallest memory (:func:`search.milp.smallest_memory`)
     where the caller has it. Raises
-    ``ValueError`` if the graph is not a chain, ``NotImplementedError`` if
-    plans may hold runs of recomputing layers (:func:`search.problem.has_runs`)
-    on a chain whose order is not the layers' (runs follow the layers' order).
+    ``ValueError`` if the graph is not a chain and plans hold no runs,
+    ``NotImplementedError`` if plans may hold runs of recomputing layers
+    (:func:`search.problem.has_runs`) on a graph that
+    :func:`search.run_chain.run_chain` declines (an edge against the
+    layers' order, which runs follow, or too many skip edges over a layer).
 
     Runs of recomputing layers (:mod:`search.dp_runs`): their checkpoint
     credits are pair terms of the backward phase (the Viterbi and the
@@ -302,22 +313,25 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     :func:`search.dp_runs.search_runs`'s labels, which add the run's sum."""
     deadline = np.inf if time_limit_s is None else time.perf_counter() + float(time_limit_s)
     rc = run_chain(p) if has_runs(p) else None
+    if has_runs(p) and rc is None:
+        raise NotImplementedError(
+            "the DP searches runs of recomputed layers (remat+join) only in layer order (every edge from an "
+            f"earlier layer to a later one), with at most {MAX_OPEN_SKIPS} skip edges that free a checkpoint and "
+            f"{64 // HOP_BITS - 1} that reshard open over any layer (search.run_chain.run_chain); "
+            "use method='milp' or 'gradient'")
     order = chain_order(p) if rc is None else np.arange(p.num_layers)
     if order is None:
         raise ValueError("the DP needs a chain graph (every layer feeds only the next); "
                          "use method='milp' or 'gradient' for graphs with branches")
-    if has_runs(p) and rc is None:
-        raise NotImplementedError("the DP searches runs of recomputed layers (remat+join) only in layer order, "
-                                  "on edges that join consecutive layers or skip ahead without resharding "
-                                  "(search.run_chain.run_chain); use method='milp' or 'gradient'")
     n = p.num_layers
     limit = float(memory_limit)
     if n == 0:
         z = np.zeros(0, dtype=np.int64)
         return DPResult(z, 0.0, 0.0, True, 0.0, True, 0, 0)
     ch = _chain(p, order)
-    if rc is not None:  # the chain's own pairs, and the skip edges' credits taken off (search.run_chain)
-        ch = ch._replace(pair=rc.pair, persistent=np.where(p.feasible, rc.persistent, 0.0))
+    if rc is not None:  # the chain's own pairs, the skip edges' credits taken off and their least resharding
+        # folded into their destinations (search.run_chain: relaxations for the bounds, the labels pay the rest)
+        ch = ch._replace(time=rc.time, pair=rc.pair, persistent=np.where(p.feasible, rc.persistent, 0.0))
 
     found: list[MinimumMemory] = [] if smallest is None else [smallest]
 

@@ -1,5 +1,5 @@
-"""Exact label search over chains whose plans hold runs of recomputing
-layers (``remat+join``: :func:`costmodels.recomputed_runs`,
+"""Exact label search over graphs in layer order whose plans hold runs of
+recomputing layers (``remat+join``: :func:`costmodels.recomputed_runs`,
 :func:`search.problem.run_terms`), for :func:`search.dp.solve_dp` and the
 smallest memory (:func:`minimum_memory_runs`).
 
@@ -15,15 +15,19 @@ On a chain in layer order (every edge joins layer ``i - 1`` to layer
   it: a running sum ``r`` over the run, which starts again at every layer
   that does not join (the first layer never joins).
 
-Skip edges (``src < dst - 1``, resharding nothing:
-:func:`search.layer_chain.layer_order_chain` folds a residual network's
-into their destinations) free their destination's checkpoint where their
-source recomputes and the run reaches from it to the destination. The
-chain's ``persistent`` has every such credit taken off already (a
-relaxation, so the bounds to go hold); each label carries a bit mask of the
-open skip edges whose source recomputed with no run break since, cleared
-where a layer does not join, and adds a credit back where its edge closes
-unearned. Labels compare only with labels of the same mask.
+Skip edges (``src < dst - 1``, a residual network's) free their
+destination's checkpoint where their source recomputes and the run reaches
+from it to the destination. The chain's ``persistent`` has every such
+credit taken off already (a relaxation, so the bounds to go hold); each
+label carries a bit mask of the open skip edges whose source recomputed
+with no run break since, cleared where a layer does not join, and adds a
+credit back where its edge closes unearned. A skip edge that reshards (a
+*hop*) has its least resharding over the source's options in its
+destination's time (the relaxation of
+:func:`search.layer_chain.layer_order_chain`'s ``"lower"``); a label of the
+search by time carries the class of each open hop's source option (options
+whose resharding rows are alike) in a code and pays the rest where the hop
+closes. Labels compare only with labels of the same option, mask and code.
 
 So a plan's backward phase is ``a + peak`` with ``a`` additive and
 ``peak = max_i (workspace_i + T_i)`` the largest transient, ``T_i`` the
@@ -69,7 +73,7 @@ from search.problem import (
     with_strategies_of,
     without_joins,
 )
-from search.run_chain import BUCKETS, RunChain, bucket_to_go, run_chain
+from search.run_chain import BUCKETS, HOP_BITS, RunChain, bucket_to_go, run_chain
 
 __all__ = ["DEEPENING", "INTERVALS", "lighter_runs", "minimum_memory_runs", "run_intervals", "search_runs"]
 
@@ -196,7 +200,8 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
         if not by_time:
             return (np.maximum(a + a_go[i, t] + pk, q + q_go[i]) < limit_m) & (pk <= cap)
         b = np.minimum(np.floor(r / width), buckets - 1).astype(np.int64)
-        ok = (a + a_go[i, t] + pk <= limit) & (q + q_go[i] <= limit) & (tau + h_time[i, t, b] < limit_t) & (pk <= cap)
+        ok = (a + a_go[i, t] + pk <= limit) & (q + q_go[i] <= limit) & (tau + h_time[i, t, b] < limit_t)
+        ok &= pk <= cap
         if use_mult:  # weak duality: every completion keeps a <= limit - peak, peak >= pk
             ok &= tau + lam * a + mu * q + h_mult[i, t, b] - lam * (limit - pk) - mu * limit < limit_t
         return ok
@@ -233,16 +238,26 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, coords, by_time: b
     J = rc.joins
     opens = rc.skip_opens  # [n, O] the bits of the skip edges each option opens
     closing = [np.flatnonzero(rc.skip_dst == i) for i in range(n)]  # the skip edges closing at each position
+    hops = by_time and rc.hop_src.size > 0  # by memory, resharding does not count
+    hop_opening = [np.flatnonzero(rc.hop_src == i) if hops else () for i in range(n)]
+    hop_closing = [np.flatnonzero(rc.hop_dst == i) if hops else () for i in range(n)]
+    field = np.int64((1 << HOP_BITS) - 1)
+
+    def held(code, i, t):  # the code with the classes of the hops opening at position i on option t
+        for h in hop_opening[i]:
+            code = code | (rc.hop_class[h, t] << rc.hop_shift[h])
+        return code
+
     # a position's labels, flat: (tau, a, q, r, peak, option, parent label at the position before, mask of
-    # open skip edges the run still reaches)
+    # open skip edges the run still reaches, code of the open hops' source classes)
     t0 = np.flatnonzero(inside[0])
     first = (T[0, t0], A[0, t0], Q[0, t0], R[0, t0], np.maximum(peak_floor, W[0, t0]), t0,
-             np.zeros(t0.size, np.int64), opens[0, t0])
+             np.zeros(t0.size, np.int64), opens[0, t0], held(np.zeros(t0.size, np.int64), 0, t0))
     ok = keep(0, t0, *first[:5])
     labels = [tuple(x[ok] for x in first)]
     used = int(ok.sum())
     for i in range(1, n):
-        tau0, a0, q0, r0, pk0, s0, _, m0 = labels[-1]
+        tau0, a0, q0, r0, pk0, s0, _, m0, h0 = labels[-1]
         size = tau0.size
         targets = np.flatnonzero(inside[i])
         if size == 0 or targets.size == 0:
@@ -267,13 +282,21 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, coords, by_time: b
                 a = a + np.where(mask & bit, 0.0, rc.skip_credit[e, t])
                 mask = mask & ~bit
             mask = mask | opens[i, t]
+            code = h0[par]
+            for h in hop_closing[i]:  # a hop's resharding above the least, by its source's class
+                tau = tau + rc.hop_extra[h, (code >> rc.hop_shift[h]) & field, t]
+                code = code & ~(field << rc.hop_shift[h])
+            code = held(code, i, t)
             ok = np.flatnonzero(keep(i, t, tau, a, q, r, pk))
-            tau, a, q, r, pk, t, par, mask = (x[ok] for x in (tau, a, q, r, pk, t, par, mask))
+            tau, a, q, r, pk, t, par, mask, code = (x[ok] for x in (tau, a, q, r, pk, t, par, mask, code))
             if tau.size:
-                masks, which = np.unique(mask, return_inverse=True)
+                which = _group(mask)
+                if hops:
+                    held_as = _group(code)
+                    which = which * (held_as.max() + 1) + held_as
                 f = nondominated_rows(np.stack(coords(i, t, tau, a, q, r, pk), axis=1),
-                                      t * masks.size + which.reshape(-1))  # (by option, then mask)
-                parts.append(tuple(x[f] for x in (tau, a, q, r, pk, t, par, mask)))
+                                      t * (which.max() + 1) + which)  # (by option, then mask and code)
+                parts.append(tuple(x[f] for x in (tau, a, q, r, pk, t, par, mask, code)))
         if parts:
             labels.append(tuple(np.concatenate(x) for x in zip(*parts)))
         else:
@@ -281,7 +304,7 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, coords, by_time: b
         used += labels[-1][0].size
         if used > max_labels or time.perf_counter() > deadline:
             return None, used, False
-    tau, a, q, _, pk, _, _, _ = labels[-1]
+    tau, a, q, _, pk, _, _, _, _ = labels[-1]
     if tau.size == 0:
         return None, used, True
     j = int(np.argmin(tau if by_time else np.maximum(a + pk, q)))
@@ -290,6 +313,11 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, coords, by_time: b
         path[i] = labels[i][5][j]
         j = int(labels[i][6][j])
     return path, used, True
+
+
+def _group(x: np.ndarray) -> np.ndarray:
+    """Each value's index among the distinct values of ``x`` [N]."""
+    return np.unique(x, return_inverse=True)[1].reshape(-1)
 
 
 def minimum_memory_runs(p: DiscreteProblem, rc: RunChain | None = None, *,

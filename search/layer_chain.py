@@ -8,10 +8,11 @@ the others (*skip edges*, ``src < dst - 1``) add two terms to a plan: their
 resharding, ``reshard_s[e, c_src, c_dst]``, and their checkpoint credit,
 ``checkpoint_credit[e, c_dst]`` where ``c_src`` recomputes and every layer
 after ``src`` up to ``dst`` joins the run. The exact label search over runs
-(:mod:`search.dp_runs`) carries the credits of skip edges that reshard
-nothing (:func:`search.run_chain.run_chain`); :func:`layer_order_chain`
-makes every skip edge so by folding its resharding into its destination's
-layer time:
+(:mod:`search.dp_runs`) carries both (its labels hold the class of each
+open skip edge's source, :func:`search.run_chain.run_chain`), at a cost
+that grows with the classes; :func:`layer_order_chain` makes every skip
+edge reshard nothing by folding its resharding into its destination's layer
+time, for the Lagrangian's and relevel's chains:
 
 * ``bound="lower"``: the least resharding over the source's options. Every
   plan is no slower than on the graph and exactly as large: the fastest

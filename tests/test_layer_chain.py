@@ -20,7 +20,7 @@ from search.dp import dp_solves
 from search.dp_runs import minimum_memory_runs
 from search.layer_chain import layer_order_chain
 from search.problem import has_runs, minimum_memory, plan_memory, plan_time, without_joins
-from search.run_chain import run_chain
+from search.run_chain import HOP_BITS, run_chain
 
 # a downsampling block (1 -> 2 -> 3 -> 5 beside 1 -> 4 -> 5: no edge joins 3 and 4) and a longer skip over it
 EDGES = [(0, 1), (1, 2), (2, 3), (1, 4), (3, 5), (4, 5), (0, 5)]
@@ -71,14 +71,45 @@ def test_skip_credits_change_the_answer():
     assert moved >= 5
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_dp_over_runs_with_skip_edges_that_reshard_matches_brute_force(seed):
+    """Skip edges that reshard (hops): solve_dp takes the graph itself (its
+    labels carry each open hop's source class and pay its resharding at the
+    destination), and its fastest plan at limits from below the smallest
+    memory to above the fastest plan's is brute force's, proven; at some
+    limits only the label search closes the gap the folded bounds leave."""
+    p = discrete_problem(dag_table(seed, skip_reshard=True))
+    rc = run_chain(p)
+    assert has_runs(p) and not dp_solves(p) and rc is not None and rc.hop_src.size >= 2
+    assert np.any(rc.hop_extra > 0)  # the source's class matters
+    full = solve_brute(p)
+    assert_dp_matches_brute_force(p, full, 7)
+    labelled = [solve_dp(p, limit).labels for limit in np.linspace(full.min_memory_bytes, full.memory_bytes, 5)]
+    assert max(labelled) > 0
+
+
+def test_too_many_hops_open_at_once_are_no_run_chain():
+    """At most 64 // HOP_BITS - 1 skip edges that reshard may be open over
+    one layer (a label's code holds their classes): one more and run_chain
+    declines, so solve_dp says what it takes."""
+    most = 64 // HOP_BITS - 1
+    n = most + 3
+    for count, declined in ((most, False), (most + 1, True)):
+        edges = [(i, i + 1) for i in range(n - 1)] + [(i, n - 1) for i in range(count)]
+        p = discrete_problem(rich_table(0, n, edges=edges))
+        assert has_runs(p) and (run_chain(p) is None) == declined
+    with pytest.raises(NotImplementedError, match="layer order"):
+        solve_dp(p, 1e9)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_folded_resharding_bounds_the_fastest_plan(seed):
-    """Skip edges that reshard: the DP does not take the graph; on
-    layer_order_chain's lower and upper problems it does, every plan keeps
-    its memory, and their fastest plans bound brute force's time from below
-    and above at every limit."""
+    """Skip edges that reshard: on layer_order_chain's lower and upper
+    problems (no skip edge reshards there) every plan keeps its memory, and
+    their fastest plans bound brute force's time from below and above at
+    every limit."""
     p = discrete_problem(dag_table(seed, skip_reshard=True))
-    assert has_runs(p) and run_chain(p) is None
+    assert has_runs(p) and run_chain(layer_order_chain(p, "lower")).hop_src.size == 0
     lo, hi = layer_order_chain(p, "lower"), layer_order_chain(p, "upper")
     rng = np.random.default_rng(seed)
     for _ in range(20):
@@ -152,3 +183,4 @@ def test_layer_order_chain_rejects_what_it_cannot_fold():
     back = p._replace(edge_src=p.edge_dst, edge_dst=p.edge_src)
     with pytest.raises(ValueError, match="earlier layer"):
         layer_order_chain(back, "lower")
+
