@@ -73,7 +73,7 @@ from search.problem import (
     with_strategies_of,
     without_joins,
 )
-from search.run_chain import BUCKETS, HOP_BITS, RunChain, bucket_to_go, run_chain
+from search.run_chain import BUCKETS, HOP_BITS, RunChain, bucket_to_go, open_skips, run_chain, skip_state, skip_to_go
 
 __all__ = ["DEEPENING", "INTERVALS", "lighter_runs", "minimum_memory_runs", "run_intervals", "search_runs"]
 
@@ -159,6 +159,13 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
     R = np.where(inside, rc.recompute, 0.0)
     J = rc.joins
     a_go = _to_go(rc, inside, A, -rc.credit)  # [n, O] least backward bytes still to add
+    # ... given the open skip edges still earning their credits (skip_to_go; None: a_go, every credit earned)
+    a_go_skip = skip_to_go(rc, inside, A, -rc.credit)
+    opened = open_skips(rc)
+
+    def a_to_go(i, t, mask):
+        return a_go[i, t] if a_go_skip is None else a_go_skip[i][t, skip_state(rc, opened[i], mask)]
+
     q_go = np.r_[np.cumsum(np.min(Q, axis=1)[::-1])[::-1][1:], 0.0]  # [n]
     # G[i]: the most a continuation of the run after i adds to a later transient (all options within the cap)
     G = np.full(n, -np.inf)
@@ -195,12 +202,12 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
             return tau, a, np.maximum(q, q_floor[i]), cmp_r, pk
         return a + pk, a, np.maximum(q, a + pk + d_go[i, t]), cmp_r, np.zeros(tau.size)
 
-    def keep(i, t, tau, a, q, r, pk):
+    def keep(i, t, tau, a, q, r, pk, mask):
         limit_t = limit_m = bar[0]
         if not by_time:
-            return (np.maximum(a + a_go[i, t] + pk, q + q_go[i]) < limit_m) & (pk <= cap)
+            return (np.maximum(a + a_to_go(i, t, mask) + pk, q + q_go[i]) < limit_m) & (pk <= cap)
         b = np.minimum(np.floor(r / width), buckets - 1).astype(np.int64)
-        ok = (a + a_go[i, t] + pk <= limit) & (q + q_go[i] <= limit) & (tau + h_time[i, t, b] < limit_t)
+        ok = (a + a_to_go(i, t, mask) + pk <= limit) & (q + q_go[i] <= limit) & (tau + h_time[i, t, b] < limit_t)
         ok &= pk <= cap
         if use_mult:  # weak duality: every completion keeps a <= limit - peak, peak >= pk
             ok &= tau + lam * a + mu * q + h_mult[i, t, b] - lam * (limit - pk) - mu * limit < limit_t
@@ -253,7 +260,7 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, coords, by_time: b
     t0 = np.flatnonzero(inside[0])
     first = (T[0, t0], A[0, t0], Q[0, t0], R[0, t0], np.maximum(peak_floor, W[0, t0]), t0,
              np.zeros(t0.size, np.int64), opens[0, t0], held(np.zeros(t0.size, np.int64), 0, t0))
-    ok = keep(0, t0, *first[:5])
+    ok = keep(0, t0, *first[:5], first[7])
     labels = [tuple(x[ok] for x in first)]
     used = int(ok.sum())
     for i in range(1, n):
@@ -287,7 +294,7 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, coords, by_time: b
                 tau = tau + rc.hop_extra[h, (code >> rc.hop_shift[h]) & field, t]
                 code = code & ~(field << rc.hop_shift[h])
             code = held(code, i, t)
-            ok = np.flatnonzero(keep(i, t, tau, a, q, r, pk))
+            ok = np.flatnonzero(keep(i, t, tau, a, q, r, pk, mask))
             tau, a, q, r, pk, t, par, mask, code = (x[ok] for x in (tau, a, q, r, pk, t, par, mask, code))
             if tau.size:
                 which = _group(mask)

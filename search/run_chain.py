@@ -13,8 +13,9 @@ import numpy as np
 
 from search.problem import DiscreteProblem
 
-__all__ = ["BUCKETS", "HOP_BITS", "MAX_OPEN_SKIPS", "BucketMoves", "RunChain", "all_bucket_moves", "bucket_moves",
-           "bucket_start", "bucket_to_go", "bucket_viterbi", "run_chain"]
+__all__ = ["BUCKETS", "HOP_BITS", "MAX_OPEN_SKIPS", "MOST_OPEN_STATES", "BucketMoves", "RunChain", "all_bucket_moves",
+           "bucket_moves", "bucket_start", "bucket_to_go", "bucket_viterbi", "open_skips", "run_chain", "skip_state",
+           "skip_to_go"]
 
 BUCKETS = 16  # buckets of a run's sum in the DP's bounds (bucket_moves)
 
@@ -49,6 +50,7 @@ class RunChain(NamedTuple):
 
 
 MAX_OPEN_SKIPS = 62  # skip edges open at one position that a label's int64 mask holds
+MOST_OPEN_STATES = 10  # skip edges open over a position that skip_to_go tracks (2 ** this states per option)
 HOP_BITS = 8  # bits of a hop's class in a label's code: at most 255 classes, 7 hops open at once
 
 
@@ -226,3 +228,56 @@ def bucket_viterbi(unary: np.ndarray, pair: np.ndarray, moves: BucketMoves, weig
         path[:, i - 1] = t
     return flat[rows, j], path
 
+
+def open_skips(rc: RunChain) -> list[np.ndarray]:
+    """Per position ``i``: the skip edges (indices into ``rc.skip_*``) open
+    over it, ``src <= i < dst``, in the order of their bits in
+    :func:`skip_state`."""
+    return [np.flatnonzero((rc.skip_src <= i) & (rc.skip_dst > i)) for i in range(rc.time.shape[0])]
+
+
+def skip_state(rc: RunChain, edges: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The labels' masks ``[N]`` (bits ``rc.skip_bit``) as indices over
+    ``edges`` (:func:`open_skips` at one position): bit ``j`` set where
+    edge ``edges[j]`` is still earning its credit."""
+    out = np.zeros(np.shape(mask), dtype=np.int64)
+    for j, e in enumerate(edges):
+        out |= ((mask >> rc.skip_bit[e]) & 1) << j
+    return out
+
+
+def skip_to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.ndarray,
+               most_open: int = MOST_OPEN_STATES) -> list[np.ndarray] | None:
+    """Per position ``i``, ``[O, 2 ** k_i]``: the least sum of ``unary``
+    (backward-phase bytes with every skip edge's credit taken off, as
+    ``rc.persistent``) and ``pair`` over the positions after ``i``, given
+    option ``s`` at ``i`` and which of the ``k_i`` skip edges open over
+    ``i`` (:func:`open_skips`) are still earning their credits
+    (:func:`skip_state`), adding back each credit a continuation does not
+    earn, as the label search does (:mod:`search.dp_runs`): exact in the
+    skip edges' credits where ``rc.persistent`` assumes every one earned.
+    None where more than ``most_open`` are open over a position."""
+    n, O = unary.shape
+    opened = open_skips(rc)
+    if max((e.size for e in opened), default=0) > most_open:
+        return None
+    go = [np.zeros((O, 1 << opened[n - 1].size))]
+    for i in range(n - 2, -1, -1):
+        now, nxt_open = opened[i], opened[i + 1]
+        states = np.arange(1 << now.size)
+        join = rc.joins[i + 1][None, :]  # [1, O(t)]
+        add = np.zeros((states.size, O))
+        nxt = np.zeros((states.size, O), dtype=np.int64)
+        for j, e in enumerate(now):
+            earning = (((states >> j) & 1)[:, None] > 0) & join  # [2^k, O(t)]
+            if rc.skip_dst[e] == i + 1:  # closes: its credit back unless the run reached it
+                add += np.where(earning, 0.0, rc.skip_credit[e][None, :])
+            else:
+                nxt |= earning.astype(np.int64) << int(np.flatnonzero(nxt_open == e)[0])
+        for j, e in enumerate(nxt_open):
+            if rc.skip_src[e] == i + 1:  # opens where the option recomputes
+                nxt |= ((rc.skip_opens[i + 1] >> rc.skip_bit[e]) & 1)[None, :] << j
+        later = np.take_along_axis(go[0].T, nxt, axis=0)  # [2^k, O(t)]: position i + 1's value at its state
+        val = np.where(inside[i + 1][None, :], unary[i + 1][None, :] + add + later, np.inf)  # [2^k, O(t)]
+        go.insert(0, np.min(pair[i + 1][:, None, :] + val[None, :, :], axis=2))  # [O(s), 2^k]
+    return go

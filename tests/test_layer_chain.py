@@ -19,8 +19,8 @@ from search import milp as milp_module
 from search.dp import dp_solves
 from search.dp_runs import minimum_memory_runs
 from search.layer_chain import layer_order_chain
-from search.problem import has_runs, minimum_memory, plan_memory, plan_time, without_joins
-from search.run_chain import HOP_BITS, run_chain
+from search.problem import has_runs, minimum_memory, plan_memory, plan_time, run_terms, without_joins
+from search.run_chain import HOP_BITS, open_skips, run_chain, skip_state, skip_to_go
 
 # a downsampling block (1 -> 2 -> 3 -> 5 beside 1 -> 4 -> 5: no edge joins 3 and 4) and a longer skip over it
 EDGES = [(0, 1), (1, 2), (2, 3), (1, 4), (3, 5), (4, 5), (0, 5)]
@@ -184,3 +184,28 @@ def test_layer_order_chain_rejects_what_it_cannot_fold():
     with pytest.raises(ValueError, match="earlier layer"):
         layer_order_chain(back, "lower")
 
+
+@pytest.mark.parametrize("seed", range(4))
+def test_skip_to_go_is_the_least_kept_bytes_with_its_first_option(seed):
+    """skip_to_go at position 0, plus the first layer's bytes: for each
+    first option, the least backward-phase kept bytes (activations and state
+    less the checkpoints runs free, skip edges' included) over every plan
+    starting with it, brute force's; every credit taken as earned (the
+    bound without the skip edges' states) is below it for some option."""
+    for reshard in (False, True):
+        p = discrete_problem(dag_table(seed, skip_reshard=reshard))
+        rc = run_chain(p)
+        inside = np.isfinite(rc.time)
+        A = np.where(inside, rc.persistent, np.inf)
+        go = skip_to_go(rc, inside, A, -rc.credit)
+        plans, _, _, _ = _every_plan(p)
+        credit, _ = run_terms(p, plans)
+        kept = p.persistent_bytes[np.arange(p.num_layers), plans].sum(axis=1) - credit
+        starts = np.flatnonzero(inside[0])
+        state = skip_state(rc, open_skips(rc)[0], rc.skip_opens[0, starts])
+        least = np.array([kept[plans[:, 0] == s].min() for s in starts])
+        assert A[0, starts] + go[0][starts, state] == pytest.approx(least, rel=1e-12)
+        nxt = np.where(inside[-1], A[-1], np.inf)  # the same least with every skip credit earned
+        for i in range(p.num_layers - 2, -1, -1):
+            nxt = np.where(inside[i], A[i] + np.min(-rc.credit[i + 1] + nxt[None, :], axis=1), np.inf)
+        assert np.any(nxt[starts] < least * (1 - 1e-9))
