@@ -187,11 +187,12 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
     smallest_limit = milp_time_limit_s if method == "milp" else auto_limit
     mins: list[MinimumMemory | None] = [None if out[i] is not None else smallest_memory(p, smallest_limit)
                                         for i, p in enumerate(problems)]
-    if method != "milp":  # a plan that fits, or the proof that none does, with more time where neither came
-        retry = SMALLEST_RETRY_TIME_LIMIT_S if milp_time_limit_s is None else min(milp_time_limit_s,
-                                                                                  SMALLEST_RETRY_TIME_LIMIT_S)
+    # a plan that fits, or the proof that none does, with more time where neither came
+    retry = SMALLEST_RETRY_TIME_LIMIT_S if milp_time_limit_s is None else min(milp_time_limit_s,
+                                                                              SMALLEST_RETRY_TIME_LIMIT_S)
+    if method != "milp" and retry > smallest_limit:
         for i, (p, mm) in enumerate(zip(problems, mins, strict=True)):
-            if mm is not None and not mm.exact and mm.memory_bytes > limits[i] and retry > smallest_limit:
+            if mm is not None and not mm.exact and mm.memory_bytes > limits[i]:
                 mins[i] = min(mm, smallest_memory(p, retry), key=lambda m: (m.memory_bytes, not m.exact))
                 _emit(callback, "minimum_memory", f"table {i}: no plan found within {smallest_limit:g} s fits; "
                       f"searched {retry:g} s for the smallest memory", i)
