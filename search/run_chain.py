@@ -50,7 +50,7 @@ class RunChain(NamedTuple):
 
 
 MAX_OPEN_SKIPS = 62  # skip edges open at one position that a label's int64 mask holds
-MOST_OPEN_STATES = 10  # skip edges open over a position that skip_to_go tracks (2 ** this states per option)
+MOST_OPEN_STATES = 6  # skip edges open over a position that skip_to_go tracks (2 ** this states per option)
 HOP_BITS = 8  # bits of a hop's class in a label's code: at most 255 classes, 7 hops open at once
 
 

@@ -209,3 +209,17 @@ def test_skip_to_go_is_the_least_kept_bytes_with_its_first_option(seed):
         for i in range(p.num_layers - 2, -1, -1):
             nxt = np.where(inside[i], A[i] + np.min(-rc.credit[i + 1] + nxt[None, :], axis=1), np.inf)
         assert np.any(nxt[starts] < least * (1 - 1e-9))
+
+
+def test_dp_over_runs_without_the_skip_states_is_still_exact(monkeypatch):
+    """Past MOST_OPEN_STATES open skip edges skip_to_go declines (None) and
+    the label search prunes with every skip credit taken as earned, a
+    weaker bound that holds: brute force's answers still."""
+    import search.dp_runs as dp_runs_module
+
+    p = discrete_problem(dag_table(0, skip_reshard=True))
+    rc = run_chain(p)
+    inside = np.isfinite(rc.time)
+    assert skip_to_go(rc, inside, rc.persistent, -rc.credit, most_open=1) is None
+    monkeypatch.setattr(dp_runs_module, "skip_to_go", lambda *a, **k: None)
+    assert_dp_matches_brute_force(p, solve_brute(p), 5)
