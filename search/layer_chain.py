@@ -31,7 +31,16 @@ import numpy as np
 
 from search.problem import DiscreteProblem
 
-__all__ = ["layer_order_chain"]
+__all__ = ["layer_order_chain", "skip_resharding"]
+
+
+def skip_resharding(p: DiscreteProblem, e: int, bound: str) -> np.ndarray:
+    """``[O]``: edge ``e``'s least (``bound="lower"``) or most (``"upper"``)
+    resharding over its source's runnable options, by its destination's
+    option (what :func:`layer_order_chain` folds into the destination; its
+    source must have a runnable option)."""
+    from_src = np.where(p.feasible[p.edge_src[e]][:, None], p.reshard_s[e], np.nan)  # [O(src), O(dst)]
+    return np.nanmin(from_src, axis=0) if bound == "lower" else np.nanmax(from_src, axis=0)
 
 
 def layer_order_chain(p: DiscreteProblem, bound: str) -> DiscreteProblem:
@@ -49,8 +58,7 @@ def layer_order_chain(p: DiscreteProblem, bound: str) -> DiscreteProblem:
         return p
     time = p.layer_time_s.copy()
     for e in skip:
-        from_src = np.where(p.feasible[p.edge_src[e]][:, None], p.reshard_s[e], np.nan)  # [O(src), O(dst)]
-        time[p.edge_dst[e]] += np.nanmin(from_src, axis=0) if bound == "lower" else np.nanmax(from_src, axis=0)
+        time[p.edge_dst[e]] += skip_resharding(p, e, bound)
     reshard, strategy_reshard = p.reshard_s.copy(), p.strategy_reshard_s.copy()
     reshard[skip] = 0.0
     strategy_reshard[skip] = 0.0

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from search.layer_chain import skip_resharding
 from search.problem import DiscreteProblem
 
 __all__ = ["BUCKETS", "HOP_BITS", "MAX_OPEN_SKIPS", "MOST_OPEN_STATES", "BucketMoves", "RunChain", "all_bucket_moves",
@@ -76,7 +77,7 @@ def run_chain(p: DiscreteProblem) -> RunChain | None:
         if feasible.size == 0:  # no plan at all
             return None
         classes, which = np.unique(p.reshard_s[e][feasible], axis=0, return_inverse=True)  # [C, O(dst)]
-        least = classes.min(axis=0)
+        least = skip_resharding(p, e, "lower")
         time[dst[e]] += least  # (search.layer_chain.layer_order_chain's "lower")
         if classes.shape[0] >= 1 << HOP_BITS:
             return None
