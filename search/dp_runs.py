@@ -329,13 +329,13 @@ def _group(x: np.ndarray) -> np.ndarray:
 
 def minimum_memory_runs(p: DiscreteProblem, rc: RunChain | None = None, *,
                         max_labels: int = 2_000_000, deadline: float = np.inf) -> MinimumMemory:
-    """The exact smallest memory of a chain problem in layer order whose
+    """The exact smallest memory of a problem in layer order whose
     plans may hold runs (:func:`search.problem.minimum_memory`'s answer where
     runs break its layer-by-layer sums): :func:`search_runs` by memory in
     each interval of the peak (:func:`run_intervals` under the memory of the
     smallest plan without runs, the first upper bound), in the order of
     their lower bounds until the next is no better than the best plan
-    found. Raises ``ValueError`` where ``p`` is no chain in layer order,
+    found. Raises ``ValueError`` where :func:`search.run_chain.run_chain` declines ``p``,
     ``RuntimeError`` where an interval needs more than ``max_labels``
     labels or the search runs past the ``time.perf_counter()`` value
     ``deadline``."""
@@ -345,7 +345,7 @@ def minimum_memory_runs(p: DiscreteProblem, rc: RunChain | None = None, *,
     rc = run_chain(p) if rc is None else rc
     if rc is None:
         raise ValueError("minimum_memory_runs needs a graph in layer order whose edges join consecutive layers "
-                         "or skip ahead resharding nothing (search.run_chain.run_chain)")
+                         "or skip ahead, with few skip edges over any layer (search.run_chain.run_chain)")
     free = without_joins(p)  # its smallest plan (else each layer's least kept bytes): the first upper bound
     if free.feasible.any(axis=1).all():
         choice = minimum_memory(free).choice

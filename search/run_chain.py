@@ -32,7 +32,7 @@ class RunChain(NamedTuple):
     joins: np.ndarray  # [n, O] bool: the option joins the run before it (never at position 0)
     pair: np.ndarray  # [n, O, O] seconds: position i - 1 on s, i on t (position 0 unused)
     credit: np.ndarray  # [n, O, O] bytes the edge i - 1 -> i frees on (s, t) (search.problem.run_terms)
-    # skip edges (src < dst - 1, resharding nothing): their credits, already taken off `persistent` at the
+    # skip edges (src < dst - 1) that can free a checkpoint: their credits, already taken off `persistent` at the
     # destination (a relaxation); a plan earns one only where its source recomputes and the run reaches
     # the destination, else the label search adds it back (search.dp_runs)
     skip_src: np.ndarray  # [K] int
