@@ -177,7 +177,7 @@ def with_layer_order_bounds(problems, milp, limit, time_limit_s, smallest):
             out.append(m)
             continue
         q = p if run_chain(p) is not None else layer_order_chain(p, "lower")
-        if run_chain(q) is None:
+        if q is not p and run_chain(q) is None:
             out.append(m)
             continue
         r = solve_dp(q, limit, time_limit_s=time_limit_s, smallest=mm)

@@ -158,13 +158,14 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
     W = np.where(inside, rc.workspace, 0.0)
     R = np.where(inside, rc.recompute, 0.0)
     J = rc.joins
-    a_go = _to_go(rc, inside, A, -rc.credit)  # [n, O] least backward bytes still to add
-    # ... given the open skip edges still earning their credits (skip_to_go; None: a_go, every credit earned)
+    # the least backward bytes still to add, given which open skip edges still earn their credits
+    # (skip_to_go); past MOST_OPEN_STATES open over a layer, [n, O] with every skip credit taken as earned
     a_go_skip = skip_to_go(rc, inside, A, -rc.credit)
+    a_go = _to_go(rc, inside, A, -rc.credit) if a_go_skip is None else None
     opened = open_skips(rc)
 
     def a_to_go(i, t, mask):
-        return a_go[i, t] if a_go_skip is None else a_go_skip[i][t, skip_state(rc, opened[i], mask)]
+        return a_go[i, t] if a_go is not None else a_go_skip[i][t, skip_state(rc, opened[i], mask)]
 
     q_go = np.r_[np.cumsum(np.min(Q, axis=1)[::-1])[::-1][1:], 0.0]  # [n]
     # G[i]: the most a continuation of the run after i adds to a later transient (all options within the cap)

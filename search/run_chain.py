@@ -262,7 +262,7 @@ def skip_to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.nda
     opened = open_skips(rc)
     if max((e.size for e in opened), default=0) > most_open:
         return None
-    go = [np.zeros((O, 1 << opened[n - 1].size))]
+    go = [np.zeros((O, 1 << opened[n - 1].size))]  # from the last position back; reversed at the end
     for i in range(n - 2, -1, -1):
         now, nxt_open = opened[i], opened[i + 1]
         states = np.arange(1 << now.size)
@@ -278,7 +278,7 @@ def skip_to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.nda
         for j, e in enumerate(nxt_open):
             if rc.skip_src[e] == i + 1:  # opens where the option recomputes
                 nxt |= ((rc.skip_opens[i + 1] >> rc.skip_bit[e]) & 1)[None, :] << j
-        later = np.take_along_axis(go[0].T, nxt, axis=0)  # [2^k, O(t)]: position i + 1's value at its state
+        later = np.take_along_axis(go[-1].T, nxt, axis=0)  # [2^k, O(t)]: position i + 1's value at its state
         val = np.where(inside[i + 1][None, :], unary[i + 1][None, :] + add + later, np.inf)  # [2^k, O(t)]
-        go.insert(0, np.min(pair[i + 1][:, None, :] + val[None, :, :], axis=2))  # [O(s), 2^k]
-    return go
+        go.append(np.min(pair[i + 1][:, None, :] + val[None, :, :], axis=2))  # [O(s), 2^k]
+    return go[::-1]

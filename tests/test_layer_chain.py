@@ -17,7 +17,7 @@ from test_dp_runs import _every_plan, assert_dp_matches_brute_force, rich_table
 from search import discrete_problem, smallest_memory, solve_brute, solve_dp
 from search import milp as milp_module
 from search.dp import dp_solves
-from search.dp_runs import minimum_memory_runs
+from search.dp_runs import _to_go, minimum_memory_runs
 from search.layer_chain import layer_order_chain
 from search.problem import has_runs, minimum_memory, plan_memory, plan_time, run_terms, without_joins
 from search.run_chain import HOP_BITS, open_skips, run_chain, skip_state, skip_to_go
@@ -205,10 +205,8 @@ def test_skip_to_go_is_the_least_kept_bytes_with_its_first_option(seed):
         state = skip_state(rc, open_skips(rc)[0], rc.skip_opens[0, starts])
         least = np.array([kept[plans[:, 0] == s].min() for s in starts])
         assert A[0, starts] + go[0][starts, state] == pytest.approx(least, rel=1e-12)
-        nxt = np.where(inside[-1], A[-1], np.inf)  # the same least with every skip credit earned
-        for i in range(p.num_layers - 2, -1, -1):
-            nxt = np.where(inside[i], A[i] + np.min(-rc.credit[i + 1] + nxt[None, :], axis=1), np.inf)
-        assert np.any(nxt[starts] < least * (1 - 1e-9))
+        earned = A[0] + _to_go(rc, inside, A, -rc.credit)[0]  # the same least with every skip credit earned
+        assert np.any(earned[starts] < least * (1 - 1e-9))
 
 
 def test_dp_over_runs_without_the_skip_states_is_still_exact(monkeypatch):
