@@ -24,7 +24,15 @@ import numpy as np
 
 from costmodels import CostTable, one_hot, scheduled_memory_per_device
 from costmodels.levers import menu_of
-from search import AUTO_MILP_TIME_LIMIT_S, SearchEvent, Solution, discrete_problem, plan_time, smallest_memory
+from search import (
+    AUTO_MILP_TIME_LIMIT_S,
+    SearchEvent,
+    Solution,
+    discrete_problem,
+    plan_time,
+    retry_smallest,
+    smallest_memory,
+)
 
 __all__ = ["SCHEDULE_RETRIES", "choice_peak", "fit_schedule"]
 
@@ -77,12 +85,15 @@ def fit_schedule(tables: Sequence[CostTable], solutions: Sequence[Solution], bud
 
 
 def _smallest(table: CostTable, budget: float, like: Solution) -> Solution:
-    """The plan needing the least of the solvers' memory, with ``like``'s
+    """The plan needing the least of the solvers' memory (searched as
+    :func:`search.solve` does: :func:`search.retry_smallest`), with ``like``'s
     method and history, marked as not fitting where it does not fit
     ``budget`` under both (so that, as any :class:`search.Solution` that
     does not fit, it is the smallest-memory plan found)."""
     p = discrete_problem(table)
-    mm = smallest_memory(p, AUTO_MILP_TIME_LIMIT_S)  # (runs: within auto's MILP time limit)
+    # runs: within auto's MILP time limit, and longer where that found no plan within the budget and proved none
+    mm = smallest_memory(p, AUTO_MILP_TIME_LIMIT_S)
+    mm = retry_smallest(p, mm, budget) or mm
     peak = choice_peak(table, mm.choice)
     need = max(mm.memory_bytes, peak if peak is not None else 0.0)
     return dataclasses.replace(like, choice=tuple(int(c) for c in mm.choice), time_s=plan_time(p, mm.choice),

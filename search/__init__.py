@@ -33,7 +33,7 @@ from search.problem import (
 from search.refine import local_search, repair
 from search.relax import relaxed_probs, round_probs
 from search.solution import HistoryEntry, SearchEvent, Solution
-from search.solver import AUTO_MILP_TIME_LIMIT_S, METHODS, solve, solve_many
+from search.solver import AUTO_MILP_TIME_LIMIT_S, METHODS, retry_smallest, solve, solve_many
 
 __all__ = [
     "AUTO_MILP_TIME_LIMIT_S",
@@ -60,6 +60,7 @@ __all__ = [
     "relaxed_probs",
     "relaxed_search",
     "repair",
+    "retry_smallest",
     "round_probs",
     "run_terms",
     "solve",

@@ -55,7 +55,8 @@ from search.problem import (
 from search.refine import drop_idle_levers, refine
 from search.solution import HistoryEntry, SearchEvent, Solution
 
-__all__ = ["AUTO_MILP_TIME_LIMIT_S", "METHODS", "SMALLEST_RETRY_TIME_LIMIT_S", "solve", "solve_many", "heuristic_plans"]
+__all__ = ["AUTO_MILP_TIME_LIMIT_S", "METHODS", "SMALLEST_RETRY_TIME_LIMIT_S", "solve", "solve_many", "heuristic_plans",
+           "retry_smallest"]
 
 METHODS = ("auto", "gradient", "dp", "milp")
 AUTO_MILP_TIME_LIMIT_S = 5.0  # seconds per table the "auto" MILP may take before the gradient search joins in
@@ -64,6 +65,17 @@ AUTO_MILP_TIME_LIMIT_S = 5.0  # seconds per table the "auto" MILP may take befor
 SMALLEST_RETRY_TIME_LIMIT_S = 60.0
 
 Callback = Callable[[SearchEvent], None] | None
+
+
+def retry_smallest(p: DiscreteProblem, found: MinimumMemory, limit_bytes: float,
+                   time_limit_s: float = SMALLEST_RETRY_TIME_LIMIT_S) -> MinimumMemory | None:
+    """Where ``found`` (:func:`search.milp.smallest_memory` within a shorter
+    time) neither fits ``limit_bytes`` nor is proven smallest, the better of
+    it and the same search within ``time_limit_s``: a plan that fits, or the
+    proof that none does, with more time. None where ``found`` settles it."""
+    if found.exact or found.memory_bytes <= limit_bytes:
+        return None
+    return min(found, smallest_memory(p, time_limit_s), key=lambda m: (m.memory_bytes, not m.exact))
 
 
 def _limit(memory_limit, p: DiscreteProblem) -> float:
@@ -192,8 +204,9 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
                                                                               SMALLEST_RETRY_TIME_LIMIT_S)
     if method != "milp" and retry > smallest_limit:
         for i, (p, mm) in enumerate(zip(problems, mins, strict=True)):
-            if mm is not None and not mm.exact and mm.memory_bytes > limits[i]:
-                mins[i] = min(mm, smallest_memory(p, retry), key=lambda m: (m.memory_bytes, not m.exact))
+            again = None if mm is None else retry_smallest(p, mm, limits[i], retry)
+            if again is not None:
+                mins[i] = again
                 _emit(callback, "minimum_memory", f"table {i}: no plan found within {smallest_limit:g} s fits; "
                       f"searched {retry:g} s for the smallest memory", i)
     for i, (p, lim, mm) in enumerate(zip(problems, limits, mins, strict=True)):

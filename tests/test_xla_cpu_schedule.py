@@ -92,3 +92,39 @@ def test_fit_schedule_leaves_other_tables_alone():
     t = _table()._replace(xla_cpu=None)  # a gpu table: the solvers' memory is the plan's
     sol = _sol([0, 0, 0], 200.0, 250.0)
     assert fit_schedule([t], [sol], 250.0, lambda *_: pytest.fail("searched again"))[0] == sol
+
+
+def test_fit_schedules_smallest_plan_is_searched_longer_where_the_first_search_settles_nothing(monkeypatch):
+    """Where the table's least-memory plan is taken and the first search
+    (within AUTO_MILP_TIME_LIMIT_S) finds no plan within the budget and
+    proves none, it searches again with SMALLEST_RETRY_TIME_LIMIT_S, as
+    search.solve does; the longer search's plan is the one reported. The
+    first search is a stub (a plan above the budget, unproven); the longer
+    one is the real smallest memory (minimum_memory, the oracle)."""
+    import planner.schedule_fit as fit_module
+    import search.solver as solver_module
+
+    t = _table()  # every plan's schedule peaks at 256 here
+    smallest = minimum_memory(discrete_problem(t))
+    asked = []
+
+    def first(p, time_limit_s=None):
+        asked.append(time_limit_s)
+        return smallest._replace(memory_bytes=1e9, exact=False)
+
+    def longer(p, time_limit_s=None):
+        asked.append(time_limit_s)
+        return minimum_memory(p)
+
+    monkeypatch.setattr(fit_module, "smallest_memory", first)
+    monkeypatch.setattr(solver_module, "smallest_memory", longer)
+    out = fit_schedule([t], [_sol([0, 0, 0], 200.0, 250.0)], 250.0, lambda table, budget: _sol([0, 0, 0], 200.0,
+                                                                                                 budget))[0]
+    assert asked == [solver_module.AUTO_MILP_TIME_LIMIT_S, solver_module.SMALLEST_RETRY_TIME_LIMIT_S]
+    assert out.min_memory_bytes == smallest.memory_bytes and out.memory_bytes == 256.0 and not out.feasible
+    # a first search whose plan fits the budget (or is proven) is not searched again
+    asked.clear()
+    monkeypatch.setattr(fit_module, "smallest_memory", lambda p, time_limit_s=None: asked.append(time_limit_s)
+                        or smallest._replace(exact=False))
+    fit_schedule([t], [_sol([0, 0, 0], 200.0, 250.0)], 250.0, lambda table, budget: _sol([0, 0, 0], 200.0, budget))
+    assert asked == [solver_module.AUTO_MILP_TIME_LIMIT_S]
