@@ -104,6 +104,8 @@ from search.run_chain import (
     all_bucket_moves,
     bucket_viterbi,
     run_chain,
+    skip_added,
+    skip_moves,
 )
 
 __all__ = ["DPResult", "dp_solves", "solve_dp", "viterbi"]
@@ -346,11 +348,17 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
                         caps_searched, labels_used)
 
     bucketed = rc is not None and np.isfinite(limit)  # runs under a limit: intervals of the peak, not caps
+    skips = None
     if bucketed:
         caps, floors, _ = run_intervals(p, rc, limit)
         if caps.size == 0:
             return infeasible(least(), 0, 0)
         moves = all_bucket_moves(rc, caps, BUCKETS)
+        # which open skip edges still earn their credits, their bytes scaled as the phases' below (m0 = limit);
+        # past MOST_OPEN_STATES open over a layer, none: every credit taken as earned
+        skips = skip_moves(rc)
+        if skips is not None:
+            skips = skips._replace(add=[a / limit for a in skips.add])
     elif np.isfinite(limit):
         caps, cap_memory = memory_by_workspace_cap(p)
         caps = caps[cap_memory <= limit]  # a lower bound per cap: skipping above the limit loses no plan
@@ -398,12 +406,14 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         if bucketed:
             val, path = bucket_viterbi(u, pair, moves._replace(allowed=moves.allowed[cap_of[idx]],
                                                                nxt=moves.nxt[cap_of[idx]],
-                                                               start=moves.start[cap_of[idx]]), weighted)
+                                                               start=moves.start[cap_of[idx]]), weighted, skips)
         else:
             val, path = viterbi(u, pair, weighted)
         used = np.stack([np.sum(use[r][rows, path], axis=1) for r in range(2)])
         if credit is not None:  # the checkpoints freed inside runs, along each path
             used[0] += np.sum(credit[rows[:, 1:], path[:, :-1], path[:, 1:]], axis=1)
+        if skips is not None:  # the skip edges' credits the paths do not earn
+            used[0] += skip_added(skips, path)
         fits = used <= budget_n[:, idx] * (1 + 1e-15)
         both = np.flatnonzero(fits.all(axis=0))
         if both.size:  # upper bounds: exact time and memory of the plans that keep both phases

@@ -73,7 +73,17 @@ from search.problem import (
     with_strategies_of,
     without_joins,
 )
-from search.run_chain import BUCKETS, HOP_BITS, RunChain, bucket_to_go, open_skips, run_chain, skip_state, skip_to_go
+from search.run_chain import (
+    BUCKETS,
+    HOP_BITS,
+    RunChain,
+    bucket_to_go,
+    open_skips,
+    run_chain,
+    skip_moves,
+    skip_state,
+    skip_to_go,
+)
 
 __all__ = ["DEEPENING", "INTERVALS", "lighter_runs", "minimum_memory_runs", "run_intervals", "search_runs"]
 
@@ -177,7 +187,10 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
         use_mult = (lam > 0 or mu > 0) and np.isfinite(limit)
         weighted = T + lam * np.where(inside, rc.persistent, 0.0) + mu * np.where(inside, rc.optimizer, 0.0)
         h_time = bucket_to_go(rc, inside, T, rc.pair, cap, buckets)  # [n, O, B]: by the bucket of the run's sum
-        h_mult = bucket_to_go(rc, inside, weighted, rc.pair - lam * rc.credit, cap, buckets) if use_mult else h_time
+        # by the state of the open skip edges too where skip_moves takes them (the credits not earned cost lam)
+        skips = skip_moves(rc) if use_mult and a_go is None else None
+        h_mult = bucket_to_go(rc, inside, weighted, rc.pair - lam * rc.credit, cap, buckets, skips, lam) \
+            if use_mult else h_time
         q_most = np.where(inside, Q, -np.inf).max(axis=1)
         q_floor = limit - np.r_[np.cumsum(q_most[::-1])[::-1][1:], 0.0]  # [n] (search.dp._pareto_search)
     else:  # [n, O] the least a completion adds to the backward phase less what it adds to the optimizer's
@@ -211,7 +224,8 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
         ok = (a + a_to_go(i, t, mask) + pk <= limit) & (q + q_go[i] <= limit) & (tau + h_time[i, t, b] < limit_t)
         ok &= pk <= cap
         if use_mult:  # weak duality: every completion keeps a <= limit - peak, peak >= pk
-            ok &= tau + lam * a + mu * q + h_mult[i, t, b] - lam * (limit - pk) - mu * limit < limit_t
+            h = h_mult[i, t, b] if skips is None else h_mult[i, t, b, skip_state(rc, opened[i], mask)]
+            ok &= tau + lam * a + mu * q + h - lam * (limit - pk) - mu * limit < limit_t
         return ok
 
     def below(bound: float, budget: int):

@@ -15,8 +15,8 @@ from search.layer_chain import skip_resharding
 from search.problem import DiscreteProblem
 
 __all__ = ["BUCKETS", "HOP_BITS", "MAX_OPEN_SKIPS", "MOST_OPEN_STATES", "BucketMoves", "RunChain", "all_bucket_moves",
-           "bucket_moves", "bucket_start", "bucket_to_go", "bucket_viterbi", "open_skips", "run_chain", "skip_state",
-           "skip_to_go"]
+           "bucket_moves", "bucket_start", "bucket_to_go", "bucket_viterbi", "open_skips", "run_chain", "SkipMoves",
+           "skip_added", "skip_moves", "skip_state", "skip_to_go"]
 
 BUCKETS = 16  # buckets of a run's sum in the DP's bounds (bucket_moves)
 
@@ -158,20 +158,31 @@ def bucket_start(rc: RunChain, cap: float, buckets: int, up: bool = False) -> np
 
 
 def bucket_to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.ndarray, cap: float,
-                 buckets: int) -> np.ndarray:
+                 buckets: int, skips: SkipMoves | None = None, weight: float = 0.0) -> np.ndarray:
     """``[n, O, B]``: the least sum of ``unary`` and ``pair`` over the
     positions after ``i``, given option ``s`` and bucket ``b`` at ``i``, over
     the continuations whose transients keep within ``cap`` as the bucketed
     run sums count them (never more than the true ones: a lower bound on
-    the continuations that keep within it)."""
+    the continuations that keep within it). With ``skips``
+    (:func:`skip_moves`), ``[n, O, B, M]`` by the state of the skip edges
+    open over ``i`` too (``M`` the most states of any position, those past a
+    position's own unused), adding ``weight`` times each credit a
+    continuation does not earn (``unary`` taking every one as earned, as
+    ``rc.persistent``)."""
     n, O = unary.shape
-    h = np.zeros((n, O, buckets))
+    M = 1 if skips is None else int(skips.size.max())
+    h = np.zeros((n, O, buckets, M))
     for i in range(n - 1, 0, -1):
         allowed, nxt_b = bucket_moves(rc, i, cap, buckets)  # [O(t), B]
-        ok = allowed & inside[i][:, None]
-        nxt = np.where(ok, unary[i][:, None] + np.take_along_axis(h[i], nxt_b, axis=1), np.inf)  # [t, b]
-        h[i - 1] = np.min(pair[i][:, :, None] + nxt[None, :, :], axis=1)  # [s, b]
-    return h
+        ok = (allowed & inside[i][:, None])[:, :, None]
+        if skips is None:
+            later = np.take_along_axis(h[i][:, :, 0], nxt_b, axis=1)[:, :, None]  # [t, b, 1]
+            nxt = np.where(ok, unary[i][:, None, None] + later, np.inf)
+        else:
+            later = h[i][np.arange(O)[:, None, None], nxt_b[:, :, None], skips.nxt[i].T[:, None, :]]  # [t, b, m]
+            nxt = np.where(ok, unary[i][:, None, None] + weight * skips.add[i].T[:, None, :] + later, np.inf)
+        h[i - 1][:, :, :nxt.shape[2]] = np.min(pair[i][:, :, None, None] + nxt[None], axis=1)  # [s, b, m]
+    return h[..., 0] if skips is None else h
 
 
 class BucketMoves(NamedTuple):
@@ -193,41 +204,95 @@ def all_bucket_moves(rc: RunChain, caps: np.ndarray, buckets: int, up: bool = Fa
     return BucketMoves(allowed, nxt, np.stack([bucket_start(rc, float(c), buckets, up) for c in caps]))
 
 
-def bucket_viterbi(unary: np.ndarray, pair: np.ndarray, moves: BucketMoves, weighted=None):
+def _groups(pair_i: np.ndarray, credit_i: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Options ``s`` whose rows of ``pair_i`` (and ``credit_i``) ``[O, O]``
+    are alike, so a min-sum move from them differs only by their values:
+    ``(order of s by group, each group's first place in it, the groups'
+    rows)``."""
+    rows = pair_i if credit_i is None else np.concatenate([pair_i, credit_i], axis=1)
+    key, group = np.unique(rows, axis=0, return_inverse=True)
+    order = np.argsort(group.reshape(-1), kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(group.reshape(-1)[order]) != 0])
+    return order, starts, key
+
+
+def bucket_viterbi(unary, pair, moves: BucketMoves, weighted=None, skips: SkipMoves | None = None):
     """Min-sum paths of ``K`` chains over the states (option, bucketed run
     sum) (:func:`bucket_moves`; chain ``k`` at ``moves``' cap ``k``), like
     :func:`search.dp.viterbi` (``unary [K, n, O]``, ``pair [n, O, O]``,
-    ``weighted = (C, w)``). The bucketed sums never exceed the true ones, so
-    these are relaxations of the paths whose transients keep within each
-    cap. Returns the values ``[K]`` and the paths ``[K, n]``."""
+    ``weighted = (C, w)``: ``pair + w[k] C`` in chain ``k``). The bucketed
+    sums never exceed the true ones, so these are relaxations of the paths
+    whose transients keep within each cap. With ``skips``
+    (:func:`skip_moves`), the states hold which open skip edges still earn
+    their credits too, and each credit a path does not earn costs ``w[k]``
+    times its bytes (the unaries taking every one as earned): exact in the
+    skip edges' credits. Returns the values ``[K]`` and the paths ``[K, n]``."""
     K, n, O = unary.shape
     B = moves.allowed.shape[-1]
-    kk = np.arange(K)[:, None]
-    value = np.full((K, O, B), np.inf)
-    value[kk, np.arange(O)[None, :], moves.start] = unary[:, 0]
-    back_s = np.zeros((n, K, O, B), dtype=np.int64)
-    back_b = np.zeros((n, K, O, B), dtype=np.int64)
+    kk = np.arange(K)
+    w = np.zeros(K) if weighted is None else np.asarray(weighted[1], dtype=float)
+    size = np.ones(n, dtype=np.int64) if skips is None else skips.size
+    value = np.full((K, O, B, int(size[0])), np.inf)
+    value[kk[:, None], np.arange(O)[None, :], moves.start, 0 if skips is None else skips.start[None, :]] = unary[:, 0]
+    small = np.uint8 if max(O, B, int(size.max())) <= 255 else np.int32
+    back = []  # per position: (s [K, B, M, O] by group, m [K, O, B, M1], b [K, O, B, M1]) of each state's best move
+    bb = np.arange(B)
     for i in range(1, n):
-        P = pair[i][None] if weighted is None else pair[i][None] + weighted[1][:, None, None] * weighted[0][i][None]
-        X = value[:, :, :, None] + P[:, :, None, :]  # [K, s, b, t]
-        xs = np.argmin(X, axis=1)  # [K, b, t]
-        src = np.where(moves.allowed[:, i], np.take_along_axis(X, xs[:, None], axis=1)[:, 0].transpose(0, 2, 1),
-                       np.inf)  # [K, t, b]
-        cand = np.where(moves.nxt[:, i][..., None] == np.arange(B), src[..., None], np.inf)  # [K, t, b, b']
-        b_from = np.argmin(cand, axis=2)  # [K, t, b']
-        value = np.take_along_axis(cand, b_from[:, :, None, :], axis=2)[:, :, 0, :] + unary[:, i][:, :, None]
-        back_b[i] = b_from
-        back_s[i] = np.take_along_axis(xs.transpose(0, 2, 1), b_from, axis=2)
+        M, M1 = int(size[i - 1]), int(size[i])
+        order, starts, key = _groups(pair[i], None if weighted is None else weighted[0][i])
+        # the best option of each group of alike rows, then the best group: [K, G, B, M]
+        vs = value[:, order]
+        g_val = np.minimum.reduceat(vs, starts, axis=1)
+        hit = vs == np.repeat(g_val, np.diff(np.r_[starts, O]), axis=1)
+        first = np.maximum.reduceat(np.where(hit, -np.arange(O)[None, :, None, None], -O), starts, axis=1)
+        g_arg = order[-first]  # [K, G, B, M]: the option of each group's best
+        P = key[:, :O][None] + (0.0 if weighted is None else w[:, None, None] * key[:, O:][None])  # [K|1, G, O(t)]
+        X = g_val.reshape(K, -1, B * M)[:, :, :, None] + P[:, :, None, :]  # [K, G, BM, t]
+        xg = np.argmin(X, axis=1)  # [K, BM, t]
+        xv = np.take_along_axis(X, xg[:, None], axis=1)[:, 0].reshape(K, B, M, O)
+        xs = np.take_along_axis(g_arg.reshape(K, -1, B * M)[..., None], xg[:, None], axis=1)[:, 0].reshape(K, B, M, O)
+        if skips is not None:
+            xv = xv + w[:, None, None, None] * skips.add[i][None, None, :, :]
+        xv = np.where(moves.allowed[:, i].transpose(0, 2, 1)[:, :, None, :], xv, np.inf)  # [K, b, m, t]
+        # the skip states: m -> nxt[m, t], the least over the m that meet
+        nm = np.zeros((M, O), dtype=np.int64) if skips is None else skips.nxt[i]
+        Z = np.full((K, O, B, M1), np.inf)
+        m_from = np.zeros((K, O, B, M1), dtype=np.int64)
+        for j in range(M1):
+            cand = np.where((nm == j)[None, None], xv, np.inf)  # [K, b, m, t]
+            m_from[..., j] = np.argmin(cand, axis=2).transpose(0, 2, 1)
+            Z[..., j] = np.min(cand, axis=2).transpose(0, 2, 1)
+        # the buckets: a joining option shifts them by its step (the last holds every sum above), one that
+        # does not join starts again (every bucket to its step)
+        nb = moves.nxt[:, i]  # [K, t, b]
+        step = nb[:, :, :1, None]  # [K, t, 1, 1]
+        restart = np.all(nb == nb[:, :, :1], axis=2)[:, :, None, None]  # [K, t, 1, 1]
+        src = bb[None, None, :, None] - step  # [K, t, b', 1]
+        shifted = np.where(src >= 0, np.take_along_axis(Z, np.broadcast_to(np.maximum(src, 0), Z.shape), axis=2),
+                           np.inf)
+        b_from = np.broadcast_to(src, Z.shape).copy()
+        top = np.where(bb[None, None, :, None] >= B - 1 - step, Z, np.inf)  # every sum that lands in the last
+        shifted[:, :, B - 1] = top.min(axis=2)
+        b_from[:, :, B - 1] = np.argmin(top, axis=2)
+        whole = np.where(bb[None, None, :, None] == step, Z.min(axis=2, keepdims=True), np.inf)
+        Zb = np.where(restart, whole, shifted)
+        b_from = np.where(restart, np.argmin(Z, axis=2)[:, :, None, :], b_from)
+        value = Zb + unary[:, i][:, :, None, None]
+        back.append((xs.astype(small), m_from.astype(small), b_from.astype(small)))
     flat = value.reshape(K, -1)
     j = np.argmin(flat, axis=1)
-    rows = np.arange(K)
+    M1 = value.shape[3]
+    t, b, m = j // (B * M1), (j // M1) % B, j % M1
     path = np.zeros((K, n), dtype=np.int64)
-    t, b = j // B, j % B
     path[:, n - 1] = t
     for i in range(n - 1, 0, -1):
-        t, b = back_s[i][rows, t, b], back_b[i][rows, t, b]
+        xs, m_from, b_from = back[i - 1]
+        b0 = b_from[kk, t, b, m].astype(np.int64)
+        m0 = m_from[kk, t, b0, m].astype(np.int64)
+        t = xs[kk, b0, m0, t].astype(np.int64)
+        b, m = b0, m0
         path[:, i - 1] = t
-    return flat[rows, j], path
+    return flat[kk, j], path
 
 
 def open_skips(rc: RunChain) -> list[np.ndarray]:
@@ -247,6 +312,61 @@ def skip_state(rc: RunChain, edges: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return out
 
 
+class SkipMoves(NamedTuple):
+    """The states of the skip edges open over each position
+    (:func:`open_skips`; state bit ``j`` set where edge ``j`` there is still
+    earning its credit, :func:`skip_state`) and the moves between them."""
+
+    start: np.ndarray  # [O] int: each option's state at position 0
+    size: np.ndarray  # [n] int: the states at each position, 2 ** (skip edges open over it)
+    nxt: list  # per position i >= 1, [size[i - 1], O] int: the state at i on option t from state m (entry 0 unused)
+    add: list  # per position i >= 1, [size[i - 1], O] bytes: the credits of the edges closing at i not earned
+
+
+def skip_moves(rc: RunChain, most_open: int = MOST_OPEN_STATES) -> SkipMoves | None:
+    """The :class:`SkipMoves` of ``rc``: a skip edge's credit is earned
+    where its source recomputes and every layer after it up to its
+    destination joins the run (:mod:`search.dp_runs`). None where more than
+    ``most_open`` skip edges are open over a position."""
+    n, O = rc.time.shape
+    opened = open_skips(rc)
+    if max((e.size for e in opened), default=0) > most_open:
+        return None
+    nxt_all, add_all = [np.zeros((1, O), dtype=np.int64)], [np.zeros((1, O))]
+    for i in range(1, n):
+        now, nxt_open = opened[i - 1], opened[i]
+        states = np.arange(1 << now.size)
+        join = rc.joins[i][None, :]  # [1, O(t)]
+        add = np.zeros((states.size, O))
+        nxt = np.zeros((states.size, O), dtype=np.int64)
+        for j, e in enumerate(now):
+            earning = (((states >> j) & 1)[:, None] > 0) & join  # [2^k, O(t)]
+            if rc.skip_dst[e] == i:  # closes: its credit back unless the run reached it
+                add += np.where(earning, 0.0, rc.skip_credit[e][None, :])
+            else:
+                nxt |= earning.astype(np.int64) << int(np.flatnonzero(nxt_open == e)[0])
+        for j, e in enumerate(nxt_open):
+            if rc.skip_src[e] == i:  # opens where the option recomputes
+                nxt |= ((rc.skip_opens[i] >> rc.skip_bit[e]) & 1)[None, :] << j
+        nxt_all.append(nxt)
+        add_all.append(add)
+    return SkipMoves(start=skip_state(rc, opened[0], rc.skip_opens[0]),
+                     size=np.array([1 << e.size for e in opened], dtype=np.int64), nxt=nxt_all, add=add_all)
+
+
+def skip_added(skips: SkipMoves, paths: np.ndarray) -> np.ndarray:
+    """``[N]``: the bytes of the skip edges' credits paths ``[N, n]`` do not
+    earn (those :func:`skip_moves` adds back)."""
+    paths = np.asarray(paths, dtype=np.int64)
+    state = skips.start[paths[:, 0]]
+    out = np.zeros(paths.shape[0])
+    for i in range(1, paths.shape[1]):
+        t = paths[:, i]
+        out += skips.add[i][state, t]
+        state = skips.nxt[i][state, t]
+    return out
+
+
 def skip_to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.ndarray,
                most_open: int = MOST_OPEN_STATES) -> list[np.ndarray] | None:
     """Per position ``i``, ``[O, 2 ** k_i]``: the least sum of ``unary``
@@ -259,26 +379,12 @@ def skip_to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.nda
     skip edges' credits where ``rc.persistent`` assumes every one earned.
     None where more than ``most_open`` are open over a position."""
     n, O = unary.shape
-    opened = open_skips(rc)
-    if max((e.size for e in opened), default=0) > most_open:
+    skips = skip_moves(rc, most_open)
+    if skips is None:
         return None
-    go = [np.zeros((O, 1 << opened[n - 1].size))]  # from the last position back; reversed at the end
+    go = [np.zeros((O, int(skips.size[n - 1])))]  # from the last position back; reversed at the end
     for i in range(n - 2, -1, -1):
-        now, nxt_open = opened[i], opened[i + 1]
-        states = np.arange(1 << now.size)
-        join = rc.joins[i + 1][None, :]  # [1, O(t)]
-        add = np.zeros((states.size, O))
-        nxt = np.zeros((states.size, O), dtype=np.int64)
-        for j, e in enumerate(now):
-            earning = (((states >> j) & 1)[:, None] > 0) & join  # [2^k, O(t)]
-            if rc.skip_dst[e] == i + 1:  # closes: its credit back unless the run reached it
-                add += np.where(earning, 0.0, rc.skip_credit[e][None, :])
-            else:
-                nxt |= earning.astype(np.int64) << int(np.flatnonzero(nxt_open == e)[0])
-        for j, e in enumerate(nxt_open):
-            if rc.skip_src[e] == i + 1:  # opens where the option recomputes
-                nxt |= ((rc.skip_opens[i + 1] >> rc.skip_bit[e]) & 1)[None, :] << j
-        later = np.take_along_axis(go[-1].T, nxt, axis=0)  # [2^k, O(t)]: position i + 1's value at its state
-        val = np.where(inside[i + 1][None, :], unary[i + 1][None, :] + add + later, np.inf)  # [2^k, O(t)]
+        later = np.take_along_axis(go[-1].T, skips.nxt[i + 1], axis=0)  # [2^k, O(t)]: i + 1's value at its state
+        val = np.where(inside[i + 1][None, :], unary[i + 1][None, :] + skips.add[i + 1] + later, np.inf)
         go.append(np.min(pair[i + 1][:, None, :] + val[None, :, :], axis=2))  # [O(s), 2^k]
     return go[::-1]

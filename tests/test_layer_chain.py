@@ -221,3 +221,79 @@ def test_dp_over_runs_without_the_skip_states_is_still_exact(monkeypatch):
     assert skip_to_go(rc, inside, rc.persistent, -rc.credit, most_open=1) is None
     monkeypatch.setattr(dp_runs_module, "skip_to_go", lambda *a, **k: None)
     assert_dp_matches_brute_force(p, solve_brute(p), 5)
+
+
+def _exact_bucket_table(seed: int, reshard: bool):
+    """dag_table with recomputed bytes in multiples of 16 and workspaces above
+    16 bytes, so that 16 buckets of caps of 128 and 256 bytes round no run's
+    sum (as in test_dp_runs' bucketed Viterbi test)."""
+    t = dag_table(seed, skip_reshard=reshard)
+    return t._replace(recompute_bytes=16.0 * jnp.ceil(t.recompute_bytes / 16.0), workspace_bytes=t.workspace_bytes + 17.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_skip_added_is_what_the_skip_edges_credits_leave_unearned(seed):
+    """For plans drawn at random: their kept bytes (run_terms' credits, skip
+    edges' included) are rc.persistent's (every skip credit taken off) less the
+    chain's pair credits plus skip_added's."""
+    from search.run_chain import skip_added, skip_moves
+
+    p = discrete_problem(dag_table(seed, skip_reshard=False))
+    rc = run_chain(p)
+    rng = np.random.default_rng(seed)  # 20,000 plans drawn (every plan: seconds per seed)
+    plans = np.stack([rng.choice(np.flatnonzero(p.feasible[i]), 20_000) for i in range(p.num_layers)], axis=1)
+    credit, _ = run_terms(p, plans)
+    rows = np.arange(p.num_layers)
+    kept = p.persistent_bytes[rows, plans].sum(axis=1) - credit
+    chain = rc.persistent[rows, plans].sum(axis=1) - rc.credit[rows[1:], plans[:, :-1], plans[:, 1:]].sum(axis=1)
+    added = skip_added(skip_moves(rc), plans)
+    assert np.any(added > 0) and np.any(added == 0)
+    assert chain + added == pytest.approx(kept, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bucketed_viterbi_with_skip_states_is_the_least_priced_plan(seed):
+    """bucket_viterbi with skip_moves' states, where buckets round nothing:
+    at each cap and kept-byte price lam, its value is brute force's least
+    time + lam * kept bytes over the plans whose transients keep within the
+    cap (exact in the skip edges' credits), and its path such a plan;
+    bucket_to_go's value to go from each first option is the least over
+    the plans starting with it. Without the skip states (every skip credit
+    taken as earned) the value is below it for some price: the states
+    matter here."""
+    from search.run_chain import all_bucket_moves, bucket_start, bucket_to_go, bucket_viterbi, skip_moves
+
+    p = discrete_problem(_exact_bucket_table(seed, reshard=False))
+    rc = run_chain(p)
+    skips = skip_moves(rc)
+    plans, times, _, peak = _every_plan(p)
+    credit, _ = run_terms(p, plans)
+    rows = np.arange(p.num_layers)
+    kept = p.persistent_bytes[rows, plans].sum(axis=1) - credit
+    caps = np.array([128.0, 256.0])
+    assert np.all([(peak <= c).any() and (peak > c).any() for c in caps])
+    moves = all_bucket_moves(rc, caps, 16)
+    T, A = rc.time, np.where(np.isfinite(rc.time), rc.persistent, 0.0)  # (inf where infeasible; rc.time: p's here)
+    below = []
+    for lam in (0.0, 1e-3 * times.mean() / kept.mean(), times.mean() / kept.mean()):
+        w = np.full(caps.size, lam)
+        unary = np.stack([np.where(p.workspace_bytes <= c, T + lam * A, np.inf) for c in caps])
+        val, path = bucket_viterbi(unary, rc.pair, moves, (-rc.credit, w), skips)
+        priced = times + lam * kept
+        least = np.array([priced[peak <= c].min() for c in caps])
+        assert val == pytest.approx(least, rel=1e-12)
+        at = [np.flatnonzero((plans == x).all(axis=1))[0] for x in path]
+        assert priced[at] == pytest.approx(least, rel=1e-12) and np.all(peak[at] <= caps)
+        for k, c in enumerate(caps):
+            inside = np.isfinite(rc.time) & (rc.workspace <= c)
+            h = bucket_to_go(rc, inside, np.where(inside, T + lam * A, np.inf), rc.pair - lam * rc.credit, c, 16,
+                             skips, lam)
+            b0 = bucket_start(rc, c, 16)
+            for s in np.flatnonzero(inside[0]):
+                mine = (plans[:, 0] == s) & (peak <= c)
+                want = priced[mine].min() if mine.any() else np.inf
+                assert unary[k, 0, s] + h[0, s, b0[s], skips.start[s]] == pytest.approx(want, rel=1e-12)
+        earned, _ = bucket_viterbi(unary, rc.pair, moves, (-rc.credit, w))
+        assert np.all(earned <= least * (1 + 1e-12))
+        below.append(np.any(earned < least * (1 - 1e-9)))
+    assert not below[0] and any(below[1:])  # (at lam 0 bytes cost nothing)
