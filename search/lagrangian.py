@@ -14,7 +14,8 @@ The Lagrangian dual of the limit prices each kept byte at ``lam`` seconds:
 for a peak ``cap`` (every layer's transient within it), the plan with the
 least ``time + lam * kept bytes`` is a min-sum path over (option, run sum)
 states (:func:`search.run_chain.bucket_viterbi`, the run sums rounded down
-into buckets, the checkpoint credits as pair terms). Its kept bytes fall as
+into buckets, the checkpoint credits as pair terms, and which open skip
+edges still earn theirs, :func:`search.run_chain.skip_moves`). Its kept bytes fall as
 ``lam`` grows, so a bisection on ``lam`` brackets the limit: the plan at the
 upper end of the bracket fits (its memory checked exactly, with the true run
 sums), the one at the lower end is just over. Both are candidates: the
@@ -31,7 +32,7 @@ import numpy as np
 from search.dp_runs import run_intervals
 from search.layer_chain import layer_order_chain
 from search.problem import DiscreteProblem, has_runs, plan_memories
-from search.run_chain import BUCKETS, all_bucket_moves, bucket_viterbi, run_chain
+from search.run_chain import BUCKETS, all_bucket_moves, bucket_viterbi, run_chain, skip_moves
 
 __all__ = ["lagrangian_plans"]
 
@@ -68,9 +69,10 @@ def lagrangian_plans(p: DiscreteProblem, memory_limit: float, caps: int = 4, ste
     time = np.where(F[None] & (q.workspace_bytes[None] <= cap[:, None, None]), q.layer_time_s[None], np.inf)  # [K, n, O]
     kept = np.where(F, rc.persistent, 0.0)  # [n, O] bytes (the skip edges' credits taken off: run_chain)
     neg_credit = -rc.credit  # [n, O, O] the kept bytes a run's edge frees
+    skips = skip_moves(rc)  # which skip edges' credits a plan earns (None past MOST_OPEN_STATES: every one)
 
     def plans_at(lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # lam [K] s/byte -> paths [K, n], fit [K]
-        _, path = bucket_viterbi(time + lam[:, None, None] * kept[None], rc.pair, moves, (neg_credit, lam))
+        _, path = bucket_viterbi(time + lam[:, None, None] * kept[None], rc.pair, moves, (neg_credit, lam), skips)
         return path, plan_memories(p, path) <= limit
 
     path, fits = plans_at(np.zeros(K))
