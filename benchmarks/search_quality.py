@@ -166,10 +166,10 @@ def with_layer_order_bounds(problems, milp, limit, time_limit_s, smallest):
     ``search.run_chain`` declines the graph, over the layer-order problem
     with skip edges' resharding at its least (``search.layer_order_chain(p,
     "lower")``, no slower than the graph and exactly as large), within
-    ``time_limit_s``. Its lower bound bounds the graph's fastest plan, and
-    its plan, timed on the graph, fits there; each mesh's answer is the
-    better plan and the higher bound of the two solvers. Returns the
-    answers and the DP's seconds."""
+    ``time_limit_s``, with the MILP's plan to beat (``incumbent``). Its
+    lower bound bounds the graph's fastest plan, and its plan, timed on the
+    graph, fits there; each mesh's answer is the better plan and the higher
+    bound of the two solvers. Returns the answers and the DP's seconds."""
     t0 = time.perf_counter()
     out = []
     for p, m, mm in zip(problems, milp, smallest, strict=True):
@@ -180,7 +180,8 @@ def with_layer_order_bounds(problems, milp, limit, time_limit_s, smallest):
         if q is not p and run_chain(q) is None:
             out.append(m)
             continue
-        r = solve_dp(q, limit, time_limit_s=time_limit_s, smallest=mm)
+        # from the MILP's plan (the labels search each interval up to the best plan found)
+        r = solve_dp(q, limit, time_limit_s=time_limit_s, smallest=mm, incumbent=m.choice if m.feasible else None)
         t_dp = plan_time(p, r.choice) if r.feasible else np.inf  # its plan, timed on the graph
         t_milp = m.time_s if m.feasible else np.inf
         bound = max(r.lower_bound_s, m.lower_bound_s if m.feasible else -np.inf)

@@ -288,7 +288,7 @@ def dp_solves(p: DiscreteProblem) -> bool:
 
 def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: int = 2_000_000,
              bisection_steps: int = 48, time_limit_s: float | None = None,
-             smallest: MinimumMemory | None = None) -> DPResult:
+             smallest: MinimumMemory | None = None, incumbent=None) -> DPResult:
     """The fastest plan of a chain-graph problem within ``memory_limit``
     bytes per device, both memory phases included (see the module docstring
     for what is exact). ``max_labels`` bounds the exact completion (beyond
@@ -300,8 +300,12 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     turn (which always completes: it finds the first plans that fit) and
     the exact completion over runs (where the labels grow most);
     ``smallest``: the smallest memory (:func:`search.milp.smallest_memory`)
-    where the caller has it. Raises
-    ``ValueError`` if the graph is not a chain and plans hold no runs,
+    where the caller has it; ``incumbent``: a plan (an option per layer) to
+    beat where it fits, the search's first upper bound (the exact
+    completion searches each interval up to the best plan found, so a good
+    one prunes most of it; the result is this plan where none is faster).
+    Raises ``ValueError`` if the graph is not a chain and plans hold no runs
+    or ``incumbent`` is no plan of ``p``,
     ``NotImplementedError`` if plans may hold runs of recomputing layers
     (:func:`search.problem.has_runs`) on a graph that
     :func:`search.run_chain.run_chain` declines (an edge against the
@@ -387,6 +391,13 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     credit = None if rc is None else -rc.credit / m0  # [n, S, S] backward-phase pair terms (scaled), runs only
 
     best = {"t": np.inf, "path": None}
+    if incumbent is not None:
+        incumbent = np.asarray(incumbent, dtype=np.int64)
+        if incumbent.shape != (n,) or not (np.all((incumbent >= 0) & (incumbent < p.num_options))
+                                            and np.all(p.feasible[np.arange(n), incumbent])):
+            raise ValueError(f"incumbent must be a feasible option per layer, shape ({n},); got {incumbent!r}")
+        if plan_memory(p, incumbent) <= limit:
+            best["t"], best["path"] = plan_time(p, incumbent), incumbent[order]
     repaired: set[tuple] = set()  # the plans lighter_runs has repaired
     lower = np.full(K, -np.inf)  # seconds: the best Lagrangian bound of each element
     mult = np.zeros((2, K))  # current (lambda, mu) per element, in scaled units

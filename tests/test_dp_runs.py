@@ -339,3 +339,31 @@ def test_an_unproven_smallest_memory_above_the_limit_proves_nothing(seed, monkey
         assert r.feasible and r.exact and r.time_s == pytest.approx(brute.time_s, rel=1e-9), (seed, limit)
         cut = solve_dp(p, limit, smallest=wrong, max_labels=1)
         assert not cut.feasible and np.isfinite(cut.lower_bound_s) and cut.lower_bound_s <= brute.time_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_dp_from_an_incumbent_is_still_brute_forces_answer(seed):
+    """solve_dp given a plan to beat (brute force's fastest plan within the
+    limit, or a slower plan that fits, or one that does not fit): brute
+    force's time, proven, at limits that need runs; from the optimum itself
+    the label search needs no more labels than without it. A plan that is
+    not one of the problem's is refused."""
+    p = discrete_problem(rich_table(seed, 5))
+    full = solve_brute(p)
+    rng = np.random.default_rng(seed)
+    for limit in np.linspace(full.min_memory_bytes * 1.001, full.memory_bytes, 4)[:3]:
+        brute = solve_brute(p, limit)
+        plain = solve_dp(p, limit)
+        fits = [c for c in (np.array([rng.choice(np.flatnonzero(f)) for f in p.feasible]) for _ in range(200))
+                if plan_memory(p, c) <= limit]
+        over = next(c for c in (np.array([rng.choice(np.flatnonzero(f)) for f in p.feasible]) for _ in range(200))
+                    if plan_memory(p, c) > limit)
+        for start in [np.asarray(brute.choice), over] + fits[:1]:
+            dp = solve_dp(p, limit, incumbent=start)
+            assert dp.feasible and dp.exact and dp.time_s == pytest.approx(brute.time_s, rel=1e-9)
+            assert plan_memory(p, dp.choice) <= limit
+        assert solve_dp(p, limit, incumbent=np.asarray(brute.choice)).labels <= plain.labels
+    bad = np.asarray(full.choice).copy()
+    bad[0] = p.num_options
+    with pytest.raises(ValueError, match="incumbent"):
+        solve_dp(p, full.memory_bytes, incumbent=bad)
