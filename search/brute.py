@@ -9,7 +9,7 @@ import numpy as np
 
 from search.problem import DiscreteProblem, plan_memories, plan_times
 
-__all__ = ["BruteResult", "solve_brute", "MAX_PLANS"]
+__all__ = ["BruteResult", "solve_brute", "solve_brute_limits", "MAX_PLANS"]
 
 MAX_PLANS = 2_000_000
 
@@ -25,14 +25,20 @@ class BruteResult(NamedTuple):
 
 def solve_brute(p: DiscreteProblem, memory_limit: float = np.inf, chunk: int = 65_536) -> BruteResult:
     """Enumerate all plans (at most :data:`MAX_PLANS`)."""
+    return solve_brute_limits(p, [memory_limit], chunk)[0]
+
+
+def solve_brute_limits(p: DiscreteProblem, memory_limits, chunk: int = 65_536) -> list[BruteResult]:
+    """:func:`solve_brute` at each of ``memory_limits``, every plan costed once."""
     n = p.num_layers
+    limits = np.asarray(memory_limits, dtype=float).reshape(-1)
     options = [np.flatnonzero(p.feasible[i]) for i in range(n)]
     sizes = np.array([len(o) for o in options], dtype=np.int64)
     total = int(np.prod(sizes)) if n else 1
     if total > MAX_PLANS:
         raise ValueError(f"{total} plans are too many for brute force (at most {MAX_PLANS}); use a smaller graph")
     strides = np.r_[np.cumprod(sizes[::-1])[::-1][1:], 1] if n else np.zeros(0, np.int64)
-    best = (np.inf, np.inf, None)  # time, memory, choice
+    best = [(np.inf, np.inf, None)] * limits.size  # per limit: time, memory, choice
     lightest = (np.inf, None)
     for start in range(0, total, chunk):
         idx = np.arange(start, min(start + chunk, total))
@@ -43,11 +49,16 @@ def solve_brute(p: DiscreteProblem, memory_limit: float = np.inf, chunk: int = 6
         j = int(np.argmin(m))
         if m[j] < lightest[0]:
             lightest = (float(m[j]), plans[j])
-        tt = np.where(m <= memory_limit, t, np.inf)
-        j = int(np.argmin(tt))
-        if tt[j] < best[0]:
-            best = (float(tt[j]), float(m[j]), plans[j])
-    if best[2] is None:
-        c = lightest[1]
-        return BruteResult(c, float(plan_times(p, c[None])[0]), lightest[0], False, lightest[0], total)
-    return BruteResult(best[2], best[0], best[1], True, lightest[0], total)
+        for k, limit in enumerate(limits):
+            tt = np.where(m <= limit, t, np.inf)
+            j = int(np.argmin(tt))
+            if tt[j] < best[k][0]:
+                best[k] = (float(tt[j]), float(m[j]), plans[j])
+    out = []
+    for time_s, memory, choice in best:
+        if choice is None:
+            c = lightest[1]
+            out.append(BruteResult(c, float(plan_times(p, c[None])[0]), lightest[0], False, lightest[0], total))
+        else:
+            out.append(BruteResult(choice, time_s, memory, True, lightest[0], total))
+    return out

@@ -11,6 +11,7 @@ import pytest
 from test_remat_runs import CHAIN, hand_table
 
 from search import discrete_problem, pareto, smallest_memory, solve, solve_brute, solve_dp
+from search.brute import solve_brute_limits
 from search.dp import dp_solves, viterbi
 from search.dp_runs import lighter_runs, minimum_memory_runs
 from search.milp import minimum_memory_milp, solve_milp
@@ -67,8 +68,9 @@ def assert_dp_matches_brute_force(p, full, count: int):
     (``full``: its result without a limit) to above its fastest plan's: the
     same feasibility and time, proven, within the limit; without a plan,
     the smallest memory."""
-    for limit in np.linspace(full.min_memory_bytes * 0.99, full.memory_bytes * 1.02, count):
-        brute, dp = solve_brute(p, limit), solve_dp(p, limit)
+    limits = np.linspace(full.min_memory_bytes * 0.99, full.memory_bytes * 1.02, count)
+    for limit, brute in zip(limits, solve_brute_limits(p, limits), strict=True):
+        dp = solve_dp(p, limit)
         assert dp.feasible == brute.feasible
         if brute.feasible:
             assert dp.exact and dp.time_s == pytest.approx(brute.time_s, rel=1e-9)

@@ -16,10 +16,19 @@ from test_dp_runs import _every_plan, assert_dp_matches_brute_force, rich_table
 
 from search import discrete_problem, smallest_memory, solve_brute, solve_dp
 from search import milp as milp_module
+from search.brute import solve_brute_limits
 from search.dp import dp_solves
 from search.dp_runs import _to_go, minimum_memory_runs
 from search.layer_chain import layer_order_chain
-from search.problem import has_runs, minimum_memory, plan_memory, plan_time, run_terms, without_joins
+from search.problem import (
+    has_runs,
+    minimum_memory,
+    plan_memory,
+    plan_time,
+    run_terms,
+    with_strategies_of,
+    without_joins,
+)
 from search.run_chain import HOP_BITS, open_skips, run_chain, skip_state, skip_to_go
 
 # a downsampling block (1 -> 2 -> 3 -> 5 beside 1 -> 4 -> 5: no edge joins 3 and 4) and a longer skip over it
@@ -65,8 +74,8 @@ def test_skip_credits_change_the_answer():
         skip = p.edge_dst != p.edge_src + 1
         none = p._replace(checkpoint_credit=np.where(skip[:, None], 0.0, p.checkpoint_credit))
         full = solve_brute(p)
-        for limit in np.linspace(full.min_memory_bytes * 0.99, full.memory_bytes * 1.02, 5):
-            a, b = solve_brute(p, limit), solve_brute(none, limit)
+        limits = np.linspace(full.min_memory_bytes * 0.99, full.memory_bytes * 1.02, 5)
+        for a, b in zip(solve_brute_limits(p, limits), solve_brute_limits(none, limits), strict=True):
             moved += (a.feasible != b.feasible) or (a.feasible and a.time_s != pytest.approx(b.time_s, rel=1e-9))
     assert moved >= 5
 
@@ -117,8 +126,9 @@ def test_folded_resharding_bounds_the_fastest_plan(seed):
         assert plan_memory(lo, c) == plan_memory(p, c) == plan_memory(hi, c)
         assert plan_time(lo, c) <= plan_time(p, c) <= plan_time(hi, c)
     full = solve_brute(p)
-    for limit in np.linspace(full.min_memory_bytes, full.memory_bytes * 1.02, 4):
-        brute, a, b = solve_brute(p, limit), solve_dp(lo, limit), solve_dp(hi, limit)
+    limits = np.linspace(full.min_memory_bytes, full.memory_bytes * 1.02, 4)
+    for limit, brute in zip(limits, solve_brute_limits(p, limits), strict=True):
+        a, b = solve_dp(lo, limit), solve_dp(hi, limit)
         assert a.feasible and b.feasible and a.exact and b.exact
         assert a.time_s <= brute.time_s * (1 + 1e-9) <= plan_time(p, a.choice) * (1 + 2e-9)
         assert brute.time_s <= plan_time(p, b.choice) * (1 + 1e-9) <= b.time_s * (1 + 2e-9)
@@ -159,8 +169,7 @@ def test_smallest_memory_past_its_deadline_offers_the_runs_of_the_strategies_wit
     strategies, no larger than that plan."""
     p = discrete_problem(dag_table(seed, skip_reshard=True))
     free = minimum_memory(without_joins(p)).choice
-    plans, _, memories, _ = _every_plan(p)
-    same = np.all(p.option_strategy[plans] == p.option_strategy[free], axis=1)
+    least = solve_brute(with_strategies_of(p, free)).min_memory_bytes  # brute force over those strategies' plans
     real_runs = milp_module.minimum_memory_runs
 
     def stopped(q, rc=None, **kw):  # the search over every option stops at its deadline
@@ -172,7 +181,7 @@ def test_smallest_memory_past_its_deadline_offers_the_runs_of_the_strategies_wit
     monkeypatch.setattr(milp_module, "milp", lambda *a, **k: SimpleNamespace(status=1, x=None, message="time limit"))
     mm = smallest_memory(p, 1.0)
     assert not mm.exact
-    assert mm.memory_bytes == plan_memory(p, mm.choice) == pytest.approx(memories[same].min(), rel=1e-12)
+    assert mm.memory_bytes == plan_memory(p, mm.choice) == pytest.approx(least, rel=1e-12)
     assert mm.memory_bytes <= plan_memory(p, free)
 
 
