@@ -101,6 +101,7 @@ from search.run_chain import (
     BUCKETS,
     HOP_BITS,
     MAX_OPEN_SKIPS,
+    MOST_BUCKET_OPEN_STATES,
     all_bucket_moves,
     bucket_viterbi,
     run_chain,
@@ -359,8 +360,8 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
             return infeasible(least(), 0, 0)
         moves = all_bucket_moves(rc, caps, BUCKETS)
         # which open skip edges still earn their credits, their bytes scaled as the phases' below (m0 = limit);
-        # past MOST_OPEN_STATES open over a layer, none: every credit taken as earned
-        skips = skip_moves(rc)
+        # past MOST_BUCKET_OPEN_STATES open over a layer, none: every credit taken as earned
+        skips = skip_moves(rc, MOST_BUCKET_OPEN_STATES)
         if skips is not None:
             skips = skips._replace(add=[a / limit for a in skips.add])
     elif np.isfinite(limit):

@@ -76,6 +76,7 @@ from search.problem import (
 from search.run_chain import (
     BUCKETS,
     HOP_BITS,
+    MOST_BUCKET_OPEN_STATES,
     RunChain,
     bucket_to_go,
     open_skips,
@@ -188,7 +189,7 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
         weighted = T + lam * np.where(inside, rc.persistent, 0.0) + mu * np.where(inside, rc.optimizer, 0.0)
         h_time = bucket_to_go(rc, inside, T, rc.pair, cap, buckets)  # [n, O, B]: by the bucket of the run's sum
         # by the state of the open skip edges too where skip_moves takes them (the credits not earned cost lam)
-        skips = skip_moves(rc) if use_mult and a_go is None else None
+        skips = skip_moves(rc, MOST_BUCKET_OPEN_STATES) if use_mult else None
         h_mult = bucket_to_go(rc, inside, weighted, rc.pair - lam * rc.credit, cap, buckets, skips, lam) \
             if use_mult else h_time
         q_most = np.where(inside, Q, -np.inf).max(axis=1)

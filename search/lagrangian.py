@@ -32,7 +32,14 @@ import numpy as np
 from search.dp_runs import run_intervals
 from search.layer_chain import layer_order_chain
 from search.problem import DiscreteProblem, has_runs, plan_memories
-from search.run_chain import BUCKETS, all_bucket_moves, bucket_viterbi, run_chain, skip_moves
+from search.run_chain import (
+    BUCKETS,
+    MOST_BUCKET_OPEN_STATES,
+    all_bucket_moves,
+    bucket_viterbi,
+    run_chain,
+    skip_moves,
+)
 
 __all__ = ["lagrangian_plans"]
 
@@ -69,7 +76,7 @@ def lagrangian_plans(p: DiscreteProblem, memory_limit: float, caps: int = 4, ste
     time = np.where(F[None] & (q.workspace_bytes[None] <= cap[:, None, None]), q.layer_time_s[None], np.inf)  # [K, n, O]
     kept = np.where(F, rc.persistent, 0.0)  # [n, O] bytes (the skip edges' credits taken off: run_chain)
     neg_credit = -rc.credit  # [n, O, O] the kept bytes a run's edge frees
-    skips = skip_moves(rc)  # which skip edges' credits a plan earns (None past MOST_OPEN_STATES: every one)
+    skips = skip_moves(rc, MOST_BUCKET_OPEN_STATES)  # which skip credits a plan earns (else every one)
 
     def plans_at(lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # lam [K] s/byte -> paths [K, n], fit [K]
         _, path = bucket_viterbi(time + lam[:, None, None] * kept[None], rc.pair, moves, (neg_credit, lam), skips)

@@ -14,9 +14,9 @@ import numpy as np
 from search.layer_chain import skip_resharding
 from search.problem import DiscreteProblem
 
-__all__ = ["BUCKETS", "HOP_BITS", "MAX_OPEN_SKIPS", "MOST_OPEN_STATES", "BucketMoves", "RunChain", "all_bucket_moves",
-           "bucket_moves", "bucket_start", "bucket_to_go", "bucket_viterbi", "open_skips", "run_chain", "SkipMoves",
-           "skip_added", "skip_moves", "skip_state", "skip_to_go"]
+__all__ = ["BUCKETS", "HOP_BITS", "MAX_OPEN_SKIPS", "MOST_BUCKET_OPEN_STATES", "MOST_OPEN_STATES", "BucketMoves",
+           "RunChain", "SkipMoves", "all_bucket_moves", "bucket_moves", "bucket_start", "bucket_to_go",
+           "bucket_viterbi", "open_skips", "run_chain", "skip_added", "skip_moves", "skip_state", "skip_to_go"]
 
 BUCKETS = 16  # buckets of a run's sum in the DP's bounds (bucket_moves)
 
@@ -52,6 +52,9 @@ class RunChain(NamedTuple):
 
 MAX_OPEN_SKIPS = 62  # skip edges open at one position that a label's int64 mask holds
 MOST_OPEN_STATES = 6  # skip edges open over a position that skip_to_go tracks (2 ** this states per option)
+# ... that bucket_viterbi and bucket_to_go track (their states and back pointers grow with 2 ** this beside the
+# buckets; ResNets have at most 2 open)
+MOST_BUCKET_OPEN_STATES = 3
 HOP_BITS = 8  # bits of a hop's class in a label's code: at most 255 classes, 7 hops open at once
 
 

@@ -219,16 +219,22 @@ def test_skip_to_go_is_the_least_kept_bytes_with_its_first_option(seed):
 
 
 def test_dp_over_runs_without_the_skip_states_is_still_exact(monkeypatch):
-    """Past MOST_OPEN_STATES open skip edges skip_to_go declines (None) and
-    the label search prunes with every skip credit taken as earned, a
-    weaker bound that holds: brute force's answers still."""
+    """Past MOST_OPEN_STATES open skip edges skip_to_go declines (None), and
+    past MOST_BUCKET_OPEN_STATES skip_moves does for the Lagrangian's
+    Viterbi and the bound to go by time: the DP then takes every skip credit
+    as earned there, weaker bounds that hold: brute force's answers still."""
+    import search.dp as dp_module
     import search.dp_runs as dp_runs_module
+    from search.run_chain import MOST_BUCKET_OPEN_STATES, skip_moves
 
     p = discrete_problem(dag_table(0, skip_reshard=True))
     rc = run_chain(p)
     inside = np.isfinite(rc.time)
     assert skip_to_go(rc, inside, rc.persistent, -rc.credit, most_open=1) is None
+    assert skip_moves(rc, MOST_BUCKET_OPEN_STATES) is not None  # (the DP takes them here; not below)
     monkeypatch.setattr(dp_runs_module, "skip_to_go", lambda *a, **k: None)
+    for module in (dp_module, dp_runs_module):
+        monkeypatch.setattr(module, "skip_moves", lambda *a, **k: None)
     assert_dp_matches_brute_force(p, solve_brute(p), 5)
 
 
@@ -237,7 +243,8 @@ def _exact_bucket_table(seed: int, reshard: bool):
     16 bytes, so that 16 buckets of caps of 128 and 256 bytes round no run's
     sum (as in test_dp_runs' bucketed Viterbi test)."""
     t = dag_table(seed, skip_reshard=reshard)
-    return t._replace(recompute_bytes=16.0 * jnp.ceil(t.recompute_bytes / 16.0), workspace_bytes=t.workspace_bytes + 17.0)
+    return t._replace(recompute_bytes=16.0 * jnp.ceil(t.recompute_bytes / 16.0),
+                      workspace_bytes=t.workspace_bytes + 17.0)
 
 
 @pytest.mark.parametrize("seed", range(4))
