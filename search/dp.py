@@ -104,6 +104,7 @@ from search.run_chain import (
     MOST_BUCKET_OPEN_STATES,
     all_bucket_moves,
     bucket_viterbi,
+    pair_groups,
     run_chain,
     skip_added,
     skip_moves,
@@ -390,6 +391,7 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     budget_n = np.stack([budgets[cap_of], np.full(K, limit)]) / m0  # [2, K]
     rows = np.arange(n)[None, :]
     credit = None if rc is None else -rc.credit / m0  # [n, S, S] backward-phase pair terms (scaled), runs only
+    groups = pair_groups(pair, credit) if bucketed else None  # (bucket_viterbi's, once for every multiplier)
 
     best = {"t": np.inf, "path": None}
     if incumbent is not None:
@@ -418,7 +420,8 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         if bucketed:
             val, path = bucket_viterbi(u, pair, moves._replace(allowed=moves.allowed[cap_of[idx]],
                                                                nxt=moves.nxt[cap_of[idx]],
-                                                               start=moves.start[cap_of[idx]]), weighted, skips)
+                                                               start=moves.start[cap_of[idx]]), weighted, skips,
+                                       groups)
         else:
             val, path = viterbi(u, pair, weighted)
         used = np.stack([np.sum(use[r][rows, path], axis=1) for r in range(2)])

@@ -171,12 +171,11 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
     J = rc.joins
     # the least backward bytes still to add, given which open skip edges still earn their credits
     # (skip_to_go); past MOST_OPEN_STATES open over a layer, [n, O] with every skip credit taken as earned
-    a_go_skip = skip_to_go(rc, inside, A, -rc.credit)
+    skips = skip_moves(rc)
+    a_go_skip = None if skips is None else skip_to_go(rc, inside, A, -rc.credit, skips=skips)
     a_go = _to_go(rc, inside, A, -rc.credit) if a_go_skip is None else None
     opened = open_skips(rc)
-
-    def a_to_go(i, t, mask):
-        return a_go[i, t] if a_go is not None else a_go_skip[i][t, skip_state(rc, opened[i], mask)]
+    mult_states = False  # whether the bound to go by time and multipliers is by skip state too
 
     q_go = np.r_[np.cumsum(np.min(Q, axis=1)[::-1])[::-1][1:], 0.0]  # [n]
     # G[i]: the most a continuation of the run after i adds to a later transient (all options within the cap)
@@ -188,10 +187,12 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
         use_mult = (lam > 0 or mu > 0) and np.isfinite(limit)
         weighted = T + lam * np.where(inside, rc.persistent, 0.0) + mu * np.where(inside, rc.optimizer, 0.0)
         h_time = bucket_to_go(rc, inside, T, rc.pair, cap, buckets)  # [n, O, B]: by the bucket of the run's sum
-        # by the state of the open skip edges too where skip_moves takes them (the credits not earned cost lam)
-        skips = skip_moves(rc, MOST_BUCKET_OPEN_STATES) if use_mult else None
-        h_mult = bucket_to_go(rc, inside, weighted, rc.pair - lam * rc.credit, cap, buckets, skips, lam) \
+        # by the state of the open skip edges too, at most MOST_BUCKET_OPEN_STATES open over a layer (the
+        # credits not earned cost lam)
+        few = skips if skips is not None and skips.size.max() <= 1 << MOST_BUCKET_OPEN_STATES else None
+        h_mult = bucket_to_go(rc, inside, weighted, rc.pair - lam * rc.credit, cap, buckets, few, lam) \
             if use_mult else h_time
+        mult_states = use_mult and few is not None
         q_most = np.where(inside, Q, -np.inf).max(axis=1)
         q_floor = limit - np.r_[np.cumsum(q_most[::-1])[::-1][1:], 0.0]  # [n] (search.dp._pareto_search)
     else:  # [n, O] the least a completion adds to the backward phase less what it adds to the optimizer's
@@ -219,13 +220,14 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
 
     def keep(i, t, tau, a, q, r, pk, mask):
         limit_t = limit_m = bar[0]
+        state = skip_state(rc, opened[i], mask) if a_go is None or mult_states else None
+        a_rest = a_go[i, t] if a_go is not None else a_go_skip[i][t, state]
         if not by_time:
-            return (np.maximum(a + a_to_go(i, t, mask) + pk, q + q_go[i]) < limit_m) & (pk <= cap)
+            return (np.maximum(a + a_rest + pk, q + q_go[i]) < limit_m) & (pk <= cap)
         b = np.minimum(np.floor(r / width), buckets - 1).astype(np.int64)
-        ok = (a + a_to_go(i, t, mask) + pk <= limit) & (q + q_go[i] <= limit) & (tau + h_time[i, t, b] < limit_t)
-        ok &= pk <= cap
+        ok = (a + a_rest + pk <= limit) & (q + q_go[i] <= limit) & (tau + h_time[i, t, b] < limit_t) & (pk <= cap)
         if use_mult:  # weak duality: every completion keeps a <= limit - peak, peak >= pk
-            h = h_mult[i, t, b] if skips is None else h_mult[i, t, b, skip_state(rc, opened[i], mask)]
+            h = h_mult[i, t, b, state] if mult_states else h_mult[i, t, b]
             ok &= tau + lam * a + mu * q + h - lam * (limit - pk) - mu * limit < limit_t
         return ok
 

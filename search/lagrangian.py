@@ -37,6 +37,7 @@ from search.run_chain import (
     MOST_BUCKET_OPEN_STATES,
     all_bucket_moves,
     bucket_viterbi,
+    pair_groups,
     run_chain,
     skip_moves,
 )
@@ -77,9 +78,11 @@ def lagrangian_plans(p: DiscreteProblem, memory_limit: float, caps: int = 4, ste
     kept = np.where(F, rc.persistent, 0.0)  # [n, O] bytes (the skip edges' credits taken off: run_chain)
     neg_credit = -rc.credit  # [n, O, O] the kept bytes a run's edge frees
     skips = skip_moves(rc, MOST_BUCKET_OPEN_STATES)  # which skip credits a plan earns (else every one)
+    groups = pair_groups(rc.pair, neg_credit)  # (once for every multiplier)
 
     def plans_at(lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # lam [K] s/byte -> paths [K, n], fit [K]
-        _, path = bucket_viterbi(time + lam[:, None, None] * kept[None], rc.pair, moves, (neg_credit, lam), skips)
+        _, path = bucket_viterbi(time + lam[:, None, None] * kept[None], rc.pair, moves, (neg_credit, lam), skips,
+                                 groups)
         return path, plan_memories(p, path) <= limit
 
     path, fits = plans_at(np.zeros(K))

@@ -16,7 +16,8 @@ from search.problem import DiscreteProblem
 
 __all__ = ["BUCKETS", "HOP_BITS", "MAX_OPEN_SKIPS", "MOST_BUCKET_OPEN_STATES", "MOST_OPEN_STATES", "BucketMoves",
            "RunChain", "SkipMoves", "all_bucket_moves", "bucket_moves", "bucket_start", "bucket_to_go",
-           "bucket_viterbi", "open_skips", "run_chain", "skip_added", "skip_moves", "skip_state", "skip_to_go"]
+           "bucket_viterbi", "open_skips", "pair_groups", "run_chain", "skip_added", "skip_moves", "skip_state",
+           "skip_to_go"]
 
 BUCKETS = 16  # buckets of a run's sum in the DP's bounds (bucket_moves)
 
@@ -207,19 +208,24 @@ def all_bucket_moves(rc: RunChain, caps: np.ndarray, buckets: int, up: bool = Fa
     return BucketMoves(allowed, nxt, np.stack([bucket_start(rc, float(c), buckets, up) for c in caps]))
 
 
-def _groups(pair_i: np.ndarray, credit_i: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Options ``s`` whose rows of ``pair_i`` (and ``credit_i``) ``[O, O]``
-    are alike, so a min-sum move from them differs only by their values:
-    ``(order of s by group, each group's first place in it, the groups'
-    rows)``."""
-    rows = pair_i if credit_i is None else np.concatenate([pair_i, credit_i], axis=1)
-    key, group = np.unique(rows, axis=0, return_inverse=True)
-    order = np.argsort(group.reshape(-1), kind="stable")
-    starts = np.flatnonzero(np.r_[True, np.diff(group.reshape(-1)[order]) != 0])
-    return order, starts, key
+def pair_groups(pair: np.ndarray, C: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per position ``i >= 1`` (entry 0 unused), the options ``s`` whose rows
+    of ``pair[i]`` (and ``C[i]``) ``[O, O]`` are alike, so that a min-sum move
+    from them differs only by their values: ``(order of s by group, each
+    group's first place in it, the groups' rows)``, for
+    :func:`bucket_viterbi` (a caller that runs it many times on the same
+    pairs computes them once)."""
+    out = [(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0)))]
+    for i in range(1, pair.shape[0]):
+        rows = pair[i] if C is None else np.concatenate([pair[i], C[i]], axis=1)
+        key, group = np.unique(rows, axis=0, return_inverse=True)
+        order = np.argsort(group.reshape(-1), kind="stable")
+        starts = np.flatnonzero(np.r_[True, np.diff(group.reshape(-1)[order]) != 0])
+        out.append((order, starts, key))
+    return out
 
 
-def bucket_viterbi(unary, pair, moves: BucketMoves, weighted=None, skips: SkipMoves | None = None):
+def bucket_viterbi(unary, pair, moves: BucketMoves, weighted=None, skips: SkipMoves | None = None, groups=None):
     """Min-sum paths of ``K`` chains over the states (option, bucketed run
     sum) (:func:`bucket_moves`; chain ``k`` at ``moves``' cap ``k``), like
     :func:`search.dp.viterbi` (``unary [K, n, O]``, ``pair [n, O, O]``,
@@ -229,8 +235,11 @@ def bucket_viterbi(unary, pair, moves: BucketMoves, weighted=None, skips: SkipMo
     (:func:`skip_moves`), the states hold which open skip edges still earn
     their credits too, and each credit a path does not earn costs ``w[k]``
     times its bytes (the unaries taking every one as earned): exact in the
-    skip edges' credits. Returns the values ``[K]`` and the paths ``[K, n]``."""
+    skip edges' credits. ``groups``: :func:`pair_groups` of ``pair`` and
+    ``C``, where the caller has them. Returns the values ``[K]`` and the
+    paths ``[K, n]``."""
     K, n, O = unary.shape
+    groups = pair_groups(pair, None if weighted is None else weighted[0]) if groups is None else groups
     B = moves.allowed.shape[-1]
     kk = np.arange(K)
     w = np.zeros(K) if weighted is None else np.asarray(weighted[1], dtype=float)
@@ -242,7 +251,7 @@ def bucket_viterbi(unary, pair, moves: BucketMoves, weighted=None, skips: SkipMo
     bb = np.arange(B)
     for i in range(1, n):
         M, M1 = int(size[i - 1]), int(size[i])
-        order, starts, key = _groups(pair[i], None if weighted is None else weighted[0][i])
+        order, starts, key = groups[i]
         # the best option of each group of alike rows, then the best group: [K, G, B, M]
         vs = value[:, order]
         g_val = np.minimum.reduceat(vs, starts, axis=1)
@@ -371,7 +380,7 @@ def skip_added(skips: SkipMoves, paths: np.ndarray) -> np.ndarray:
 
 
 def skip_to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.ndarray,
-               most_open: int = MOST_OPEN_STATES) -> list[np.ndarray] | None:
+               most_open: int = MOST_OPEN_STATES, skips: SkipMoves | None = None) -> list[np.ndarray] | None:
     """Per position ``i``, ``[O, 2 ** k_i]``: the least sum of ``unary``
     (backward-phase bytes with every skip edge's credit taken off, as
     ``rc.persistent``) and ``pair`` over the positions after ``i``, given
@@ -380,9 +389,10 @@ def skip_to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.nda
     (:func:`skip_state`), adding back each credit a continuation does not
     earn, as the label search does (:mod:`search.dp_runs`): exact in the
     skip edges' credits where ``rc.persistent`` assumes every one earned.
-    None where more than ``most_open`` are open over a position."""
+    None where more than ``most_open`` are open over a position. ``skips``:
+    :func:`skip_moves` of ``rc``, where the caller has them."""
     n, O = unary.shape
-    skips = skip_moves(rc, most_open)
+    skips = skip_moves(rc, most_open) if skips is None else skips
     if skips is None:
         return None
     go = [np.zeros((O, int(skips.size[n - 1])))]  # from the last position back; reversed at the end
