@@ -141,7 +141,7 @@ def _to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.ndarray
 
 def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: float, *, minimize: str = "time",
                 lam: float = 0.0, mu: float = 0.0, max_labels: int = 2_000_000, deadline: float = np.inf,
-                buckets: int = BUCKETS, lower: float | None = None):
+                buckets: int = BUCKETS, lower: float | None = None, byte_grid: float = 0.0):
     """The exact best path of the interval ``(floor, cap]`` of the peak
     (:func:`run_intervals`: every transient within ``cap``, the plan counted
     at ``a + max(floor, peak)``): ``minimize="time"``, the fastest with ``a +
@@ -155,9 +155,18 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
     ``lower * (1 + step)`` for the steps of :data:`DEEPENING` first, each
     search that finds nothing proving a higher lower bound, and below
     ``upper`` last. Stops, not completed, past ``max_labels`` labels or the
-    ``time.perf_counter()`` value ``deadline``. Returns ``(path or None,
-    labels used, completed, lower bound proven)``: with a path, the best;
-    without, nothing below the bound."""
+    ``time.perf_counter()`` value ``deadline``. With ``byte_grid > 0`` (by
+    time only) it searches a relaxation: each label's kept bytes ``a``
+    rounded down to a multiple of ``byte_grid`` at every position, so never
+    above the true ones. Labels then merge far more, and its best path is
+    the relaxation's fastest: a lower bound on the interval's fastest and
+    the fastest itself where it fits (its memory may exceed ``limit`` by up
+    to ``byte_grid`` per layer; check it with
+    :func:`search.problem.plan_memory`). Returns ``(path or None, labels
+    used, completed, lower bound proven)``: with a path, the best; without,
+    nothing below the bound."""
+    if byte_grid < 0 or (byte_grid > 0 and minimize != "time"):
+        raise ValueError(f"byte_grid must be >= 0, and 0 by memory; got {byte_grid!r} by {minimize}")
     by_time = minimize == "time"
     fl = float(floor)
     width = cap / buckets
@@ -234,7 +243,7 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
     def below(bound: float, budget: int):
         """The best path beating ``bound``: (path or None, labels, completed)."""
         bar[0] = bound * (1.0 - _TOL)
-        return _search_labels(rc, inside, T, A, Q, W, R, keep, coords, by_time, fl, budget, deadline)
+        return _search_labels(rc, inside, T, A, Q, W, R, keep, coords, by_time, fl, budget, deadline, byte_grid)
 
     if lower is None or not (np.isfinite(lower) and lower > 0):
         path, used, done = below(upper, max_labels)
@@ -253,12 +262,17 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
 
 
 def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, coords, by_time: bool, peak_floor: float,
-                   max_labels: int, deadline: float):
+                   max_labels: int, deadline: float, byte_grid: float = 0.0):
     """:func:`search_runs`' label propagation at one upper bound (``keep``
-    prunes, labels compare in ``coords``): ``(path or None, labels used,
-    completed)``. Each position extends every label of the one before to
-    every option at once (in chunks of about :data:`_CHUNK` candidates) and
-    filters them by option and mask in one pass."""
+    prunes, labels compare in ``coords``; kept bytes rounded down to
+    multiples of ``byte_grid`` where it is positive): ``(path or None,
+    labels used, completed)``. Each position extends every label of the one
+    before to every option at once (in chunks of about :data:`_CHUNK`
+    candidates) and filters them by option and mask in one pass."""
+
+    def grid(a):  # never above the true kept bytes: floor(floor(a) + x) <= a + x by induction
+        return np.floor(a / byte_grid) * byte_grid if byte_grid > 0 else a
+
     n = rc.time.shape[0]
     J = rc.joins
     opens = rc.skip_opens  # [n, O] the bits of the skip edges each option opens
@@ -276,7 +290,7 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, coords, by_time: b
     # a position's labels, flat: (tau, a, q, r, peak, option, parent label at the position before, mask of
     # open skip edges the run still reaches, code of the open hops' source classes)
     t0 = np.flatnonzero(inside[0])
-    first = (T[0, t0], A[0, t0], Q[0, t0], R[0, t0], np.maximum(peak_floor, W[0, t0]), t0,
+    first = (T[0, t0], grid(A[0, t0]), Q[0, t0], R[0, t0], np.maximum(peak_floor, W[0, t0]), t0,
              np.zeros(t0.size, np.int64), opens[0, t0], held(np.zeros(t0.size, np.int64), 0, t0))
     ok = keep(0, t0, *first[:5], first[7])
     labels = [tuple(x[ok] for x in first)]
@@ -307,6 +321,7 @@ def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, coords, by_time: b
                 a = a + np.where(mask & bit, 0.0, rc.skip_credit[e, t])
                 mask = mask & ~bit
             mask = mask | opens[i, t]
+            a = grid(a)
             code = h0[par]
             for h in hop_closing[i]:  # a hop's resharding above the least, by its source's class
                 tau = tau + rc.hop_extra[h, (code >> rc.hop_shift[h]) & field, t]

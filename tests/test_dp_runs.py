@@ -369,3 +369,50 @@ def test_the_dp_from_an_incumbent_is_still_brute_forces_answer(seed):
     bad[0] = p.num_options
     with pytest.raises(ValueError, match="incumbent"):
         solve_dp(p, full.memory_bytes, incumbent=bad)
+
+
+def test_a_byte_grid_makes_the_label_search_a_relaxation():
+    """search_runs with kept bytes rounded down to a grid (byte_grid), in
+    every interval the DP searches at two limits, against every plan: it
+    finishes, its path is no slower than the fastest plan whose largest
+    transient lies in the interval and that fits (brute force), nor than
+    the exact search's; and somewhere its path breaks the limit (a
+    relaxation, not the exact search). By memory it is refused."""
+    from search.dp_runs import run_intervals, search_runs
+
+    broke = 0
+    for seed in range(4):
+        p = discrete_problem(rich_table(seed, 5))
+        rc = run_chain(p)
+        _, times, memory, peak = _every_plan(p)
+        for limit in np.quantile(memory, [0.05, 0.3]):
+            caps, floors, _ = run_intervals(p, rc, float(limit))
+            for cap, floor in zip(caps, floors, strict=True):
+                fits = (peak > floor) & (peak <= cap) & (memory <= limit)
+                exact, _, done, _ = search_runs(rc, float(cap), float(floor), float(limit), np.inf)
+                assert done and (exact is not None or not fits.any())
+                for grid in (limit / 64, limit / 8):
+                    path, _, done, _ = search_runs(rc, float(cap), float(floor), float(limit), np.inf, byte_grid=grid)
+                    assert done and (path is not None or exact is None)
+                    if path is None:
+                        continue
+                    if fits.any():
+                        assert plan_time(p, path) <= times[fits].min() * (1 + 1e-9)
+                    if exact is not None:
+                        assert plan_time(p, path) <= plan_time(p, exact) * (1 + 1e-9)
+                    broke += plan_memory(p, path) > limit
+    assert broke
+    with pytest.raises(ValueError, match="byte_grid"):
+        search_runs(rc, float(cap), float(floor), float(limit), np.inf, minimize="memory", byte_grid=1.0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_dp_stays_exact_on_coarse_byte_grids(seed, monkeypatch):
+    """solve_dp with its relaxations on grids of a half and a twentieth of the
+    limit (plans that break the limit, bounds from their times): still
+    brute force's time, proven, and its plan within the limit."""
+    import search.dp as dp_module
+
+    monkeypatch.setattr(dp_module, "BYTE_GRIDS", (0.5, 0.05))
+    p = discrete_problem(rich_table(seed + 10, 5))
+    assert_dp_matches_brute_force(p, solve_brute(p), 6)
