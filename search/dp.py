@@ -113,11 +113,11 @@ from search.run_chain import (
 __all__ = ["BYTE_GRIDS", "DPResult", "dp_solves", "solve_dp", "viterbi"]
 
 _TOL = 1e-9  # relative: bounds closer than this count as equal
-# the completion over runs searches relaxations first, kept bytes rounded down to grids of these fractions of the
-# limit (search_runs' byte_grid): labels merge far more, and each one's fastest plan bounds the next search from
-# below (ad-hoc probe, ResNet-50 on 4x2 ABCI V100s, levers only: at 64 KiB, 5 M labels where the exact search
-# outgrew 30 M)
-BYTE_GRIDS = (2.0 ** -14, 2.0 ** -18)
+# the completion over runs searches relaxations first, in rounds over the intervals: kept bytes rounded down to
+# grids of these fractions of the limit (search_runs' byte_grid), so labels merge far more, each relaxation's
+# fastest plan a lower bound for the next round (ad-hoc probe, ResNet-50 on 4x2 ABCI V100s, levers only: proven
+# with 6 M labels where the exact labels outgrew 30 M)
+BYTE_GRIDS = (2.0 ** -14, 2.0 ** -18, 2.0 ** -22)
 _ASCENT_STAGES = 6  # turns of the dual's coordinate ascent (lambda, mu, ...); more barely shrank the label search on random chains
 
 
@@ -293,28 +293,46 @@ def dp_solves(p: DiscreteProblem) -> bool:
     return chain_order(p) is not None and (not has_runs(p) or run_chain(p) is not None)
 
 
-def _complete_runs(p, ch, rc, c, caps, floors, cap_lower, limit, upper, lam, mu, max_labels, deadline):
-    """:func:`solve_dp`'s exact completion of interval ``c`` over runs:
-    :func:`search.dp_runs.search_runs` on the kept-byte grids of
-    :data:`BYTE_GRIDS` in turn, then exactly. A relaxation's fastest path
-    is a lower bound on the interval (raised in ``cap_lower[c]``), and its
-    fastest where it fits; where it does not, the next search deepens from
-    it. Returns ``(the interval's fastest path below upper, or None; labels
-    used; completed)``."""
-    used, lower = 0, float(cap_lower[c])
+def _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mults, limit, best, max_labels, deadline):
+    """:func:`solve_dp`'s exact completion over runs, in rounds: every
+    interval whose bound is below the best plan's time
+    (:func:`search.dp_runs.search_runs`, deepening from its bound) on each
+    kept-byte grid of :data:`BYTE_GRIDS` in turn, the lowest bound first,
+    then exactly. A relaxation's fastest plan is a lower bound on its
+    interval (raised in ``cap_lower``), and the interval's fastest where it
+    fits; where it does not, :func:`search.dp_runs.lighter_runs` repairs it
+    for an upper bound. ``best``: the best plan's time and path, updated;
+    ``mults [C, 2]``: each interval's multipliers in seconds per byte.
+    Returns ``(labels used, completed)``."""
+    used = 0
+    settled = np.zeros(caps.size, dtype=bool)  # the interval's fastest is known (or none beats the best)
     for g in (*BYTE_GRIDS, 0.0):
-        path, u, done, proven = search_runs(rc, float(caps[c]), float(floors[c]), limit, upper, lam=lam, mu=mu,
-                                            max_labels=max_labels - used, deadline=deadline, lower=lower,
-                                            byte_grid=g * limit)
-        used += u
-        cap_lower[c] = lower = max(lower, proven)
-        if not done or path is None or g == 0.0:
-            break
-        layers = _to_layers(ch, path)
-        cap_lower[c] = lower = max(lower, plan_time(p, layers))  # the relaxation's fastest: none is faster
-        if plan_memory(p, layers) <= limit:  # and it fits: the interval's fastest
-            break
-    return path, used, done
+        for c in np.argsort(cap_lower, kind="stable"):
+            if settled[c] or cap_lower[c] >= best["t"] * (1 - _TOL):
+                continue
+            path, u, done, proven = search_runs(rc, float(caps[c]), float(floors[c]), limit, best["t"],
+                                                lam=float(mults[c, 0]), mu=float(mults[c, 1]),
+                                                max_labels=max_labels - used, deadline=deadline,
+                                                lower=float(cap_lower[c]), byte_grid=g * limit)
+            used += u
+            cap_lower[c] = max(cap_lower[c], proven)
+            if not done:
+                return used, False
+            if path is None:  # none below the best plan, even in the relaxation
+                cap_lower[c], settled[c] = best["t"], True
+                continue
+            layers = _to_layers(ch, path)
+            t = plan_time(p, layers)
+            cap_lower[c] = max(cap_lower[c], t)  # the relaxation's fastest: none in the interval is faster
+            if plan_memory(p, layers) <= limit:  # and it fits: the interval's fastest
+                settled[c] = True
+                if t < best["t"]:
+                    best["t"], best["path"] = t, path
+                continue
+            fixed = lighter_runs(p, layers)  # breaks the limit: its lightest repair, an upper bound
+            if plan_memory(p, fixed) <= limit and plan_time(p, fixed) < best["t"]:
+                best["t"], best["path"] = plan_time(p, fixed), fixed[order]
+    return used, True
 
 
 def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: int = 2_000_000,
@@ -561,17 +579,16 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
             best["t"], best["path"] = plan_time(p, mm.choice), mm.choice[order]
     cap_lower = lower.reshape(caps.size, V).max(axis=1)
     labels = 0
-    if V == 1:  # exact completion where the Lagrangian left a gap
+    if V == 1 and rc is not None:  # exact completion over runs where the Lagrangian left a gap
+        labels, _ = _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mult_best.T * t0 / m0, limit, best,
+                                   max_labels, deadline)
+    elif V == 1:  # exact completion where the Lagrangian left a gap
         for c in np.argsort(cap_lower, kind="stable"):
             if cap_lower[c] >= best["t"] * (1 - _TOL):
                 continue
             lam, mu = mult_best[0, c] * t0 / m0, mult_best[1, c] * t0 / m0
-            if rc is None:
-                path, used, done = _pareto_search(ch, unary_t[c] * t0, budgets[c], limit, best["t"], lam, mu,
-                                                  max_labels - labels)
-            else:  # deepening from the interval's bound (search_runs), on coarse grids of kept bytes first
-                path, used, done = _complete_runs(p, ch, rc, c, caps, floors, cap_lower, limit, best["t"], lam, mu,
-                                                  max_labels - labels, deadline)
+            path, used, done = _pareto_search(ch, unary_t[c] * t0, budgets[c], limit, best["t"], lam, mu,
+                                              max_labels - labels)
             labels += used
             if not done:
                 break
