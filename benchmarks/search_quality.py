@@ -89,6 +89,9 @@ HARDWARE = ("abci-v100", "dgx-a100")
 # samples per device; 32 for the others (a 256^3 volume needs ~6 GB; a 1,024-token sequence ~1 GB)
 PER_DEVICE = {"cosmoflow-256": 1, "gpt2-small": 1}
 MILP_TIME_LIMIT_S = 300.0
+# the DP references' label budget over runs (search.solve_dp's max_labels, 2 M by default, which its relaxed
+# rounds spend in seconds on a ResNet): bounded by the time limit instead; at most about 2 GB of labels
+REFERENCE_MAX_LABELS = 30_000_000
 
 
 def synthetic_chain(layers: int = 1000):
@@ -129,11 +132,14 @@ def tables_for(graph, hw, P, levers: str = "none", remat_runs: bool = False):
     return meshes, tables
 
 
-def exact_per_mesh(problems, limit, chain: bool, milp_time_limit_s: float = MILP_TIME_LIMIT_S, smallest=None):
+def exact_per_mesh(problems, limit, chain: bool, milp_time_limit_s: float = MILP_TIME_LIMIT_S, smallest=None,
+                   upper_s: float = np.inf):
     """Best exact plan over the meshes with DP (chains; with runs of
     recomputed layers, chains in layer order) and MILP; times of each.
     ``smallest``: per problem, a smallest memory the solvers take instead of
-    searching it themselves (None: they search it)."""
+    searching it themselves (None: they search it); ``upper_s``: the time
+    of a plan found elsewhere (the gradient method's best), which the DP
+    over the layer order only searches below (with_layer_order_bounds)."""
     smallest = [None] * len(problems) if smallest is None else smallest
     out = {"dp_s": None, "milp_s": 0.0, "dp": None, "milp": None, "order_dp_s": None}
     if chain and all(dp_solves(p) for p in problems):
@@ -147,7 +153,7 @@ def exact_per_mesh(problems, limit, chain: bool, milp_time_limit_s: float = MILP
     out["milp_s"] = time.perf_counter() - t0
     if not chain and not all(r.exact or not r.feasible for r in out["milp"]):
         out["milp"], out["order_dp_s"] = with_layer_order_bounds(problems, out["milp"], limit, milp_time_limit_s,
-                                                                 smallest)
+                                                                 smallest, upper_s)
     return out
 
 
@@ -159,7 +165,7 @@ class _Ref:
         self.time_s, self.feasible, self.exact, self.lower_bound_s = time_s, feasible, exact, lower_bound_s
 
 
-def with_layer_order_bounds(problems, milp, limit, time_limit_s, smallest):
+def with_layer_order_bounds(problems, milp, limit, time_limit_s, smallest, upper_s: float = np.inf):
     """On a graph with branches whose plans hold runs, where the MILP
     proved no optimum on some mesh: per mesh, the DP over the graph in
     layer order (``search.solve_dp``: exact where it completes), or, where
@@ -169,8 +175,13 @@ def with_layer_order_bounds(problems, milp, limit, time_limit_s, smallest):
     ``time_limit_s``, with the MILP's plan to beat (``incumbent``). Its
     lower bound bounds the graph's fastest plan, and its plan, timed on the
     graph, fits there; each mesh's answer is the better plan and the higher
-    bound of the two solvers. Returns the answers and the DP's seconds."""
+    bound of the two solvers. The DP searches only below the fastest plan
+    known on any mesh (the MILP's, and ``upper_s``: a plan is proven
+    fastest once no mesh's bound is below it), so where it finds none, its
+    bound is that time and its mesh's answer the MILP's plan. Returns the
+    answers and the DP's seconds."""
     t0 = time.perf_counter()
+    upper_s = min([upper_s] + [m.time_s for m in milp if m.feasible])
     out = []
     for p, m, mm in zip(problems, milp, smallest, strict=True):
         if m.exact or not has_runs(p) or np.any(p.edge_src >= p.edge_dst):
@@ -181,7 +192,8 @@ def with_layer_order_bounds(problems, milp, limit, time_limit_s, smallest):
             out.append(m)
             continue
         # from the MILP's plan (the labels search each interval up to the best plan found)
-        r = solve_dp(q, limit, time_limit_s=time_limit_s, smallest=mm, incumbent=m.choice if m.feasible else None)
+        r = solve_dp(q, limit, time_limit_s=time_limit_s, smallest=mm, incumbent=m.choice if m.feasible else None,
+                     max_labels=REFERENCE_MAX_LABELS, upper_s=upper_s * (1 + 1e-9))
         t_dp = plan_time(p, r.choice) if r.feasible else np.inf  # its plan, timed on the graph
         t_milp = m.time_s if m.feasible else np.inf
         bound = max(r.lower_bound_s, m.lower_bound_s if m.feasible else -np.inf)
@@ -257,7 +269,8 @@ def run(models, devices, hardware, levers: str = "none", milp_time_limit_s: floa
                     t0 = time.perf_counter()
                     grad = solve_many(tables, limit, "gradient")
                     grad_s = time.perf_counter() - t0
-                    ex = exact_per_mesh(exact_problems, limit, chain, milp_time_limit_s, given)
+                    ex = exact_per_mesh(exact_problems, limit, chain, milp_time_limit_s, given,
+                                        min([s.time_s for s in grad if s.feasible], default=np.inf))
                     plain = {}
                     if kind in plain_limits:
                         t0 = time.perf_counter()
@@ -349,6 +362,13 @@ def summary(rows, timings):
         print(f"  of which {len(unproven)} against the exact solvers' best plan within their time limits, not proven "
               f"optimal; gradient / their lower bound there: "
               + (f"median {np.median(gaps):.5f}, worst {max(gaps):.5f} over {len(gaps)}" if gaps else "no bound"))
+        # the gradient method's time over the optimum is at most its time over the lower bound: proven limits
+        most = np.array([r["ratio"] if r["exact_proven"] is not False else r["grad_time"] / r["exact_bound"]
+                         for r in feas if r["grad_time"] is not None
+                         and (r["exact_proven"] is not False or r["exact_bound"])])
+        if most.size:
+            print(f"gradient / optimum, proven at most (gradient / lower bound where no optimum is proven): median "
+                  f"{np.median(most):.5f}, worst {most.max():.5f} over {most.size} of {len(feas)} feasible instances")
     rated = [r for r in feas if r["ratio"] is not None]
     worst = rated[int(np.argmax([r["ratio"] for r in rated]))]
     print(f"worst instance: {worst['model']} {worst['hardware']} P={worst['P']} {worst['kind']}")

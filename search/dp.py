@@ -337,7 +337,7 @@ def _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mults, limit, best
 
 def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: int = 2_000_000,
              bisection_steps: int = 48, time_limit_s: float | None = None,
-             smallest: MinimumMemory | None = None, incumbent=None) -> DPResult:
+             smallest: MinimumMemory | None = None, incumbent=None, upper_s: float = np.inf) -> DPResult:
     """The fastest plan of a chain-graph problem within ``memory_limit``
     bytes per device, both memory phases included (see the module docstring
     for what is exact). ``max_labels`` bounds the exact completion (beyond
@@ -352,7 +352,12 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     where the caller has it; ``incumbent``: a plan (an option per layer) to
     beat where it fits, the search's first upper bound (the exact
     completion searches each interval up to the best plan found, so a good
-    one prunes most of it; the result is this plan where none is faster).
+    one prunes most of it; the result is this plan where none is faster);
+    ``upper_s``: only plans faster than this many seconds are searched (a
+    time the caller has from elsewhere, another mesh's plan say): where none
+    is, the result holds no plan (``feasible`` False, the smallest-memory
+    plan as where none fits) and its lower bound, where the search
+    completed, is at least ``upper_s``.
     Raises ``ValueError`` if the graph is not a chain and plans hold no runs
     or ``incumbent`` is no plan of ``p``,
     ``NotImplementedError`` if plans may hold runs of recomputing layers
@@ -440,13 +445,15 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     credit = None if rc is None else -rc.credit / m0  # [n, S, S] backward-phase pair terms (scaled), runs only
     groups = pair_groups(pair, credit) if bucketed else None  # (bucket_viterbi's, once for every multiplier)
 
-    best = {"t": np.inf, "path": None}
+    if not upper_s > 0:
+        raise ValueError(f"upper_s must be positive; got {upper_s!r}")
+    best = {"t": float(upper_s), "path": None}
     if incumbent is not None:
         incumbent = np.asarray(incumbent, dtype=np.int64)
         if incumbent.shape != (n,) or not (np.all((incumbent >= 0) & (incumbent < p.num_options))
                                             and np.all(p.feasible[np.arange(n), incumbent])):
             raise ValueError(f"incumbent must be a feasible option per layer, shape ({n},); got {incumbent!r}")
-        if plan_memory(p, incumbent) <= limit:
+        if plan_memory(p, incumbent) <= limit and plan_time(p, incumbent) < best["t"]:
             best["t"], best["path"] = plan_time(p, incumbent), incumbent[order]
     repaired: set[tuple] = set()  # the plans lighter_runs has repaired
     lower = np.full(K, -np.inf)  # seconds: the best Lagrangian bound of each element
@@ -554,7 +561,7 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         mm = least()  # and seeds the upper bound (the ascent over intervals costs more than it)
         if mm.exact and mm.memory_bytes > limit:
             return infeasible(mm, int(caps.size), 0)
-        if mm.memory_bytes <= limit:
+        if mm.memory_bytes <= limit and plan_time(p, mm.choice) < best["t"]:
             best["t"], best["path"] = plan_time(p, mm.choice), mm.choice[order]
     stuck = np.zeros(K, dtype=bool)
     stale = np.ones((2, K), dtype=bool)  # the multiplier may be off its maximum along its axis
@@ -575,7 +582,7 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         mm = least()
         if mm.memory_bytes > limit and mm.exact:
             return infeasible(mm, int(caps.size), 0)
-        if mm.memory_bytes <= limit:  # an upper bound to prune with (else: none, the labels decide)
+        if mm.memory_bytes <= limit and plan_time(p, mm.choice) < best["t"]:  # an upper bound to prune with
             best["t"], best["path"] = plan_time(p, mm.choice), mm.choice[order]
     cap_lower = lower.reshape(caps.size, V).max(axis=1)
     labels = 0

@@ -416,3 +416,31 @@ def test_the_dp_stays_exact_on_coarse_byte_grids(seed, monkeypatch):
     monkeypatch.setattr(dp_module, "BYTE_GRIDS", (0.5, 0.05))
     p = discrete_problem(rich_table(seed + 10, 5))
     assert_dp_matches_brute_force(p, solve_brute(p), 6)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_dp_below_an_upper_bound_finds_the_faster_plan_or_proves_none(seed):
+    """solve_dp(upper_s=) at limits that need runs and on the same chain
+    without runs: just above brute force's time, brute force's plan, proven;
+    at that time or below it, no plan (the smallest-memory one, feasible
+    False) and a lower bound at least upper_s, also where the smallest plan
+    and the Lagrangian's fit (they are slower); a bound that is no time is
+    refused."""
+    from search.problem import without_joins
+
+    p = discrete_problem(rich_table(seed + 20, 5))
+    full = solve_brute(p)
+    for q in (p, without_joins(p)):
+        for limit in np.linspace(full.min_memory_bytes * 1.001, full.memory_bytes, 4)[:3]:
+            brute = solve_brute(q, limit)
+            if not brute.feasible:
+                continue
+            above = solve_dp(q, limit, upper_s=brute.time_s * (1 + 1e-6))
+            assert above.feasible and above.exact and above.time_s == pytest.approx(brute.time_s, rel=1e-9)
+            for upper in (brute.time_s, brute.time_s * 0.99):
+                none = solve_dp(q, limit, upper_s=upper)
+                assert not none.feasible and none.lower_bound_s >= upper * (1 - 1e-9)
+    with pytest.raises(ValueError, match="upper_s"):
+        solve_dp(p, full.memory_bytes, upper_s=0.0)
+    with pytest.raises(ValueError, match="upper_s"):
+        solve_dp(p, full.memory_bytes, upper_s=float("nan"))
