@@ -89,8 +89,8 @@ HARDWARE = ("abci-v100", "dgx-a100")
 # samples per device; 32 for the others (a 256^3 volume needs ~6 GB; a 1,024-token sequence ~1 GB)
 PER_DEVICE = {"cosmoflow-256": 1, "gpt2-small": 1}
 MILP_TIME_LIMIT_S = 300.0
-# the DP references' label budget over runs (search.solve_dp's max_labels, 2 M by default, which its relaxed
-# rounds spend in seconds on a ResNet): bounded by the time limit instead; at most about 2 GB of labels
+# the DP references' label budget over runs (search.solve_dp's max_labels, 2 M by default, which can stop it
+# on a ResNet before its time limit): bounded by the time limit instead; at most about 2 GB of labels
 REFERENCE_MAX_LABELS = 30_000_000
 
 
