@@ -293,7 +293,8 @@ def dp_solves(p: DiscreteProblem) -> bool:
     return chain_order(p) is not None and (not has_runs(p) or run_chain(p) is not None)
 
 
-def _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mults, limit, best, max_labels, deadline):
+def _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mults, limit, best, repaired, max_labels,
+                   deadline):
     """:func:`solve_dp`'s exact completion over runs, in rounds: every
     interval whose bound is below the best plan's time
     (:func:`search.dp_runs.search_runs`, deepening from its bound) on each
@@ -301,8 +302,10 @@ def _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mults, limit, best
     then exactly. A relaxation's fastest plan is a lower bound on its
     interval (raised in ``cap_lower``), and the interval's fastest where it
     fits; where it does not, :func:`search.dp_runs.lighter_runs` repairs it
-    for an upper bound. ``best``: the best plan's time and path, updated;
-    ``mults [C, 2]``: each interval's multipliers in seconds per byte.
+    for an upper bound, once per plan (``repaired``: the plans repaired
+    already, shared with the Lagrangian's). ``best``: the best plan's time
+    and path, updated; ``mults [C, 2]``: each interval's multipliers in
+    seconds per byte.
     Returns ``(labels used, completed)``."""
     used = 0
     settled = np.zeros(caps.size, dtype=bool)  # the interval's fastest is known (or none beats the best)
@@ -329,6 +332,9 @@ def _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mults, limit, best
                 if t < best["t"]:
                     best["t"], best["path"] = t, path
                 continue
+            if tuple(path) in repaired:
+                continue
+            repaired.add(tuple(path))
             fixed = lighter_runs(p, layers)  # breaks the limit: its lightest repair, an upper bound
             if plan_memory(p, fixed) <= limit and plan_time(p, fixed) < best["t"]:
                 best["t"], best["path"] = plan_time(p, fixed), fixed[order]
@@ -588,7 +594,7 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     labels = 0
     if V == 1 and rc is not None:  # exact completion over runs where the Lagrangian left a gap
         labels, _ = _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mult_best.T * t0 / m0, limit, best,
-                                   max_labels, deadline)
+                                   repaired, max_labels, deadline)
     elif V == 1:  # exact completion where the Lagrangian left a gap
         for c in np.argsort(cap_lower, kind="stable"):
             if cap_lower[c] >= best["t"] * (1 - _TOL):
