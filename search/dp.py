@@ -83,7 +83,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from search.dp_runs import lighter_runs, minimum_memory_runs, run_intervals, search_runs
+from search.dp_runs import DEEPENING, lighter_runs, minimum_memory_runs, run_intervals, search_runs
 from search.pareto import label_path, nondominated
 from search.problem import (
     DiscreteProblem,
@@ -113,10 +113,10 @@ from search.run_chain import (
 __all__ = ["BYTE_GRIDS", "DPResult", "dp_solves", "solve_dp", "viterbi"]
 
 _TOL = 1e-9  # relative: bounds closer than this count as equal
-# the completion over runs searches relaxations first, in rounds over the intervals: kept bytes rounded down to
-# grids of these fractions of the limit (search_runs' byte_grid), so labels merge far more, each relaxation's
-# fastest plan a lower bound for the next round (ad-hoc probe, ResNet-50 on 4x2 ABCI V100s, levers only: proven
-# with 6 M labels where the exact labels outgrew 30 M)
+# the completion over runs searches each interval in relaxations first: kept bytes rounded down to grids of these
+# fractions of the limit (search_runs' byte_grid), so labels merge far more, each relaxation's fastest plan a lower
+# bound for the next grid (ad-hoc probe, ResNet-50 on 4x2 ABCI V100s, levers only: proven with 6 M labels where the
+# exact labels outgrew 30 M)
 BYTE_GRIDS = (2.0 ** -14, 2.0 ** -18, 2.0 ** -22)
 _ASCENT_STAGES = 6  # turns of the dual's coordinate ascent (lambda, mu, ...); more barely shrank the label search on random chains
 
@@ -295,50 +295,66 @@ def dp_solves(p: DiscreteProblem) -> bool:
 
 def _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mults, limit, best, repaired, max_labels,
                    deadline):
-    """:func:`solve_dp`'s exact completion over runs, in rounds: every
-    interval whose bound is below the best plan's time
-    (:func:`search.dp_runs.search_runs`, deepening from its bound) on each
-    kept-byte grid of :data:`BYTE_GRIDS` in turn, the lowest bound first,
-    then exactly. A relaxation's fastest plan is a lower bound on its
-    interval (raised in ``cap_lower``), and the interval's fastest where it
-    fits; where it does not, :func:`search.dp_runs.lighter_runs` repairs it
-    for an upper bound, once per plan (``repaired``: the plans repaired
-    already, shared with the Lagrangian's). ``best``: the best plan's time
-    and path, updated; ``mults [C, 2]``: each interval's multipliers in
-    seconds per byte.
+    """:func:`solve_dp`'s exact completion over runs, best first: the
+    interval with the lowest bound is searched below a little more than its
+    bound (:func:`search.dp_runs.search_runs`, relative steps from
+    ``DEEPENING[0]``, each :math:`\\sqrt 2` times the last; past
+    ``DEEPENING[-1]``, up to the best plan), on the
+    coarsest kept-byte grid of :data:`BYTE_GRIDS` it has not outgrown, then
+    exactly. A search that finds nothing raises the interval's bound to
+    where it searched, so a search stopped by its time or label limit has
+    raised the lowest bound, the solver's, as far as it could. A path found
+    is the relaxation's fastest: a lower bound on its interval (raised in
+    ``cap_lower``), and the interval's fastest where it fits; where it does
+    not, the interval moves to the next grid, and
+    :func:`search.dp_runs.lighter_runs` repairs the path for an upper bound,
+    once per plan (``repaired``: the plans repaired already, shared with the
+    Lagrangian's). ``best``: the best plan's time and path, updated; ``mults
+    [C, 2]``: each interval's multipliers in seconds per byte.
     Returns ``(labels used, completed)``."""
+    grids = (*BYTE_GRIDS, 0.0)
     used = 0
+    level = np.zeros(caps.size, dtype=np.int64)  # each interval's grid, an index into grids
+    step = np.full(caps.size, DEEPENING[0])  # each interval's next step above its bound, relative
     settled = np.zeros(caps.size, dtype=bool)  # the interval's fastest is known (or none beats the best)
-    for g in (*BYTE_GRIDS, 0.0):
-        for c in np.argsort(cap_lower, kind="stable"):
-            if settled[c] or cap_lower[c] >= best["t"] * (1 - _TOL):
-                continue
-            path, u, done, proven = search_runs(rc, float(caps[c]), float(floors[c]), limit, best["t"],
-                                                lam=float(mults[c, 0]), mu=float(mults[c, 1]),
-                                                max_labels=max_labels - used, deadline=deadline,
-                                                lower=float(cap_lower[c]), byte_grid=g * limit)
-            used += u
+    while True:
+        open_ = ~settled & (cap_lower < best["t"] * (1 - _TOL))
+        if not open_.any():
+            return used, True
+        c = int(np.flatnonzero(open_)[np.argmin(cap_lower[open_])])
+        bound = best["t"] if cap_lower[c] <= 0 or step[c] > DEEPENING[-1] else \
+            min(best["t"], float(cap_lower[c]) * (1.0 + step[c]))  # past the last step: up to the best plan
+        path, u, done, proven = search_runs(rc, float(caps[c]), float(floors[c]), limit, bound,
+                                            lam=float(mults[c, 0]), mu=float(mults[c, 1]),
+                                            max_labels=max_labels - used, deadline=deadline,
+                                            byte_grid=grids[level[c]] * limit)
+        used += u
+        if not done:
+            return used, False
+        if path is None:  # none below the bound, even in the relaxation
             cap_lower[c] = max(cap_lower[c], proven)
-            if not done:
-                return used, False
-            if path is None:  # none below the best plan, even in the relaxation
+            step[c] *= np.sqrt(2.0)
+            if bound >= best["t"]:
                 cap_lower[c], settled[c] = best["t"], True
-                continue
-            layers = _to_layers(ch, path)
-            t = plan_time(p, layers)
-            cap_lower[c] = max(cap_lower[c], t)  # the relaxation's fastest: none in the interval is faster
-            if plan_memory(p, layers) <= limit:  # and it fits: the interval's fastest
-                settled[c] = True
-                if t < best["t"]:
-                    best["t"], best["path"] = t, path
-                continue
-            if tuple(path) in repaired:
-                continue
-            repaired.add(tuple(path))
-            fixed = lighter_runs(p, layers)  # breaks the limit: its lightest repair, an upper bound
-            if plan_memory(p, fixed) <= limit and plan_time(p, fixed) < best["t"]:
-                best["t"], best["path"] = plan_time(p, fixed), fixed[order]
-    return used, True
+            continue
+        layers = _to_layers(ch, path)
+        t = plan_time(p, layers)
+        cap_lower[c] = max(cap_lower[c], t)  # the relaxation's fastest: none in the interval is faster
+        if plan_memory(p, layers) <= limit:  # and it fits: the interval's fastest
+            settled[c] = True
+            if t < best["t"]:
+                best["t"], best["path"] = t, path
+            continue
+        if level[c] == len(grids) - 1:  # exact labels keep the limit: over it only by rounding, the bound stands
+            settled[c] = True
+        else:
+            level[c], step[c] = level[c] + 1, DEEPENING[0]  # a finer grid, from the relaxation's fastest
+        if tuple(path) in repaired:
+            continue
+        repaired.add(tuple(path))
+        fixed = lighter_runs(p, layers)  # breaks the limit: its lightest repair, an upper bound
+        if plan_memory(p, fixed) <= limit and plan_time(p, fixed) < best["t"]:
+            best["t"], best["path"] = plan_time(p, fixed), fixed[order]
 
 
 def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: int = 2_000_000,

@@ -444,3 +444,35 @@ def test_the_dp_below_an_upper_bound_finds_the_faster_plan_or_proves_none(seed):
         solve_dp(p, full.memory_bytes, upper_s=0.0)
     with pytest.raises(ValueError, match="upper_s"):
         solve_dp(p, full.memory_bytes, upper_s=float("nan"))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_dp_cut_short_keeps_a_valid_bound_that_rises_with_its_labels(seed):
+    """solve_dp over runs with its labels cut at budgets from one up, at
+    limits that need runs: every bound at most brute force's time, every
+    plan within the limit and no faster than it; the bound never falls as
+    the budget grows (the completion's searches are the same, each budget
+    going further), and it is brute force's time, proven, once the budget
+    is large enough."""
+    p = discrete_problem(rich_table(seed + 30, 5))
+    full = solve_brute(p)
+    checked = 0
+    for limit in np.linspace(full.min_memory_bytes * 1.001, full.memory_bytes, 4)[:3]:
+        brute = solve_brute(p, limit)
+        if not brute.feasible:
+            continue
+        whole = solve_dp(p, limit)
+        assert whole.exact and whole.time_s == pytest.approx(brute.time_s, rel=1e-9)
+        if whole.labels < 4:  # the Lagrangian closed it: no completion to cut
+            continue
+        bounds = []
+        for budget in np.unique(np.geomspace(1, whole.labels, 12).astype(int)):
+            r = solve_dp(p, limit, max_labels=int(budget))
+            assert r.lower_bound_s <= brute.time_s * (1 + 1e-9), (seed, limit, budget)
+            if r.feasible:
+                assert r.time_s >= brute.time_s * (1 - 1e-9) and plan_memory(p, r.choice) <= limit
+            bounds.append(r.lower_bound_s)
+        assert bounds == sorted(bounds)
+        assert bounds[-1] == pytest.approx(brute.time_s, rel=1e-9)
+        checked += 1
+    assert checked
