@@ -37,13 +37,14 @@ graph with branches and runs, the DP also searches the graph in layer order
 (``search.solve_dp``, its labels paying each skip edge's resharding; where
 ``search.run_chain`` declines the graph, the layer-order problem with the
 skip edges' resharding at its least, ``search.layer_order_chain(p,
-"lower")``), within ``--milp-time-limit`` per mesh: its lower bound holds
+"lower")``), within ``--dp-time-limit`` per mesh (default: the MILP's), below
+the fastest plan known on any mesh: its lower bound holds
 on the graph and its plan fits there, so each mesh's reference is the
 better plan and the higher bound of the two; the summary gives the
 gradient method's time against that bound.
 
     PYTHONPATH=. .venv/bin/python benchmarks/search_quality.py [--quick] [--models a,b] [--levers all]
-        [--remat-runs] [--hardware abci-v100] [--devices 8,256]
+        [--remat-runs] [--hardware abci-v100] [--devices 8,256] [--milp-time-limit 60] [--dp-time-limit 300]
 """
 
 from __future__ import annotations
@@ -133,13 +134,14 @@ def tables_for(graph, hw, P, levers: str = "none", remat_runs: bool = False):
 
 
 def exact_per_mesh(problems, limit, chain: bool, milp_time_limit_s: float = MILP_TIME_LIMIT_S, smallest=None,
-                   upper_s: float = np.inf):
+                   upper_s: float = np.inf, dp_time_limit_s: float | None = None):
     """Best exact plan over the meshes with DP (chains; with runs of
     recomputed layers, chains in layer order) and MILP; times of each.
     ``smallest``: per problem, a smallest memory the solvers take instead of
     searching it themselves (None: they search it); ``upper_s``: the time
     of a plan found elsewhere (the gradient method's best), which the DP
-    over the layer order only searches below (with_layer_order_bounds)."""
+    over the layer order only searches below (with_layer_order_bounds),
+    within ``dp_time_limit_s`` per mesh (None: ``milp_time_limit_s``)."""
     smallest = [None] * len(problems) if smallest is None else smallest
     out = {"dp_s": None, "milp_s": 0.0, "dp": None, "milp": None, "order_dp_s": None}
     if chain and all(dp_solves(p) for p in problems):
@@ -152,8 +154,8 @@ def exact_per_mesh(problems, limit, chain: bool, milp_time_limit_s: float = MILP
                    for p, mm in zip(problems, smallest, strict=True)]
     out["milp_s"] = time.perf_counter() - t0
     if not chain and not all(r.exact or not r.feasible for r in out["milp"]):
-        out["milp"], out["order_dp_s"] = with_layer_order_bounds(problems, out["milp"], limit, milp_time_limit_s,
-                                                                 smallest, upper_s)
+        dp_s = milp_time_limit_s if dp_time_limit_s is None else dp_time_limit_s
+        out["milp"], out["order_dp_s"] = with_layer_order_bounds(problems, out["milp"], limit, dp_s, smallest, upper_s)
     return out
 
 
@@ -176,10 +178,10 @@ def with_layer_order_bounds(problems, milp, limit, time_limit_s, smallest, upper
     lower bound bounds the graph's fastest plan, and its plan, timed on the
     graph, fits there; each mesh's answer is the better plan and the higher
     bound of the two solvers. The DP searches only below the fastest plan
-    known on any mesh (the MILP's, and ``upper_s``: a plan is proven
-    fastest once no mesh's bound is below it), so where it finds none, its
-    bound is that time and its mesh's answer the MILP's plan. Returns the
-    answers and the DP's seconds."""
+    known on any mesh (the MILP's, the DP's on the meshes before, and
+    ``upper_s``: a plan is proven fastest once no mesh's bound is below
+    it), so where it finds none, its bound is that time and its mesh's
+    answer the MILP's plan. Returns the answers and the DP's seconds."""
     t0 = time.perf_counter()
     upper_s = min([upper_s] + [m.time_s for m in milp if m.feasible])
     out = []
@@ -198,6 +200,7 @@ def with_layer_order_bounds(problems, milp, limit, time_limit_s, smallest, upper
         t_milp = m.time_s if m.feasible else np.inf
         bound = max(r.lower_bound_s, m.lower_bound_s if m.feasible else -np.inf)
         t = min(t_dp, t_milp)
+        upper_s = min(upper_s, t_dp)  # the next meshes search below this mesh's plan too
         out.append(_Ref(t, bool(np.isfinite(t)), bool(np.isfinite(t) and bound >= t * (1 - 1e-9)),
                         bound if np.isfinite(t) else np.inf))
     return out, time.perf_counter() - t0
@@ -222,7 +225,7 @@ def best(results):
 
 
 def run(models, devices, hardware, levers: str = "none", milp_time_limit_s: float = MILP_TIME_LIMIT_S,
-        remat_runs: bool = False):
+        remat_runs: bool = False, dp_time_limit_s: float | None = None):
     rows = []
     header = (f"{'model':14s} {'hardware':9s} {'P':>5s} {'limit':>11s} {'GB':>8s} {'exact':>9s} {'mesh':>6s} "
               f"{'gradient':>9s} {'mesh':>6s} {'ratio':>8s} {'grad s':>7s} {'dp s':>7s} {'milp s':>8s}")
@@ -270,7 +273,7 @@ def run(models, devices, hardware, levers: str = "none", milp_time_limit_s: floa
                     grad = solve_many(tables, limit, "gradient")
                     grad_s = time.perf_counter() - t0
                     ex = exact_per_mesh(exact_problems, limit, chain, milp_time_limit_s, given,
-                                        min([s.time_s for s in grad if s.feasible], default=np.inf))
+                                        min([s.time_s for s in grad if s.feasible], default=np.inf), dp_time_limit_s)
                     plain = {}
                     if kind in plain_limits:
                         t0 = time.perf_counter()
@@ -416,6 +419,9 @@ def main():
     ap.add_argument("--milp-time-limit", type=float, default=MILP_TIME_LIMIT_S,
                     help=f"seconds per mesh for the exact MILP (default {MILP_TIME_LIMIT_S:g}); "
                     "rows it does not prove optimal say so")
+    ap.add_argument("--dp-time-limit", type=float,
+                    help="seconds per mesh for the DP over the layer order, the reference on graphs with branches "
+                    "whose plans hold runs where the MILP proves no optimum (default: --milp-time-limit)")
     ap.add_argument("--hardware", help=f"comma-separated subset of {','.join(HARDWARE)}")
     ap.add_argument("--devices", help="comma-separated device counts (default: 8,64,256,1024; --quick: 8,256)")
     args = ap.parse_args()
@@ -438,7 +444,9 @@ def main():
     hardware = tuple(args.hardware.split(",")) if args.hardware else HARDWARE
     if args.devices:
         devices = tuple(int(x) for x in args.devices.split(","))
-    rows = run(models, devices, hardware, args.levers, args.milp_time_limit, args.remat_runs)
+    if args.dp_time_limit is not None and not args.dp_time_limit > 0:
+        ap.error(f"--dp-time-limit must be positive, not {args.dp_time_limit:g}")
+    rows = run(models, devices, hardware, args.levers, args.milp_time_limit, args.remat_runs, args.dp_time_limit)
     summary(rows, timings)
 
 
