@@ -83,7 +83,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from search.dp_runs import DEEPENING, lighter_runs, minimum_memory_runs, run_intervals, search_runs
+from search.dp_runs import lighter_runs, minimum_memory_runs, run_intervals, search_runs
 from search.pareto import label_path, nondominated
 from search.problem import (
     DiscreteProblem,
@@ -118,6 +118,9 @@ _TOL = 1e-9  # relative: bounds closer than this count as equal
 # bound for the next grid (ad-hoc probe, ResNet-50 on 4x2 ABCI V100s, levers only: proven with 6 M labels where the
 # exact labels outgrew 30 M)
 BYTE_GRIDS = (2.0 ** -14, 2.0 ** -18, 2.0 ** -22)
+# the completion's steps above an interval's bound, relative: the first, each next sqrt(2) times the last, and the
+# last before it searches up to the best plan (the labels grow fast with the upper bound)
+_FIRST_STEP, _LAST_STEP = 1e-4, 1e-4 * 2.0 ** 15.5
 _ASCENT_STAGES = 6  # turns of the dual's coordinate ascent (lambda, mu, ...); more barely shrank the label search on random chains
 
 
@@ -298,8 +301,8 @@ def _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mults, limit, best
     """:func:`solve_dp`'s exact completion over runs, best first: the
     interval with the lowest bound is searched below a little more than its
     bound (:func:`search.dp_runs.search_runs`, relative steps from
-    ``DEEPENING[0]``, each :math:`\\sqrt 2` times the last; past
-    ``DEEPENING[-1]``, up to the best plan), on the
+    ``_FIRST_STEP``, each :math:`\\sqrt 2` times the last; past
+    ``_LAST_STEP``, up to the best plan), on the
     coarsest kept-byte grid of :data:`BYTE_GRIDS` it has not outgrown, then
     exactly. A search that finds nothing raises the interval's bound to
     where it searched, so a search stopped by its time or label limit has
@@ -315,14 +318,14 @@ def _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mults, limit, best
     grids = (*BYTE_GRIDS, 0.0)
     used = 0
     level = np.zeros(caps.size, dtype=np.int64)  # each interval's grid, an index into grids
-    step = np.full(caps.size, DEEPENING[0])  # each interval's next step above its bound, relative
+    step = np.full(caps.size, _FIRST_STEP)  # each interval's next step above its bound, relative
     settled = np.zeros(caps.size, dtype=bool)  # the interval's fastest is known (or none beats the best)
     while True:
         open_ = ~settled & (cap_lower < best["t"] * (1 - _TOL))
         if not open_.any():
             return used, True
         c = int(np.flatnonzero(open_)[np.argmin(cap_lower[open_])])
-        bound = best["t"] if cap_lower[c] <= 0 or step[c] > DEEPENING[-1] else \
+        bound = best["t"] if cap_lower[c] <= 0 or step[c] > _LAST_STEP else \
             min(best["t"], float(cap_lower[c]) * (1.0 + step[c]))  # past the last step: up to the best plan
         path, u, done, proven = search_runs(rc, float(caps[c]), float(floors[c]), limit, bound,
                                             lam=float(mults[c, 0]), mu=float(mults[c, 1]),
@@ -348,7 +351,7 @@ def _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mults, limit, best
         if level[c] == len(grids) - 1:  # exact labels keep the limit: over it only by rounding, the bound stands
             settled[c] = True
         else:
-            level[c], step[c] = level[c] + 1, DEEPENING[0]  # a finer grid, from the relaxation's fastest
+            level[c], step[c] = level[c] + 1, _FIRST_STEP  # a finer grid, from the relaxation's fastest
         if tuple(path) in repaired:
             continue
         repaired.add(tuple(path))

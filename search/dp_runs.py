@@ -86,10 +86,9 @@ from search.run_chain import (
     skip_to_go,
 )
 
-__all__ = ["DEEPENING", "INTERVALS", "lighter_runs", "minimum_memory_runs", "run_intervals", "search_runs"]
+__all__ = ["INTERVALS", "lighter_runs", "minimum_memory_runs", "run_intervals", "search_runs"]
 
 _TOL = 1e-9  # relative: bounds closer than this count as equal
-DEEPENING = 1e-4 * 2.0 ** (np.arange(32) / 2)  # search_runs' upper bounds above the lower, relative
 INTERVALS = 16  # intervals of the peak transient solve_dp searches (run_intervals)
 _CHUNK = 1 << 20  # candidate labels _search_labels builds at a time
 
@@ -141,7 +140,7 @@ def _to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.ndarray
 
 def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: float, *, minimize: str = "time",
                 lam: float = 0.0, mu: float = 0.0, max_labels: int = 2_000_000, deadline: float = np.inf,
-                buckets: int = BUCKETS, lower: float | None = None, byte_grid: float = 0.0):
+                buckets: int = BUCKETS, byte_grid: float = 0.0):
     """The exact best path of the interval ``(floor, cap]`` of the peak
     (:func:`run_intervals`: every transient within ``cap``, the plan counted
     at ``a + max(floor, peak)``): ``minimize="time"``, the fastest with ``a +
@@ -150,11 +149,9 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
     phases in seconds per byte, used only to prune; the bounds to go taken
     over the bucketed run sums, :func:`search.run_chain.bucket_to_go`,
     ``buckets``); ``minimize="memory"``, the least ``max(a + max(floor,
-    peak), q)`` below ``upper`` bytes (``limit`` unused). With ``lower`` (a lower bound on the answer), it deepens:
-    the labels grow fast with the upper bound, so it searches below
-    ``lower * (1 + step)`` for the steps of :data:`DEEPENING` first, each
-    search that finds nothing proving a higher lower bound, and below
-    ``upper`` last. Stops, not completed, past ``max_labels`` labels or the
+    peak), q)`` below ``upper`` bytes (``limit`` unused). The labels grow
+    fast with ``upper``; :func:`search.dp.solve_dp` raises it in steps over
+    its intervals. Stops, not completed, past ``max_labels`` labels or the
     ``time.perf_counter()`` value ``deadline``. With ``byte_grid > 0`` (by
     time only) it searches a relaxation: each label's kept bytes ``a``
     rounded down to a multiple of ``byte_grid`` at every position, so never
@@ -164,7 +161,8 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
     to ``byte_grid`` per layer; check it with
     :func:`search.problem.plan_memory`). Returns ``(path or None, labels
     used, completed, lower bound proven)``: with a path, the best; without,
-    nothing below the bound."""
+    where completed, nothing below ``upper`` (the bound proven, else
+    ``-inf``)."""
     if byte_grid < 0 or (byte_grid > 0 and minimize != "time"):
         raise ValueError(f"byte_grid must be >= 0, and 0 by memory; got {byte_grid!r} by {minimize}")
     by_time = minimize == "time"
@@ -207,7 +205,7 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
     else:  # [n, O] the least a completion adds to the backward phase less what it adds to the optimizer's
         gap = np.where(inside, rc.persistent, 0.0) - np.where(inside, rc.optimizer, 0.0)
         d_go = _to_go(rc, inside, np.where(inside, gap, np.inf), -rc.credit)
-    bar = [np.inf]  # what a path must beat: the search's upper bound less the tolerance
+    bar = upper * (1.0 - _TOL)  # what a path must beat: the upper bound less the tolerance
 
     def coords(i, t, tau, a, q, r, pk):
         """The coordinates labels compare in, so that a label no larger
@@ -228,7 +226,7 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
         return a + pk, a, np.maximum(q, a + pk + d_go[i, t]), cmp_r, np.zeros(tau.size)
 
     def keep(i, t, tau, a, q, r, pk, mask):
-        limit_t = limit_m = bar[0]
+        limit_t = limit_m = bar
         state = skip_state(rc, opened[i], mask) if a_go is None or mult_states else None
         a_rest = a_go[i, t] if a_go is not None else a_go_skip[i][t, state]
         if not by_time:
@@ -240,25 +238,9 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
             ok &= tau + lam * a + mu * q + h - lam * (limit - pk) - mu * limit < limit_t
         return ok
 
-    def below(bound: float, budget: int):
-        """The best path beating ``bound``: (path or None, labels, completed)."""
-        bar[0] = bound * (1.0 - _TOL)
-        return _search_labels(rc, inside, T, A, Q, W, R, keep, coords, by_time, fl, budget, deadline, byte_grid)
-
-    if lower is None or not (np.isfinite(lower) and lower > 0):
-        path, used, done = below(upper, max_labels)
-        return path, used, done, upper * (1 - _TOL) if done and path is None else -np.inf
-    used, proven = 0, -np.inf
-    for step in np.r_[DEEPENING, np.inf]:
-        bound = min(upper, lower * (1.0 + step))
-        path, u, done = below(bound, max_labels - used)
-        used += u
-        if not done or path is not None:
-            return path, used, done, proven if path is None else -np.inf
-        proven = bound * (1.0 - _TOL)  # no path is faster
-        if bound >= upper:
-            break
-    return None, used, True, proven
+    path, used, done = _search_labels(rc, inside, T, A, Q, W, R, keep, coords, by_time, fl, max_labels, deadline,
+                                      byte_grid)
+    return path, used, done, upper * (1 - _TOL) if done and path is None else -np.inf
 
 
 def _search_labels(rc: RunChain, inside, T, A, Q, W, R, keep, coords, by_time: bool, peak_floor: float,
