@@ -83,7 +83,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from search.dp_runs import lighter_runs, minimum_memory_runs, run_intervals, search_runs
+from search.dp_runs import RunPruning, lighter_runs, minimum_memory_runs, run_intervals, run_pruning, search_runs
 from search.pareto import label_path, nondominated
 from search.problem import (
     DiscreteProblem,
@@ -121,6 +121,10 @@ BYTE_GRIDS = (2.0 ** -14, 2.0 ** -18, 2.0 ** -22)
 # the completion's steps above an interval's bound, relative: the first, each next sqrt(2) times the last, and the
 # last before it searches up to the best plan (the labels grow fast with the upper bound)
 _FIRST_STEP, _LAST_STEP = 1e-4, 1e-4 * 2.0 ** 15.5
+# the labels a search above the first step may use: this many, or _SEARCH_GROWTH times its interval's last
+# finished search (ad-hoc probe, ResNet-152 with runs on 4x2 ABCI V100s at its tight limit: the labels grew
+# about fourfold a step); one cut there halves the interval's step
+_SEARCH_LABELS, _SEARCH_GROWTH = 100_000, 4
 _ASCENT_STAGES = 6  # turns of the dual's coordinate ascent (lambda, mu, ...); more barely shrank the label search on random chains
 
 
@@ -312,13 +316,21 @@ def _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mults, limit, best
     not, the interval moves to the next grid, and
     :func:`search.dp_runs.lighter_runs` repairs the path for an upper bound,
     once per plan (``repaired``: the plans repaired already, shared with the
-    Lagrangian's). ``best``: the best plan's time and path, updated; ``mults
+    Lagrangian's). A search above the first step has its own label budget
+    (``_SEARCH_LABELS``, or ``_SEARCH_GROWTH`` times its interval's last
+    finished search, whichever is more); cut there, it halves its
+    interval's step and the completion goes on, and a search that took over
+    a quarter of its budget keeps the step as it was. Each interval's bounds
+    to go (:func:`search.dp_runs.run_pruning`) are built once, at its first
+    search. ``best``: the best plan's time and path, updated; ``mults
     [C, 2]``: each interval's multipliers in seconds per byte.
     Returns ``(labels used, completed)``."""
     grids = (*BYTE_GRIDS, 0.0)
     used = 0
     level = np.zeros(caps.size, dtype=np.int64)  # each interval's grid, an index into grids
     step = np.full(caps.size, _FIRST_STEP)  # each interval's next step above its bound, relative
+    last = np.zeros(caps.size, dtype=np.int64)  # the labels of each interval's last finished search
+    pruning: dict[int, RunPruning] = {}  # each interval's bounds to go, built at its first search (ResNet-152: 21 MB)
     settled = np.zeros(caps.size, dtype=bool)  # the interval's fastest is known (or none beats the best)
     while True:
         open_ = ~settled & (cap_lower < best["t"] * (1 - _TOL))
@@ -327,16 +339,26 @@ def _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mults, limit, best
         c = int(np.flatnonzero(open_)[np.argmin(cap_lower[open_])])
         bound = best["t"] if cap_lower[c] <= 0 or step[c] > _LAST_STEP else \
             min(best["t"], float(cap_lower[c]) * (1.0 + step[c]))  # past the last step: up to the best plan
+        budget = np.inf if step[c] <= _FIRST_STEP else max(_SEARCH_LABELS, _SEARCH_GROWTH * int(last[c]))
+        own = int(min(max_labels - used, budget))  # (the same searches, whatever max_labels, until it stops them)
+        if c not in pruning:
+            pruning[c] = run_pruning(rc, float(caps[c]), limit, lam=float(mults[c, 0]), mu=float(mults[c, 1]))
         path, u, done, proven = search_runs(rc, float(caps[c]), float(floors[c]), limit, bound,
                                             lam=float(mults[c, 0]), mu=float(mults[c, 1]),
-                                            max_labels=max_labels - used, deadline=deadline,
-                                            byte_grid=grids[level[c]] * limit)
+                                            max_labels=own, deadline=deadline,
+                                            byte_grid=grids[level[c]] * limit, pruning=pruning[c])
         used += u
-        if not done:
-            return used, False
+        if done:
+            last[c] = u
+        else:
+            if own >= max_labels - (used - u) or time.perf_counter() > deadline:
+                return used, False
+            step[c] = max(step[c] / 2.0, _FIRST_STEP)  # cut by its own budget: a smaller step, then (at the
+            continue  # first step) the labels left
         if path is None:  # none below the bound, even in the relaxation
             cap_lower[c] = max(cap_lower[c], proven)
-            step[c] *= np.sqrt(2.0)
+            if 4 * u <= budget:  # the next step a little longer, unless this one took over a quarter of its budget
+                step[c] *= np.sqrt(2.0)
             if bound >= best["t"]:
                 cap_lower[c], settled[c] = best["t"], True
             continue

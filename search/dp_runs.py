@@ -59,6 +59,7 @@ phase can end at less what the optimizer phase can add, and the peak as
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -86,7 +87,8 @@ from search.run_chain import (
     skip_to_go,
 )
 
-__all__ = ["INTERVALS", "lighter_runs", "minimum_memory_runs", "run_intervals", "search_runs"]
+__all__ = ["INTERVALS", "RunPruning", "lighter_runs", "minimum_memory_runs", "run_intervals", "run_pruning",
+           "search_runs"]
 
 _TOL = 1e-9  # relative: bounds closer than this count as equal
 INTERVALS = 16  # intervals of the peak transient solve_dp searches (run_intervals)
@@ -138,35 +140,43 @@ def _to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.ndarray
     return h
 
 
-def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: float, *, minimize: str = "time",
-                lam: float = 0.0, mu: float = 0.0, max_labels: int = 2_000_000, deadline: float = np.inf,
-                buckets: int = BUCKETS, byte_grid: float = 0.0):
-    """The exact best path of the interval ``(floor, cap]`` of the peak
-    (:func:`run_intervals`: every transient within ``cap``, the plan counted
-    at ``a + max(floor, peak)``): ``minimize="time"``, the fastest with ``a +
-    max(floor, peak) <= limit`` and ``q <= limit``, only looking for paths
-    faster than ``upper`` (``lam``, ``mu``: Lagrange multipliers of the two
-    phases in seconds per byte, used only to prune; the bounds to go taken
-    over the bucketed run sums, :func:`search.run_chain.bucket_to_go`,
-    ``buckets``); ``minimize="memory"``, the least ``max(a + max(floor,
-    peak), q)`` below ``upper`` bytes (``limit`` unused). The labels grow
-    fast with ``upper``; :func:`search.dp.solve_dp` raises it in steps over
-    its intervals. Stops, not completed, past ``max_labels`` labels or the
-    ``time.perf_counter()`` value ``deadline``. With ``byte_grid > 0`` (by
-    time only) it searches a relaxation: each label's kept bytes ``a``
-    rounded down to a multiple of ``byte_grid`` at every position, so never
-    above the true ones. Labels then merge far more, and its best path is
-    the relaxation's fastest: a lower bound on the interval's fastest and
-    the fastest itself where it fits (its memory may exceed ``limit`` by up
-    to ``byte_grid`` per layer; check it with
-    :func:`search.problem.plan_memory`). Returns ``(path or None, labels
-    used, completed, lower bound proven)``: with a path, the best; without,
-    where completed, nothing below ``upper`` (the bound proven, else
-    ``-inf``)."""
-    if byte_grid < 0 or (byte_grid > 0 and minimize != "time"):
-        raise ValueError(f"byte_grid must be >= 0, and 0 by memory; got {byte_grid!r} by {minimize}")
+class RunPruning(NamedTuple):
+    """:func:`search_runs`' tables for one interval (:func:`run_pruning`):
+    what prunes and compares its labels, whatever the upper bound."""
+    cap: float  # bytes: every transient within it
+    limit: float  # bytes
+    minimize: str  # "time" or "memory"
+    lam: float  # seconds per byte, the backward phase's multiplier (by time)
+    mu: float  # seconds per byte, the optimizer phase's
+    buckets: int  # of the run's sum, for the bounds to go
+    width: float  # bytes: a bucket's
+    inside: np.ndarray  # [n, O] bool: options within the cap
+    T: np.ndarray  # [n, O] seconds (inf outside)
+    A: np.ndarray  # [n, O] backward-phase bytes (inf outside)
+    Q: np.ndarray  # [n, O] optimizer-phase bytes (inf outside)
+    W: np.ndarray  # [n, O] workspace bytes (0 outside)
+    R: np.ndarray  # [n, O] recomputed bytes (0 outside)
+    a_go: np.ndarray | None  # [n, O] least backward bytes to add (where the skip states are not tracked)
+    a_go_skip: list | None  # per position [O, states] the same by open skip state (skip_to_go)
+    opened: list  # per position the open skip edges (open_skips)
+    use_mult: bool  # whether the multipliers prune (by time)
+    mult_states: bool  # whether h_mult is by skip state too
+    q_go: np.ndarray  # [n] least optimizer bytes to add
+    G: np.ndarray  # [n] bytes: the most a run's continuation adds to a later transient
+    h_time: np.ndarray | None  # [n, O, B] seconds to go by the run's bucket (by time)
+    h_mult: np.ndarray | None  # [n, O, B(, states)] the same with the multipliers' bytes
+    q_floor: np.ndarray | None  # [n] bytes: below, the optimizer phase fits whatever follows (by time)
+    d_go: np.ndarray | None  # [n, O] bytes (by memory, search_runs' coords)
+
+
+def run_pruning(rc: RunChain, cap: float, limit: float, *, minimize: str = "time", lam: float = 0.0,
+                mu: float = 0.0, buckets: int = BUCKETS) -> RunPruning:
+    """The tables :func:`search_runs` prunes and compares labels with in
+    the interval capped at ``cap`` (the arguments as there); they do not
+    depend on the upper bound, so one interval's searches share them."""
+    if minimize not in ("time", "memory"):
+        raise ValueError(f"minimize must be 'time' or 'memory'; got {minimize!r}")
     by_time = minimize == "time"
-    fl = float(floor)
     width = cap / buckets
     n, O = rc.time.shape
     inside = np.isfinite(rc.time) & (rc.workspace <= cap)
@@ -182,8 +192,9 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
     a_go_skip = None if skips is None else skip_to_go(rc, inside, A, -rc.credit, skips=skips)
     a_go = _to_go(rc, inside, A, -rc.credit) if a_go_skip is None else None
     opened = open_skips(rc)
-    mult_states = False  # whether the bound to go by time and multipliers is by skip state too
+    use_mult = mult_states = False  # by time: whether the multipliers prune, and by skip state
 
+    h_time = h_mult = q_floor = d_go = None
     q_go = np.r_[np.cumsum(np.min(Q, axis=1)[::-1])[::-1][1:], 0.0]  # [n]
     # G[i]: the most a continuation of the run after i adds to a later transient (all options within the cap)
     G = np.full(n, -np.inf)
@@ -191,7 +202,7 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
         G[i] = max(np.max(np.where(inside[i + 1] & J[i + 1], W[i + 1], -np.inf)),
                    np.max(np.where(inside[i + 1] & J[i + 1], R[i + 1], -np.inf)) + G[i + 1])
     if by_time:
-        use_mult = (lam > 0 or mu > 0) and np.isfinite(limit)
+        use_mult = bool((lam > 0 or mu > 0) and np.isfinite(limit))
         weighted = T + lam * np.where(inside, rc.persistent, 0.0) + mu * np.where(inside, rc.optimizer, 0.0)
         h_time = bucket_to_go(rc, inside, T, rc.pair, cap, buckets)  # [n, O, B]: by the bucket of the run's sum
         # by the state of the open skip edges too, at most MOST_BUCKET_OPEN_STATES open over a layer (the
@@ -199,12 +210,57 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
         few = skips if skips is not None and skips.size.max() <= 1 << MOST_BUCKET_OPEN_STATES else None
         h_mult = bucket_to_go(rc, inside, weighted, rc.pair - lam * rc.credit, cap, buckets, few, lam) \
             if use_mult else h_time
-        mult_states = use_mult and few is not None
+        mult_states = bool(use_mult and few is not None)
         q_most = np.where(inside, Q, -np.inf).max(axis=1)
         q_floor = limit - np.r_[np.cumsum(q_most[::-1])[::-1][1:], 0.0]  # [n] (search.dp._pareto_search)
     else:  # [n, O] the least a completion adds to the backward phase less what it adds to the optimizer's
         gap = np.where(inside, rc.persistent, 0.0) - np.where(inside, rc.optimizer, 0.0)
         d_go = _to_go(rc, inside, np.where(inside, gap, np.inf), -rc.credit)
+    return RunPruning(float(cap), float(limit), minimize, float(lam), float(mu), buckets, width, inside, T, A, Q, W, R,
+                      a_go, a_go_skip, opened, use_mult, mult_states, q_go, G, h_time, h_mult, q_floor, d_go)
+
+
+def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: float, *, minimize: str = "time",
+                lam: float = 0.0, mu: float = 0.0, max_labels: int = 2_000_000, deadline: float = np.inf,
+                buckets: int = BUCKETS, byte_grid: float = 0.0, pruning: RunPruning | None = None):
+    """The exact best path of the interval ``(floor, cap]`` of the peak
+    (:func:`run_intervals`: every transient within ``cap``, the plan counted
+    at ``a + max(floor, peak)``): ``minimize="time"``, the fastest with ``a +
+    max(floor, peak) <= limit`` and ``q <= limit``, only looking for paths
+    faster than ``upper`` (``lam``, ``mu``: Lagrange multipliers of the two
+    phases in seconds per byte, used only to prune; the bounds to go taken
+    over the bucketed run sums, :func:`search.run_chain.bucket_to_go`,
+    ``buckets``); ``minimize="memory"``, the least ``max(a + max(floor,
+    peak), q)`` below ``upper`` bytes (``limit`` unused). The labels grow
+    fast with ``upper``; :func:`search.dp.solve_dp` raises it in steps over
+    its intervals. Stops, not completed, past ``max_labels`` labels or the
+    ``time.perf_counter()`` value ``deadline``. ``pruning``: the interval's
+    bounds to go (:func:`run_pruning` of the same ``rc``, ``cap``,
+    ``limit``, ``minimize``, ``lam``, ``mu`` and ``buckets``), which do not
+    depend on ``upper``: a caller searching one interval at several upper
+    bounds builds them once (most of a small search's time). With ``byte_grid > 0`` (by
+    time only) it searches a relaxation: each label's kept bytes ``a``
+    rounded down to a multiple of ``byte_grid`` at every position, so never
+    above the true ones. Labels then merge far more, and its best path is
+    the relaxation's fastest: a lower bound on the interval's fastest and
+    the fastest itself where it fits (its memory may exceed ``limit`` by up
+    to ``byte_grid`` per layer; check it with
+    :func:`search.problem.plan_memory`). Returns ``(path or None, labels
+    used, completed, lower bound proven)``: with a path, the best; without,
+    where completed, nothing below ``upper`` (the bound proven, else
+    ``-inf``)."""
+    if byte_grid < 0 or (byte_grid > 0 and minimize != "time"):
+        raise ValueError(f"byte_grid must be >= 0, and 0 by memory; got {byte_grid!r} by {minimize}")
+    pr = pruning if pruning is not None else run_pruning(rc, cap, limit, minimize=minimize, lam=lam, mu=mu,
+                                                         buckets=buckets)
+    if (pr.cap, pr.limit, pr.minimize, pr.lam, pr.mu, pr.buckets) != (float(cap), float(limit), minimize, float(lam),
+                                                                      float(mu), buckets):
+        raise ValueError("pruning was built for another interval or other multipliers (run_pruning's arguments "
+                         "must be search_runs')")
+    by_time, fl, width, inside, T, A, Q, W, R = minimize == "time", float(floor), pr.width, pr.inside, pr.T, pr.A, \
+        pr.Q, pr.W, pr.R
+    a_go, a_go_skip, opened, use_mult, mult_states = pr.a_go, pr.a_go_skip, pr.opened, pr.use_mult, pr.mult_states
+    q_go, G, h_time, h_mult, q_floor, d_go = pr.q_go, pr.G, pr.h_time, pr.h_mult, pr.q_floor, pr.d_go
     bar = upper * (1.0 - _TOL)  # what a path must beat: the upper bound less the tolerance
 
     def coords(i, t, tau, a, q, r, pk):

@@ -476,3 +476,35 @@ def test_a_dp_cut_short_keeps_a_valid_bound_that_rises_with_its_labels(seed):
         assert bounds[-1] == pytest.approx(brute.time_s, rel=1e-9)
         checked += 1
     assert checked
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_searches_cut_by_their_own_budget_halve_their_step_and_the_dp_stays_exact(seed, monkeypatch):
+    """With every search above the first step held to one label (each is
+    cut), the completion
+    goes on with smaller steps, and at the first step with the labels left:
+    the DP still proves brute force's time at limits that need runs, and
+    its searches were cut on the way."""
+    import search.dp as dp
+
+    monkeypatch.setattr(dp, "_SEARCH_LABELS", 1)
+    monkeypatch.setattr(dp, "_SEARCH_GROWTH", 0)
+    calls = []
+
+    def counted(*args, **kw):
+        out = real(*args, **kw)
+        calls.append((kw["max_labels"], out[2]))
+        return out
+
+    real = dp.search_runs
+    monkeypatch.setattr(dp, "search_runs", counted)
+    p = discrete_problem(rich_table(seed + 30, 5))
+    full = solve_brute(p)
+    for limit in np.linspace(full.min_memory_bytes * 1.001, full.memory_bytes, 4)[:3]:
+        brute = solve_brute(p, limit)
+        if not brute.feasible:
+            continue
+        r = solve_dp(p, limit)
+        assert r.exact and r.time_s == pytest.approx(brute.time_s, rel=1e-9), (seed, limit)
+        assert plan_memory(p, r.choice) <= limit
+    assert any(not done for _, done in calls)  # some searches were cut, and the completion went on
