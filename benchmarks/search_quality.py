@@ -21,7 +21,8 @@ fourth limit, ``levers-only``: halfway between that smallest memory and the
 smallest of the lever-free plans, so that only plans using levers fit. Beside
 each loose, tight and infeasible instance it times the lever-free menu's own
 instance of that kind (its limits from its own smallest memory), and the
-summary gives the ratios of search times. With ``--remat-runs`` (and
+summary gives the ratios of search times. ``--limits`` runs only the
+instances of the kinds it names (``tight,levers-only``, say). With ``--remat-runs`` (and
 ``--levers remat|all``) every layer that saves activations may recompute,
 alone or in a run with the layers before it (``remat+join``,
 ``CostSettings.remat_runs``); the DP then searches the runs on chains
@@ -44,7 +45,8 @@ better plan and the higher bound of the two; the summary gives the
 gradient method's time against that bound.
 
     PYTHONPATH=. .venv/bin/python benchmarks/search_quality.py [--quick] [--models a,b] [--levers all]
-        [--remat-runs] [--hardware abci-v100] [--devices 8,256] [--milp-time-limit 60] [--dp-time-limit 300]
+        [--remat-runs] [--hardware abci-v100] [--devices 8,256] [--limits tight,levers-only]
+        [--milp-time-limit 60] [--dp-time-limit 300]
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ MILP_TIME_LIMIT_S = 300.0
 # the DP references' label budget over runs (search.solve_dp's max_labels, 2 M by default, which can stop it
 # on a ResNet before its time limit): bounded by the time limit instead; at most about 2 GB of labels
 REFERENCE_MAX_LABELS = 30_000_000
+LIMIT_KINDS = ("loose", "tight", "infeasible", "levers-only")  # the instances of each model, P and hardware
 
 
 def synthetic_chain(layers: int = 1000):
@@ -225,7 +228,7 @@ def best(results):
 
 
 def run(models, devices, hardware, levers: str = "none", milp_time_limit_s: float = MILP_TIME_LIMIT_S,
-        remat_runs: bool = False, dp_time_limit_s: float | None = None):
+        remat_runs: bool = False, dp_time_limit_s: float | None = None, kinds=LIMIT_KINDS):
     rows = []
     header = (f"{'model':14s} {'hardware':9s} {'P':>5s} {'limit':>11s} {'GB':>8s} {'exact':>9s} {'mesh':>6s} "
               f"{'gradient':>9s} {'mesh':>6s} {'ratio':>8s} {'grad s':>7s} {'dp s':>7s} {'milp s':>8s}")
@@ -269,6 +272,8 @@ def run(models, devices, hardware, levers: str = "none", milp_time_limit_s: floa
                 if levers != "none":
                     solve_many(plain_tables, limits["loose"], "gradient")
                 for kind, limit in limits.items():
+                    if kind not in kinds:
+                        continue
                     t0 = time.perf_counter()
                     grad = solve_many(tables, limit, "gradient")
                     grad_s = time.perf_counter() - t0
@@ -422,6 +427,7 @@ def main():
     ap.add_argument("--dp-time-limit", type=float,
                     help="seconds per mesh for the DP over the layer order, the reference on graphs with branches "
                     "whose plans hold runs where the MILP proves no optimum (default: --milp-time-limit)")
+    ap.add_argument("--limits", help=f"comma-separated subset of the limits {','.join(LIMIT_KINDS)} (default: all)")
     ap.add_argument("--hardware", help=f"comma-separated subset of {','.join(HARDWARE)}")
     ap.add_argument("--devices", help="comma-separated device counts (default: 8,64,256,1024; --quick: 8,256)")
     args = ap.parse_args()
@@ -429,6 +435,8 @@ def main():
         ap.error(f"unknown hardware {args.hardware!r}; choose from {', '.join(HARDWARE)}")
     if args.devices and not all(x.isdigit() and int(x) > 0 for x in args.devices.split(",")):
         ap.error(f"--devices takes positive integers separated by commas, not {args.devices!r}")
+    if args.limits and set(args.limits.split(",")) - set(LIMIT_KINDS):
+        ap.error(f"unknown limit(s) in {args.limits!r}; choose from {', '.join(LIMIT_KINDS)}")
     if args.remat_runs and args.levers not in ("remat", "all"):
         ap.error("--remat-runs needs --levers remat or all")
     if args.models:
@@ -446,7 +454,9 @@ def main():
         devices = tuple(int(x) for x in args.devices.split(","))
     if args.dp_time_limit is not None and not args.dp_time_limit > 0:
         ap.error(f"--dp-time-limit must be positive, not {args.dp_time_limit:g}")
-    rows = run(models, devices, hardware, args.levers, args.milp_time_limit, args.remat_runs, args.dp_time_limit)
+    kinds = tuple(args.limits.split(",")) if args.limits else LIMIT_KINDS
+    rows = run(models, devices, hardware, args.levers, args.milp_time_limit, args.remat_runs, args.dp_time_limit,
+               kinds)
     summary(rows, timings)
 
 

@@ -79,6 +79,20 @@ def test_search_quality_refuses_remat_runs_without_a_remat_menu():
     assert "--remat-runs needs --levers remat or all" in proc.stderr
 
 
+def test_search_quality_refuses_unknown_limits():
+    """benchmarks/search_quality.py --limits takes a subset of the instance
+    kinds; a name that is none of them stops it with argparse's usage error
+    (exit 2), naming the kinds, before any search."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "search_quality.py"), "--limits", "tight,tigth",
+         "--skip-timings", "--models", "cosmoflow-256"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert "unknown limit(s) in 'tight,tigth'; choose from loose, tight, infeasible, levers-only" in proc.stderr
+
+
 def test_search_quality_layer_order_bounds_hold_on_the_graph():
     """benchmarks/search_quality.py's reference where the MILP proves
     nothing (forced: a result that is not exact, with the slowest plan that
