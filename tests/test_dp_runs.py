@@ -406,6 +406,35 @@ def test_a_byte_grid_makes_the_label_search_a_relaxation():
         search_runs(rc, float(cap), float(floor), float(limit), np.inf, minimize="memory", byte_grid=1.0)
 
 
+def test_search_runs_refuses_bounds_to_go_built_for_other_arguments():
+    """search_runs(..., pruning=) takes run_pruning's tables of its own
+    interval and multipliers only: built for another cap, multiplier or
+    objective, it raises ValueError instead of pruning with them; built for
+    its own, it finds the plan it finds without them at the bound brute
+    force gives (brute force's fastest plan of the interval)."""
+    from search.dp_runs import run_intervals, run_pruning, search_runs
+
+    p = discrete_problem(rich_table(3, 5))
+    rc = run_chain(p)
+    _, times, memory, peak = _every_plan(p)
+    limit = float(np.quantile(memory, 0.3))
+    caps, floors, _ = run_intervals(p, rc, limit)
+    held = [k for k in range(caps.size) if ((peak > floors[k]) & (peak <= caps[k]) & (memory <= limit)).any()]
+    assert held and caps.size > 1  # an interval that holds plans that fit, and another
+    k = held[0]
+    cap, floor, elsewhere = float(caps[k]), float(floors[k]), float(caps[k - 1])
+    own = run_pruning(rc, cap, limit, lam=1e-3)
+    fits = (peak > floor) & (peak <= cap) & (memory <= limit)
+    path, _, done, _ = search_runs(rc, cap, floor, limit, np.inf, lam=1e-3, pruning=own)
+    assert done and plan_time(p, path) == pytest.approx(times[fits].min(), rel=1e-9)
+    for other in (run_pruning(rc, elsewhere, limit, lam=1e-3), run_pruning(rc, cap, limit),
+                  run_pruning(rc, cap, limit, minimize="memory", lam=1e-3)):
+        with pytest.raises(ValueError, match="pruning was built for another interval"):
+            search_runs(rc, cap, floor, limit, np.inf, lam=1e-3, pruning=other)
+    with pytest.raises(ValueError, match="minimize must be"):
+        run_pruning(rc, cap, limit, minimize="speed")
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_the_dp_stays_exact_on_coarse_byte_grids(seed, monkeypatch):
     """solve_dp with its relaxations on grids of a half and a twentieth of the
