@@ -410,8 +410,7 @@ def test_search_runs_refuses_bounds_to_go_built_for_other_arguments():
     """search_runs(..., pruning=) takes run_pruning's tables of its own
     interval and multipliers only: built for another cap, multiplier or
     objective, it raises ValueError instead of pruning with them; built for
-    its own, it finds the plan it finds without them at the bound brute
-    force gives (brute force's fastest plan of the interval)."""
+    its own, it finds brute force's fastest plan of the interval."""
     from search.dp_runs import run_intervals, run_pruning, search_runs
 
     p = discrete_problem(rich_table(3, 5))
@@ -510,10 +509,9 @@ def test_a_dp_cut_short_keeps_a_valid_bound_that_rises_with_its_labels(seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_searches_cut_by_their_own_budget_halve_their_step_and_the_dp_stays_exact(seed, monkeypatch):
     """With every search above the first step held to one label (each is
-    cut), the completion
-    goes on with smaller steps, and at the first step with the labels left:
-    the DP still proves brute force's time at limits that need runs, and
-    its searches were cut on the way."""
+    cut), the completion goes on with smaller steps, and at the first step
+    with the labels left: the DP still proves brute force's time at limits
+    that need runs, and its searches were cut on the way."""
     import search.dp as dp
 
     monkeypatch.setattr(dp, "_SEARCH_LABELS", 1)
