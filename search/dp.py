@@ -339,22 +339,22 @@ def _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mults, limit, best
         c = int(np.flatnonzero(open_)[np.argmin(cap_lower[open_])])
         bound = best["t"] if cap_lower[c] <= 0 or step[c] > _LAST_STEP else \
             min(best["t"], float(cap_lower[c]) * (1.0 + step[c]))  # past the last step: up to the best plan
+        # the search's own labels (not max_labels': the same searches whatever it is, until it stops them)
         budget = np.inf if step[c] <= _FIRST_STEP else max(_SEARCH_LABELS, _SEARCH_GROWTH * int(last[c]))
-        own = int(min(max_labels - used, budget))  # (the same searches, whatever max_labels, until it stops them)
+        rest = max_labels - used
+        lam, mu = float(mults[c, 0]), float(mults[c, 1])
         if c not in pruning:
-            pruning[c] = run_pruning(rc, float(caps[c]), limit, lam=float(mults[c, 0]), mu=float(mults[c, 1]))
-        path, u, done, proven = search_runs(rc, float(caps[c]), float(floors[c]), limit, bound,
-                                            lam=float(mults[c, 0]), mu=float(mults[c, 1]),
-                                            max_labels=own, deadline=deadline,
+            pruning[c] = run_pruning(rc, float(caps[c]), limit, lam=lam, mu=mu)
+        path, u, done, proven = search_runs(rc, float(caps[c]), float(floors[c]), limit, bound, lam=lam, mu=mu,
+                                            max_labels=int(min(rest, budget)), deadline=deadline,
                                             byte_grid=grids[level[c]] * limit, pruning=pruning[c])
         used += u
-        if done:
-            last[c] = u
-        else:
-            if own >= max_labels - (used - u) or time.perf_counter() > deadline:
+        if not done:
+            if budget >= rest or time.perf_counter() > deadline:  # the solver's labels or time ran out
                 return used, False
             step[c] = max(step[c] / 2.0, _FIRST_STEP)  # cut by its own budget: a smaller step, then (at the
             continue  # first step) the labels left
+        last[c] = u
         if path is None:  # none below the bound, even in the relaxation
             cap_lower[c] = max(cap_lower[c], proven)
             if 4 * u <= budget:  # the next step a little longer, unless this one took over a quarter of its budget

@@ -257,8 +257,8 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
                                                                       float(mu), buckets):
         raise ValueError("pruning was built for another interval or other multipliers (run_pruning's arguments "
                          "must be search_runs')")
-    by_time, fl, width, inside, T, A, Q, W, R = minimize == "time", float(floor), pr.width, pr.inside, pr.T, pr.A, \
-        pr.Q, pr.W, pr.R
+    by_time, fl = minimize == "time", float(floor)
+    width, inside, T, A, Q, W, R = pr.width, pr.inside, pr.T, pr.A, pr.Q, pr.W, pr.R
     a_go, a_go_skip, opened, use_mult, mult_states = pr.a_go, pr.a_go_skip, pr.opened, pr.use_mult, pr.mult_states
     q_go, G, h_time, h_mult, q_floor, d_go = pr.q_go, pr.G, pr.h_time, pr.h_mult, pr.q_floor, pr.d_go
     bar = upper * (1.0 - _TOL)  # what a path must beat: the upper bound less the tolerance
