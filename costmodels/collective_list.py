@@ -19,6 +19,7 @@ from costmodels.layers import (
     ATTENTION_KINDS,
     LayerTable,
     is_kind,
+    key_value_channels,
     tied_output,
     token_lookups,
 )
@@ -113,8 +114,9 @@ def plan_collectives(
         first = len(recs)
         if s == Strategy.SPATIAL and m > 1 and attention[i]:
             # sequence parallelism: the keys and the values gathered, their gradients reduce-scattered
-            # the keys (or values): a third of the fused input, split by rows (padded)
-            kv = float(a.in_elements[i]) / 3.0 * gb * delta * float(row_padding(a.in_spatial[i, 0], m))
+            # the keys (or values) of the fused input, split by rows (padded)
+            kv = (key_value_channels(float(a.in_channels[i]), float(a.out_channels[i])) * float(a.in_spatial[i, 0]) * gb * delta
+                  * float(row_padding(a.in_spatial[i, 0], m)))
             name = graph.names[i]
             for what in ("keys", "values"):
                 recs.append(CollectiveRecord("all-gather", (MODEL_AXIS,), "forward", f"{name} ({what})", kv))

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 
 from costmodels.collectives import Network, network_arrays
 from costmodels.hardware import DTYPES, Hardware
-from costmodels.layers import ATTENTION_KINDS, LayerKind, is_kind
+from costmodels.layers import ATTENTION_KINDS, LayerKind, is_kind, key_value_channels
 from costmodels.shards import ShardShapes
 
 __all__ = [
@@ -227,7 +227,8 @@ def shard_compute_s(hw: HardwareArrays, arrays, shapes: ShardShapes, dtype_bytes
     keys = f32(a.in_spatial[:, 0])[:, None]  # [L, 1]
     gemm_flops = 2.0 * b * queries * keys * f  # [L, S] one of the six GEMMs
     scores = b * heads * queries * keys  # [L, S] elements of the score matrix
-    qkv_bytes = b * f * (queries + 2.0 * keys) * delta
+    kv_share = key_value_channels(f32(a.in_channels), f32(a.out_channels))[:, None] / f32(a.out_channels)[:, None]  # [L, 1] 1, or fewer (GQA)
+    qkv_bytes = b * f * (queries + 2.0 * kv_share * keys) * delta
 
     def attn_gemm(rows, n, k):
         return kernel_s(hw, gemm_flops, rows, n, k, (scores * delta + qkv_bytes) * (gemm_flops > 0), peak,

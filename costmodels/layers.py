@@ -29,6 +29,8 @@ __all__ = [
     "VECTOR_FIELDS",
     "bucket_size",
     "is_kind",
+    "key_value_channels",
+    "key_value_heads",
     "token_lookups",
     "tied_output",
     "kind_name",
@@ -65,7 +67,7 @@ class LayerKind(enum.IntEnum):
     FLATTEN = 8
     OTHER = 9  # an op with no dedicated model: replicated, cost from FLOPs
     NORM = 10  # layer / RMS normalisation over each position's channels (transformers)
-    ATTENTION = 11  # scaled dot-product self-attention of (queries, keys, values); groups = heads
+    ATTENTION = 11  # self-attention of one fused (queries, keys, values) input; groups = query heads
     CAUSAL_ATTENTION = 12  # the same, each position attending to itself and the ones before it
     EMBED = 13  # a lookup of token ids (1 input channel) in a learned table of out_channels columns
     MULTIPLY = 14  # element-wise product of equal-shaped activations (a gated MLP's gate)
@@ -86,6 +88,21 @@ def is_kind(kind: Any, kinds: tuple[LayerKind, ...]) -> Any:
     for k in kinds[1:]:
         out = out | (kind == k)
     return out
+
+
+def key_value_channels(in_channels: Any, out_channels: Any) -> Any:
+    """Channels of an attention's keys (as many as its values), elementwise:
+    its fused input holds the queries (as many channels as its output), the
+    keys and the values, ``(in - out) / 2`` (``GraphBuilder.attention``;
+    the output's under multi-head attention, fewer under grouped-query
+    attention). Meaningless on other kinds."""
+    return (in_channels - out_channels) / 2.0
+
+
+def key_value_heads(in_channels: Any, out_channels: Any, heads: Any) -> Any:
+    """An attention's key-value heads, elementwise: its key channels over the
+    head dim (``out_channels / heads``). Meaningless on other kinds."""
+    return key_value_channels(in_channels, out_channels) * heads / out_channels
 
 
 def tied_output(kind: Any, params: Any) -> Any:

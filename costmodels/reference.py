@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from costmodels.calibration import Calibration
 from costmodels.compute import DTYPE_BYTES
 from costmodels.hardware import Hardware
-from costmodels.layers import ATTENTION_KINDS, LayerKind, LayerTable
+from costmodels.layers import ATTENTION_KINDS, LayerKind, LayerTable, key_value_channels
 from costmodels.levers import Lever, lever_menu
 from costmodels.strategies import STRATEGY_NAMES, Layout, Strategy
 from costmodels.table import OPTIMIZER_SLOTS, CostSettings
@@ -216,7 +216,8 @@ def _shard_seconds(graph: LayerTable, i: int, s: int, hw: Hardware, dtype: str, 
         heads, queries, keys = f / hd, out_sp[0], float(a.in_spatial[i][0])
         gemm = 2.0 * b * queries * keys * f
         sc = b * heads * queries * keys
-        moved = (sc + b * f * (queries + 2.0 * keys)) * delta
+        kv_share = key_value_channels(float(a.in_channels[i]), float(a.out_channels[i])) / F  # 1, or fewer under grouped-query attention
+        moved = (sc + b * f * (queries + 2.0 * kv_share * keys)) * delta
         mm_peak, mm_eff = dev.peak_flops_per_s[mode], dev.efficiency_of("matmul", mode)
 
         def mm(rows: float, n: float, k: float) -> float:
@@ -295,10 +296,9 @@ def reference_iteration_time(
             for nbytes in msgs:
                 halo += ma + nbytes / mb if nbytes > 0 else 0.0
             if int(a.kind[i]) in ATTENTION_KINDS:
-                # sequence parallel: gather the keys and the values (a third of the input each),
-                # reduce-scatter their gradients; no halo
+                # sequence parallel: gather the keys and the values, reduce-scatter their gradients; no halo
                 rows_in = float(a.in_spatial[i][0])
-                kv = float(a.in_channels[i]) / 3.0 * rows_in * gb * delta * _row_padding(rows_in, m)
+                kv = key_value_channels(float(a.in_channels[i]), float(a.out_channels[i])) * rows_in * gb * delta * _row_padding(rows_in, m)
                 halo = 2.0 * (_convert(_H, _R, kv, m, ma, mb) * (2 if lever.remat else 1)
                               + _convert(_P, _H, kv, m, ma, mb))
         total += comp + grad + halo
@@ -362,7 +362,8 @@ def reference_memory(
         probs = float(a.groups[i]) * float(a.out_spatial[i][0]) ** 2 * gb * delta / split(in_l) if attention else 0.0
         saved = float(a.saved_elements[i]) * gb * delta / split(in_l)
         if s == Strategy.SPATIAL and attention:
-            saved += 2.0 * in_el / 3.0 * gb * delta * (1.0 - 1.0 / m)  # the gathered keys and values
+            kv_el = key_value_channels(float(a.in_channels[i]), float(a.out_channels[i])) * float(a.in_spatial[i][0])
+            saved += 2.0 * kv_el * gb * delta * (1.0 - 1.0 / m)  # the gathered keys and values
         if settings.platform == "cpu":
             saved += probs  # XLA:CPU's transposed probabilities, for dV = P^T dO
         # transient: the input and output gradients (x and y are saved activations already)

@@ -50,6 +50,7 @@ from costmodels.layers import (
     CHANNELWISE_KINDS,
     LayerKind,
     is_kind,
+    key_value_heads,
     tied_output,
 )
 
@@ -162,7 +163,8 @@ def strategy_mask(arrays, batch, d, m):
     ``m = 1``; an element-wise layer that adds positions, a class token,
     needs as many out as in); a norm (``NORM``: statistics over the
     channels) runs neither ``filter`` nor ``channel``; an attention's
-    ``filter`` needs ``m`` to divide its heads (``groups``); an embedding
+    ``filter`` needs ``m`` to divide its query heads (``groups``) and its
+    key-value heads (grouped-query attention); an embedding
     (``EMBED``) has one input channel, its ids, so ``channel`` never splits
     it; a tied table (a dense layer with no parameters of its own, and the
     embeddings of its graph) is split by neither ``filter`` nor ``channel``; flatten and unmodelled layers (``OTHER``) only run
@@ -178,12 +180,16 @@ def strategy_mask(arrays, batch, d, m):
     divides = lambda x: jnp.mod(x, m) == 0  # noqa: E731
     channelwise = is_kind(kind, CHANNELWISE_KINDS)
     attention = is_kind(kind, ATTENTION_KINDS)
+    # [L] a head split splits whole key-value heads too (padding rows: 1)
+    kv_heads = jnp.where(attention, key_value_heads(jnp.asarray(a.in_channels), jnp.asarray(a.out_channels),
+                                                    jnp.asarray(a.groups)), 1.0)
     # A norm's statistics run over a position's channels: split by channels they would need an
     # all-reduce the model does not count, so a norm runs data, spatial (positions split) or replicated.
     spatial_kinds = param | channelwise | (kind == LayerKind.CONCAT) | (kind == LayerKind.NORM)
     data_ok = (batch >= d * m) & (jnp.mod(batch, d * m) == 0) & (kind != LayerKind.OTHER)
     filter_ok = (param & divides(a.out_channels) & (a.groups == 1)) | (channelwise & divides(a.out_channels)
-                                                                      & (~attention | divides(a.groups)))
+                                                                      & (~attention | (divides(a.groups)
+                                                                                       & divides(kv_heads))))
     channel_ok = param & divides(a.in_channels) & (a.groups == 1)
     # A dense layer owning no parameters is an output layer tied to an embedding's table:
     # the lookup and it would need the one table in two layouts, which is not modelled, so

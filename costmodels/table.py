@@ -30,7 +30,7 @@ from costmodels.collectives import (
     tier_of,
 )
 from costmodels.compute import DTYPE_BYTES, HardwareArrays, shard_compute_s
-from costmodels.layers import ATTENTION_KINDS, LayerKind, is_kind, tied_output
+from costmodels.layers import ATTENTION_KINDS, LayerKind, is_kind, key_value_channels, tied_output
 from costmodels.levers import LeverInputs, lever_costs, lever_menu
 from costmodels.reshard import conversion_s
 from costmodels.shards import halo_rows, row_padding, shard_shapes
@@ -246,8 +246,9 @@ def cost_table(
     # Transformer Models", section 4.2.2), here for the keys and values as in Li et
     # al. 2023 (sequence parallelism, section 3.2).
     attention = is_kind(kind, ATTENTION_KINDS)  # [L]
-    # [L] the keys (or the values) of the group, a third of its input, as split by rows (padded)
-    kv_bytes = in_el / 3.0 * group_batch * delta * row_padding(f32(a.in_spatial[:, 0]), m)
+    # [L] the keys (or the values) of the group, as split by rows (padded)
+    kv_el = key_value_channels(f32(a.in_channels), f32(a.out_channels)) * f32(a.in_spatial[:, 0])  # [L] per sample
+    kv_bytes = kv_el * group_batch * delta * row_padding(f32(a.in_spatial[:, 0]), m)
     kv = 2.0 * (conversion_s(Layout.SPATIAL, Layout.REPLICATED, kv_bytes, m, ma, mb)
                 + conversion_s(Layout.PARTIAL, Layout.SPATIAL, kv_bytes, m, ma, mb))
     halo = jnp.where(attention, kv, halo)
@@ -286,7 +287,7 @@ def cost_table(
     buffer_split = jnp.where(strat == Strategy.FILTER, m, 1.0)  # [1, S]
     activation = f32(a.saved_elements)[:, None] * group_batch * delta / split_of(in_lay)
     # A sequence-parallel attention keeps the gathered keys and values, not its shard of them.
-    gathered_kv = 2.0 * in_el / 3.0 * group_batch * delta * (1.0 - 1.0 / m)  # [L] the other shards' rows
+    gathered_kv = 2.0 * kv_el * group_batch * delta * (1.0 - 1.0 / m)  # [L] the other shards' rows
     activation = activation + jnp.where(attention[:, None] & (strat == Strategy.SPATIAL), gathered_kv[:, None], 0.0)
     # Transient beyond the saved activations: the layer's input and output gradients at
     # its backward step (its input and output themselves are saved activations already).

@@ -35,6 +35,7 @@ from planner.ir.graph import (
     bucket_size,
 )
 from planner.models.netfile import load_net, parse_net
+from planner.models.transformer import TransformerConfig, build_transformer
 from planner.models.zoo import MODEL_NAMES, get_model
 from planner.paradl.report import OracleReport, oracle
 from planner.planning import InfeasibleMemoryError, Plan, plan
@@ -69,9 +70,11 @@ __all__ = [
     "PlanConfig",
     "Profile",
     "StepTime",
+    "TransformerConfig",
     "ValidationReport",
     "__version__",
     "bucket_size",
+    "build_transformer",
     "cost_fn",
     "evaluate",
     "extract",

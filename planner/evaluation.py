@@ -49,7 +49,7 @@ from costmodels import (
 )
 from costmodels.calibration import Calibration, calibration_arrays, check_hardware
 from costmodels.evaluate import reshard_per_edge
-from costmodels.layers import ATTENTION_KINDS, CHANNELWISE_KINDS, tied_output
+from costmodels.layers import ATTENTION_KINDS, CHANNELWISE_KINDS, key_value_heads, tied_output
 from costmodels.levers import levers_per_strategy, menu_of, with_lever
 from planner.ir.graph import LayerGraph, LayerKind
 from planner.plan_inputs import platform_of
@@ -242,6 +242,10 @@ def unavailable_reason(graph: LayerGraph, i: int, strategy: str | Strategy, batc
             return f"filter needs the model axis ({m}) to divide the {_fmt(cout)} output channels"
         if code in ATTENTION_KINDS and groups % m:
             return f"filter needs the model axis ({m}) to divide the {groups} heads"
+        kv = round(key_value_heads(cin, cout, groups)) if code in ATTENTION_KINDS else 0
+        if code in ATTENTION_KINDS and kv % m:
+            return (f"filter needs the model axis ({m}) to divide the {kv} key-value heads (grouped-query "
+                    "attention; replicating them over the model axis is not modelled)")
     elif s is Strategy.CHANNEL:
         if code == LayerKind.EMBED and m > 1:
             return "channel does not split an embedding's input (one channel of token ids)"

@@ -645,7 +645,7 @@ def test_bad_arguments(args, kwargs, match):
 ZOO = [
     "vgg16-cifar10", "vgg16", "resnet50", "alexnet", "cosmoflow-256",
     "vgg16-cifar10-splitbrain", "cosmoflow-512", pytest.param("resnet152", marks=pytest.mark.slow),
-    "vit-tiny", "vit-b16", "gpt2-small", "decoder-tiny",
+    "vit-tiny", "vit-b16", "gpt2-small", "decoder-tiny", "llama-tiny",
 ]
 
 

@@ -72,7 +72,7 @@ def test_builder_shapes_and_parameters():
     assert float(g.arrays.saved_elements[3]) == 3 * D * S + H * S * S
     with pytest.raises(ValueError, match="heads"):
         b.attention("bad", qkv, heads=5)
-    with pytest.raises(ValueError, match="3 x channels"):
+    with pytest.raises(ValueError, match=r"\(heads \+ 2 kv_heads\) x head_dim"):
         b.attention("bad", x, heads=H)
     with pytest.raises(ValueError, match="token ids"):
         b.embed("bad", x, 100, D)

@@ -4,6 +4,7 @@ Megatron-pattern and sequence-parallel plans: the loss equals the unsharded
 model's, and what XLA compiles matches the plan (parameters and optimizer
 state exactly, every collective within 5% per kind and mesh axes)."""
 
+import dataclasses
 import re
 
 import jax
@@ -29,7 +30,7 @@ HEADS = {"attn/qkv": "filter", "attn/attention": "filter"}
 
 
 def _model(name):
-    cfg = TRANSFORMERS[name]._replace(depth=1)
+    cfg = dataclasses.replace(TRANSFORMERS[name], depth=1)
     model = (ViT if cfg.image else Decoder)(cfg, rngs=nnx.Rngs(0))
     if cfg.image:
         x = jax.random.normal(jax.random.key(1), (BATCH, cfg.image, cfg.image, 3))
@@ -90,7 +91,7 @@ def test_a_tied_table_reduces_each_use_of_it(devices, lookup, output):
     """Tied embeddings: the lookup and the output layer each reduce their own
     gradient of the one table over their own axes (XLA keeps the two apart),
     and the table's parameters and optimizer state are counted once."""
-    cfg = TRANSFORMERS["decoder-tiny"]._replace(depth=1, tied=True)
+    cfg = dataclasses.replace(TRANSFORMERS["decoder-tiny"], depth=1, tied=True)
     model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     spec = jax.ShapeDtypeStruct((BATCH, cfg.tokens), jnp.int32)
     plan = fixed_plan(model, spec, (2, 4), strategies={"embed": lookup, "embed/attend": output}, batch=BATCH)

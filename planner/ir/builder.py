@@ -294,31 +294,55 @@ class GraphBuilder:
             flops=F.LayerFlops(float(n), 0.0, float(n)),  # the add; its gradient summed over the batch
         )
 
-    def attention(self, name: str, qkv: int, *, heads: int, causal: bool = False) -> int:
+    def attention(self, name: str, qkv: int, *, heads: int, kv_heads: int | None = None,
+                  causal: bool = False) -> int:
         """Scaled dot-product self-attention (``jax.nn.dot_product_attention``)
-        of the queries, keys and values of ``heads`` heads, read from one
-        fused projection ``qkv`` of ``(3 x channels, tokens)`` whose channels
-        are grouped by head (each head's query, key and value together, as
-        Megatron-LM's fused QKV weight), so that splitting the channels in
-        equal parts splits whole heads. ``causal``: each position attends
-        to itself and the ones before it. Output ``(channels, tokens)``. No
+        of ``heads`` query heads over ``kv_heads`` key-value heads (default
+        ``heads``; fewer: grouped-query attention, one: multi-query; Ainslie
+        et al. 2023), read from one fused projection ``qkv`` of ``(heads + 2
+        kv_heads) x head_dim`` channels grouped by key-value head (each
+        group's query heads, its key and its value together, as Megatron-LM's
+        fused QKV weight), so that splitting the channels in equal parts
+        splits whole groups. ``causal``: each position attends to itself and
+        the ones before it. Output ``(heads x head_dim, tokens)``. No
         parameters (the projections are dense layers); the backward pass
         keeps the queries, keys and values and the attention probabilities,
         ``heads x tokens^2`` (the quadratic term)."""
-        c3, sp = self.shape(qkv)
+        cin, sp = self.shape(qkv)
         if len(sp) != 1:
-            raise ValueError(f"attention {name!r} reads tokens (channels, tokens), got ({c3}, {sp})")
-        if c3 % 3:
-            raise ValueError(f"attention {name!r} reads queries, keys and values (3 x channels), got {c3} channels")
-        c = c3 // 3
-        if heads < 1 or c % heads:
-            raise ValueError(f"attention {name!r}: heads ({heads}) must divide the {c} channels")
+            raise ValueError(f"attention {name!r} reads tokens (channels, tokens), got ({cin}, {sp})")
+        kv = heads if kv_heads is None else int(kv_heads)
+        if heads < 1 or kv < 1 or heads % kv:
+            raise ValueError(f"attention {name!r}: kv_heads ({kv}) must be positive and divide heads ({heads})")
+        if cin % (heads + 2 * kv):
+            raise ValueError(f"attention {name!r} reads queries, keys and values ((heads + 2 kv_heads) x head_dim "
+                             f"= {heads + 2 * kv} x head_dim channels), got {cin} channels")
+        c = cin // (heads + 2 * kv) * heads
         s = sp[0]
         kind = LayerKind.CAUSAL_ATTENTION if causal else LayerKind.ATTENTION
         return self._add(
             name, kind, [qkv], c, sp, groups=heads,
-            flops=F.attention_flops(s, c, heads, causal), saved_elements=float(3 * c * s + heads * s * s),
+            flops=F.attention_flops(s, c, heads, causal), saved_elements=float(cin * s + heads * s * s),
         )
+
+    def rotary_embedding(self, name: str, qkv: int, *, heads: int, kv_heads: int | None = None,
+                         flops_per_element: float = F.ROTARY_FLOPS_PER_ELEMENT) -> int:
+        """Rotary position embeddings on the queries and keys of a fused
+        projection ``qkv`` laid out for :meth:`attention` (``heads`` query
+        heads, ``kv_heads`` key-value heads; the values pass unchanged): an
+        element-wise layer of the same shape whose FLOPs are
+        :func:`~planner.ir.flops.rotary_flops` of the queries' and keys'
+        elements (``flops_per_element`` each way: 3 for the rotation of
+        pairs; the extractor passes what the model's code computes). It saves nothing for the backward pass (the rotation's
+        angles are constants)."""
+        cin, sp = self.shape(qkv)
+        kv = heads if kv_heads is None else int(kv_heads)
+        if len(sp) != 1 or heads < 1 or kv < 1 or heads % kv or cin % (heads + 2 * kv):
+            raise ValueError(f"rotary_embedding {name!r} reads a fused projection of (heads + 2 kv_heads) x "
+                             f"head_dim channels over tokens; got ({cin}, {sp}) for {heads} heads, {kv} kv heads")
+        head_dim = cin // (heads + 2 * kv)
+        return self._add(name, LayerKind.ELEMENTWISE, [qkv], cin, sp,
+                         flops=F.rotary_flops((heads + kv) * head_dim * sp[0], flops_per_element))
 
     def batch_norm(self, name: str, x: int, *, affine: bool = True) -> int:
         c, sp = self.shape(x)

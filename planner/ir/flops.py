@@ -48,6 +48,8 @@ __all__ = [
     "batch_norm_flops",
     "norm_flops",
     "attention_flops",
+    "rotary_flops",
+    "ROTARY_FLOPS_PER_ELEMENT",
     "embed_flops",
     "multiply_flops",
     "elementwise_flops",
@@ -157,6 +159,23 @@ def attention_flops(tokens: int, channels: int, heads: int, causal: bool) -> Lay
     s, d, h = float(tokens), float(channels), float(heads)
     fwd = 4.0 * s * s * d + 5.0 * h * s * s - h * s + ((h * s * s + s * s) if causal else 0.0)
     return LayerFlops(fwd, 8.0 * s * s * d + 7.0 * h * s * s, 0.0)
+
+
+ROTARY_FLOPS_PER_ELEMENT = 3.0  # a pair (x1 cos - x2 sin, x2 cos + x1 sin): 4 products, 2 sums
+
+
+def rotary_flops(rotated: int, per_element: float = ROTARY_FLOPS_PER_ELEMENT) -> LayerFlops:
+    """Rotary position embeddings (Su et al. 2021, RoFormer, eq. 34) on
+    ``rotated`` channels x positions of queries and keys: each pair of
+    channels turns by its position's angle, ``(x1 cos - x2 sin, x2 cos + x1
+    sin)``, 4 products and 2 sums per pair, 3 per element, forward. Its
+    gradient is the opposite rotation plus what autodiff adds around it:
+    the negated cotangent of the sine term and the sums of each half's two
+    cotangents, 1.5 times the forward (XLA's count of ``jax.vjp`` of the
+    rotation, probed: 4.5 per element). The angles are constants of the
+    positions. No parameters."""
+    n = per_element * rotated
+    return LayerFlops(n, 1.5 * n, 0.0)
 
 
 def embed_flops(tokens: int, features: int) -> LayerFlops:

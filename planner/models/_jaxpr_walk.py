@@ -125,6 +125,7 @@ class _Walker(_TransformerRules):
         self._marks: dict[str, tuple[tuple[str, int], ...]] = {}
         self._ew: dict[int, bool] = {}
         self._ids = itertools.count()
+        self.head_work: dict[int, Any] = {}  # _TransformerRules: element-wise work on head views
 
     # -- helpers -------------------------------------------------------------------
     def markers(self, name_stack: Any) -> tuple[tuple[str, int], ...]:
@@ -489,9 +490,9 @@ class _Walker(_TransformerRules):
                 c, sp = self.b.shape(x)
                 if len(sp) == 1 and out_shape[:2] == (self.batch, sp[0]) and len(out_shape) in (4, 5) \
                         and math.prod(out_shape[2:]) == c:  # channels into heads
-                    if len(out_shape) == 5 and out_shape[3] != 3:
+                    if len(out_shape) == 5 and out_shape[3] < 3:
                         return self.unsupported(eqn, vals, scope, hint=_HEAD_GROUPING_HINT)
-                    return [_Heads(x, int(out_shape[2]))]
+                    return [self.head_view(x, out_shape)]
                 if sp and out_shape == (self.batch, c * math.prod(sp)):
                     self.check(x, a.aval.shape, "flatten")
                     return [self.emit(self.b.flatten, self.b.auto_name(scope, "flatten"), x)]

@@ -12,15 +12,19 @@ import dataclasses
 from typing import Any
 
 from planner.ir.graph import layer_path
-from planner.models._primitives import _FREE
+from planner.models._primitives import _FREE, _eqn_flops
 
 # The softmax of jax.nn.dot_product_attention between its two matmuls (and a mask's select).
 _ATTENTION_SOFTMAX = frozenset({"mul", "div", "sub", "exp", "max", "reduce_max", "reduce_sum", "select_n",
                                 "broadcast_in_dim", "stop_gradient", "transpose", "reshape", "convert_element_type"})
 _HEAD_GROUPING_HINT = (
     " (a fused query-key-value projection must be grouped by head, reshaped to (batch, tokens, heads, 3, "
-    "head_dim), so that an equal split of its features splits whole heads)"
+    "head_dim), or by key-value head, (batch, tokens, kv_heads, heads / kv_heads + 2, head_dim), and sliced "
+    "along that grouped axis, so that an equal split of its features splits whole heads)"
 )
+# Element-wise work on head views against constants, or combining views of one projection
+# (rotary positions: products with the angles' cosines and sines, sums, halves put side by side).
+_HEAD_ELEMENTWISE = frozenset({"mul", "add", "sub", "neg", "div", "concatenate"})
 # What a position-embedding module does to its activation: put a class token in front, add.
 _POSITION_PRIMS = frozenset({"add", "concatenate", "broadcast_in_dim", "reshape", "convert_element_type", "copy"})
 
@@ -28,11 +32,15 @@ _POSITION_PRIMS = frozenset({"add", "concatenate", "broadcast_in_dim", "reshape"
 @dataclasses.dataclass(eq=False)
 class _Heads:
     """A per-head view of a node's output (a reshape of its channels into
-    ``(heads, 3, head_dim)`` or ``(heads, head_dim)``), or of an attention's
-    result before it is reshaped back: only an attention reads it."""
+    ``(heads, 3, head_dim)``, ``(kv_heads, heads / kv_heads + 2, head_dim)``
+    or ``(heads, head_dim)``), or of an attention's result before it is
+    reshaped back: only an attention reads it. ``grouped``: still the 5-D
+    view, which may only be sliced along its grouped axis."""
 
     node: int
     heads: int
+    kv_heads: int | None = None  # None: as many as heads
+    grouped: bool = False
 
 
 @dataclasses.dataclass(eq=False)
@@ -42,7 +50,19 @@ class _Scores:
 
     node: int
     heads: int
+    kv_heads: int | None = None
     masked: bool = False
+
+
+@dataclasses.dataclass
+class _HeadWork:
+    """Element-wise work on the per-head views of one fused projection before
+    its attention: forward FLOPs per sample, and whether two views were
+    combined (a rotation's pairs, added or put side by side: rotary
+    positions) rather than only rescaled."""
+
+    flops: float = 0.0
+    combined: bool = False
 
 
 class _TransformerRules:
@@ -50,6 +70,18 @@ class _TransformerRules:
 
     b: Any  # GraphBuilder
     batch: int
+    head_work: dict[int, _HeadWork]  # fused projection node -> element-wise work on its head views
+
+    def head_view(self, node: int, out_shape: tuple) -> _Heads:
+        """The per-head view of a fused projection reshaped to ``out_shape``:
+        ``(B, T, heads, head_dim)``, ``(B, T, heads, 3, head_dim)`` or, grouped
+        by key-value head, ``(B, T, kv_heads, group + 2, head_dim)``."""
+        if len(out_shape) == 4:
+            return _Heads(node, int(out_shape[2]))
+        kv, per = int(out_shape[2]), int(out_shape[3])
+        if per == 3:  # every head its own key and value
+            return _Heads(node, kv, grouped=True)
+        return _Heads(node, kv * (per - 2), kv_heads=kv, grouped=True)
 
     def position_embedding(self, reg: Any, name: str) -> int | None:
         """A module owning only learned positions (and a class token) that it
@@ -84,22 +116,48 @@ class _TransformerRules:
         if len(views) + len(scores) != len(acts):  # an activation of another kind joins in
             return self.unsupported(eqn, vals, scope)
         if p == "dot_general" and len(views) == 2 and views[0].node == views[1].node:  # q k^T
-            return [_Scores(views[0].node, views[0].heads)]
+            return [_Scores(views[0].node, views[0].heads, views[0].kv_heads)]
         if p == "dot_general" and len(views) == 1 and len(scores) == 1 and views[0].node == scores[0].node:
-            sc = scores[0]  # the probabilities meet the values: the attention is one layer
-            node = self.emit(self.b.attention, self.b.auto_name(scope, "attention"), sc.node, heads=sc.heads,
-                             causal=sc.masked)
-            return [_Heads(node, sc.heads)]
+            return [self.attention_layer(scores[0], scope)]
         if scores and p in _ATTENTION_SOFTMAX:
             if p == "select_n":
                 scores[0].masked = True
             return [scores[0]] * nout
+        nodes = {v.node for v in views}
+        if views and not scores and len(nodes) == 1 and p in _HEAD_ELEMENTWISE and eqn.outvars:
+            work = self.head_work.setdefault(views[0].node, _HeadWork())
+            work.flops += _eqn_flops(eqn) / self.batch
+            work.combined |= len(views) > 1
+            return [_Heads(views[0].node, views[0].heads, views[0].kv_heads)] * nout
         if views and not scores and len(acts) == 1 and p in ("reshape", "slice", "squeeze", "transpose", *_FREE):
             v = views[0]
             if p == "reshape" and out_shape == self.natural(v.node):
                 return [v.node]  # heads merged back: the attention's output
-            return [_Heads(v.node, v.heads)]
+            if p == "slice" and v.grouped and not self.grouped_slice(eqn):
+                return self.unsupported(eqn, vals, scope, hint=_HEAD_GROUPING_HINT)
+            return [_Heads(v.node, v.heads, v.kv_heads, grouped=v.grouped and p in ("slice", *_FREE))]
         return self.unsupported(eqn, vals, scope)
+
+    def grouped_slice(self, eqn: Any) -> bool:
+        """Whether a slice of a 5-D head view cuts only its grouped axis (3)."""
+        shape = tuple(eqn.invars[0].aval.shape)
+        start, limit = tuple(eqn.params["start_indices"]), tuple(eqn.params["limit_indices"])
+        return all(start[i] == 0 and limit[i] == shape[i] for i in range(len(shape)) if i != 3)
+
+    def attention_layer(self, sc: _Scores, scope: str) -> _Heads:
+        """The probabilities meet the values: the attention is one layer, after
+        the rotary positions where its queries and keys were rotated first."""
+        x = sc.node
+        work = self.head_work.pop(x, None)
+        if work is not None and work.combined:  # rotary positions (their FLOPs as counted)
+            c, sp = self.b.shape(x)
+            kv = sc.heads if sc.kv_heads is None else sc.kv_heads
+            rotated = (sc.heads + kv) * (c // (sc.heads + 2 * kv)) * sp[0]
+            x = self.emit(self.b.rotary_embedding, self.b.auto_name(scope, "rope"), x, heads=sc.heads,
+                          kv_heads=sc.kv_heads, flops_per_element=work.flops / rotated)
+        node = self.emit(self.b.attention, self.b.auto_name(scope, "attention"), x, heads=sc.heads,
+                         kv_heads=sc.kv_heads, causal=sc.masked)
+        return _Heads(node, sc.heads)
 
     def multi_head_attention(self, reg: Any, x: int, where: str) -> tuple[int, int]:
         """An ``nnx.MultiHeadAttention`` call on one token sequence: its query,

@@ -3,7 +3,9 @@
 (:data:`planner.models.zoo.MODEL_NAMES`); a ParaDL network file (``.net``,
 ``.net_sc``, ``.net_256``, or any file whose first line starts with
 ``Dataset|``; ParaDL §5); a layer-graph ``.json`` file
-(:meth:`LayerGraph.to_json`); or ``package.module:factory``, a function that
+(:meth:`LayerGraph.to_json`); a transformer config ``.json`` file
+(:class:`planner.models.transformer.TransformerConfig`, schema
+``shardplan/transformer``); or ``package.module:factory``, a function that
 returns ``(flax_module, example_input)``, extracted with
 :func:`planner.extract`. Mistakes are :class:`planner.usage.UsageError`s."""
 
@@ -20,6 +22,7 @@ from typing import Any
 from costmodels.files import read_json
 from planner.ir.graph import LayerGraph
 from planner.models.netfile import NET_SUFFIXES, load_net
+from planner.models.transformer import TRANSFORMER_SCHEMA, TransformerConfig, build_transformer, is_transformer_file
 from planner.usage import UsageError, one_line
 
 __all__ = ["FACTORY_PATTERN", "accepted_models", "call_factory", "load_model", "zoo_names"]
@@ -41,7 +44,7 @@ def accepted_models() -> str:
     listed = f" ({', '.join(names)})" if names else ""
     return (
         f"expected a built-in model name{listed}, a ParaDL .net file, "
-        "a layer-graph .json file or package.module:factory"
+        "a layer-graph or transformer-config .json file, or package.module:factory"
     )
 
 
@@ -75,11 +78,18 @@ def _load_file(path: Path) -> LayerGraph:
     if path.suffix in NET_SUFFIXES or head.removeprefix(b"\xef\xbb\xbf").startswith(_NET_MAGIC):
         return load_net(path)
     if path.suffix == ".json":
-        data = read_json(path, "layer-graph JSON file (LayerGraph.to_json)")  # its errors name the file
+        data = read_json(path, "layer-graph or transformer-config JSON file")  # its errors name the file
+        if is_transformer_file(data):
+            try:
+                config, name = TransformerConfig.from_dict(data)
+            except ValueError as e:
+                raise ValueError(f"{path}: {e}") from None
+            return build_transformer(config, name or path.stem)
         try:
             return LayerGraph.from_dict(data)
         except ValueError as e:
-            raise ValueError(f"{path}: {e}; expected a layer-graph JSON file written by LayerGraph.to_json") from None
+            raise ValueError(f"{path}: {e}; expected a layer-graph JSON file written by LayerGraph.to_json, "
+                             f'or a transformer config ("schema": "{TRANSFORMER_SCHEMA}")') from None
     raise UsageError(
         f"{path} is neither a ParaDL .net file (first line Dataset|...) nor a .json layer graph", accepted_models()
     )

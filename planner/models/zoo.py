@@ -1,4 +1,4 @@
-"""Built-in model zoo: the planner's reference CNNs as :class:`LayerGraph` s.
+"""Built-in model zoo: the planner's reference CNNs and transformers as :class:`LayerGraph` s.
 
 Every model is built with :class:`~planner.ir.builder.GraphBuilder` (pure
 Python, no jax), per sample and channels first. Each has a twin
@@ -35,6 +35,13 @@ The models:
   a stride-2 conv4 and a VALID conv7; the 512^3 variant uses VALID convs
   with a stride-2 conv3.
 
+* transformers (:data:`TRANSFORMERS`, built by
+  :func:`planner.models.transformer.build_transformer`): ``vit-tiny`` and
+  ``vit-b16`` (Dosovitskiy et al. 2021), ``gpt2-small`` and ``gpt3-175b``
+  (124,439,808 and 174,604,259,328 parameters), ``llama2-7b`` and
+  ``llama3-8b`` (6,738,415,616 and 8,030,261,248, their checkpoints'
+  counts), and ``decoder-tiny`` and ``llama-tiny`` for tests.
+
 Deliberate simplifications: **no dropout layers** anywhere (torchvision's
 AlexNet/VGG classifiers have dropout; it has no parameters and negligible
 FLOPs, and leaving it out keeps the Flax twins deterministic). BatchNorm is
@@ -47,10 +54,9 @@ from __future__ import annotations
 import difflib
 import functools
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
-
 from planner.ir.builder import GraphBuilder
 from planner.ir.graph import LayerGraph
+from planner.models.transformer import TransformerConfig, build_transformer
 
 __all__ = ["COSMOFLOW_CONVS", "MODEL_NAMES", "TRANSFORMERS", "TransformerConfig", "get_model"]
 
@@ -66,7 +72,11 @@ MODEL_NAMES: tuple[str, ...] = (
     "vit-tiny",
     "vit-b16",
     "gpt2-small",
+    "gpt3-175b",
+    "llama2-7b",
+    "llama3-8b",
     "decoder-tiny",
+    "llama-tiny",
 )
 
 # torchvision ``vgg.cfgs["D"]``: conv widths, "M" = 2x2 stride-2 max pool.
@@ -191,111 +201,27 @@ def _cosmoflow(size: int) -> LayerGraph:
 
 
 # -- transformers ------------------------------------------------------------------
-class TransformerConfig(NamedTuple):
-    """A zoo transformer's sizes (the zoo's graphs and
-    :mod:`planner.models.flax_transformers`' modules both read this one table)."""
-
-    width: int  # channels of the residual stream (d_model)
-    depth: int  # blocks
-    heads: int
-    hidden: int  # MLP hidden width
-    tokens: int = 0  # decoder: sequence length
-    vocab: int = 0  # decoder: vocabulary
-    image: int = 0  # ViT: image side
-    patch: int = 0  # ViT: patch side
-    classes: int = 0  # ViT: classes
-    gated: bool = False  # decoder: RMSNorm, SwiGLU, no biases
-    tied: bool = False  # decoder: the output layer is the token embedding's table
-
-
 TRANSFORMERS: dict[str, TransformerConfig] = {
     # 32x32 images, 8x8 patches: 16 tokens and a class token; for tests
     "vit-tiny": TransformerConfig(64, 2, 4, 256, image=32, patch=8, classes=10),
     # Dosovitskiy et al. 2021, Table 1: ViT-Base, 16x16 patches, at 224x224 (86,567,656 parameters)
     "vit-b16": TransformerConfig(768, 12, 12, 3072, image=224, patch=16, classes=1000),
     # Radford et al. 2019, the 124M GPT-2 (124,439,808 parameters with tied embeddings)
-    "gpt2-small": TransformerConfig(768, 12, 12, 3072, tokens=1024, vocab=50257, tied=True),
-    # a small LLaMA-style decoder for tests
-    "decoder-tiny": TransformerConfig(64, 2, 4, 176, tokens=64, vocab=512, gated=True),
+    "gpt2-small": TransformerConfig.gpt(768, 12, 12, tokens=1024, vocab=50257),
+    # Brown et al. 2020, Table 2.1: GPT-3 175B (n_layers 96, d_model 12288, 96 heads, n_ctx 2048), GPT-2's
+    # architecture and vocabulary (174,604,259,328 parameters with tied embeddings)
+    "gpt3-175b": TransformerConfig.gpt(12288, 96, 96, tokens=2048, vocab=50257),
+    # Touvron et al. 2023b, Llama 2 7B (dim 4096, 32 layers, 32 heads, FFN 11008, vocab 32000, context 4096;
+    # its published params.json and the 6,738,415,616 parameters of its checkpoint)
+    "llama2-7b": TransformerConfig.llama(4096, 32, 32, hidden=11008, tokens=4096, vocab=32000),
+    # Meta Llama 3 8B (dim 4096, 32 layers, 32 heads, 8 kv heads, FFN 14336, vocab 128256, context 8192;
+    # 8,030,261,248 parameters)
+    "llama3-8b": TransformerConfig.llama(4096, 32, 32, hidden=14336, tokens=8192, vocab=128256, kv_heads=8),
+    # a small LLaMA-style decoder for tests (learned positions, every head its own keys and values)
+    "decoder-tiny": TransformerConfig(64, 2, 4, 176, tokens=64, vocab=512, norm="rms", mlp="swiglu", bias=False),
+    # a small Llama for tests: rotary positions, grouped-query attention 4:1
+    "llama-tiny": TransformerConfig.llama(64, 2, 8, hidden=176, tokens=64, vocab=512, kv_heads=2),
 }
-
-GELU_FLOPS_PER_ELEMENT = 8.0  # jax.nn.gelu (tanh form): 8 element-wise primitives, as XLA counts them
-SILU_FLOPS_PER_ELEMENT = 2.0  # jax.nn.silu: logistic and a product (the extractor's count of primitives)
-
-
-def _attention_block(b: GraphBuilder, scope: str, x: int, heads: int, *, causal: bool, bias: bool) -> int:
-    """Self-attention: one dense layer for the queries, keys and values
-    (GPT-2's ``c_attn``, ViT's ``qkv``), the attention, the output projection;
-    no residual add."""
-    c, _ = b.shape(x)
-    qkv = b.dense(f"{scope}/qkv", x, 3 * c, bias=bias)
-    h = b.attention(b.auto_name(scope, "attention"), qkv, heads=heads, causal=causal)
-    return b.dense(f"{scope}/out", h, c, bias=bias)
-
-
-def _transformer_block(b: GraphBuilder, scope: str, x: int, heads: int, hidden: int, *, causal: bool,
-                       gated: bool) -> int:
-    """A pre-norm transformer block (Vaswani et al. 2017 with GPT-2's and
-    ViT's pre-norm): ``x + attn(norm1(x))``, then ``h + mlp(norm2(h))``.
-    ``gated``: RMSNorm, no biases and a SwiGLU MLP ``down(silu(gate(h)) *
-    up(h))`` (Shazeer 2020, as in LLaMA); else LayerNorm and ``fc2(gelu(fc1(h)))``."""
-    c, _ = b.shape(x)
-    h = b.norm(f"{scope}/norm1", x, rms=gated)
-    h = _attention_block(b, f"{scope}/attn", h, heads, causal=causal, bias=not gated)
-    x = b.add(b.auto_name(scope, "add"), [x, h])
-    h = b.norm(f"{scope}/norm2", x, rms=gated)
-    if gated:
-        gate = b.dense(f"{scope}/mlp/gate", h, hidden, bias=False)
-        up = b.dense(f"{scope}/mlp/up", h, hidden, bias=False)
-        gate = b.elementwise(b.auto_name(f"{scope}/mlp", "silu"), gate, flops_per_element=SILU_FLOPS_PER_ELEMENT)
-        h = b.multiply(b.auto_name(f"{scope}/mlp", "multiply"), [gate, up])
-        h = b.dense(f"{scope}/mlp/down", h, c, bias=False)
-    else:
-        h = b.dense(f"{scope}/mlp/fc1", h, hidden)
-        h = b.elementwise(b.auto_name(f"{scope}/mlp", "gelu"), h, flops_per_element=GELU_FLOPS_PER_ELEMENT)
-        h = b.dense(f"{scope}/mlp/fc2", h, c)
-    return b.add(b.auto_name(scope, "add"), [x, h])
-
-
-def _vit(name: str) -> LayerGraph:
-    """Vision Transformer (Dosovitskiy et al., ICLR 2021, the ``ViT-B/16``
-    of its Table 1 at its defaults): a ``patch x patch`` stride-``patch``
-    conv embeds the patches, which become tokens; a class token is put in
-    front and position embeddings added; ``depth`` pre-norm blocks with a
-    GELU MLP; a final LayerNorm; the class token's features feed the head."""
-    cfg = TRANSFORMERS[name]
-    b = GraphBuilder(name, (3, cfg.image, cfg.image))
-    x = b.conv("patch_embed", b.input, cfg.width, cfg.patch, stride=cfg.patch, padding="VALID")
-    x = b.tokens(b.auto_name("", "reshape"), x)
-    x = b.position_embedding("pos_embed", x, class_token=True)
-    for i in range(cfg.depth):
-        x = _transformer_block(b, f"blocks/{i}", x, cfg.heads, cfg.hidden, causal=False, gated=False)
-    x = b.norm("norm", x)
-    x = b.first_token(b.auto_name("", "first_token"), x)
-    b.dense("head", x, cfg.classes)
-    return b.build()
-
-
-def _decoder(name: str) -> LayerGraph:
-    """A decoder-only language model over ``tokens`` token ids: token and
-    learned position embeddings, ``depth`` pre-norm causal blocks, a final
-    norm and the output layer over the vocabulary (tied: the token
-    embedding's table, transposed). ``gpt2-small`` is GPT-2's 124M model
-    (Radford et al. 2019; LayerNorm, GELU, biases, tied); the ``gated``
-    variant uses RMSNorm, SwiGLU and no biases (LLaMA's choices, Touvron et
-    al. 2023, with learned positions instead of rotary ones)."""
-    cfg = TRANSFORMERS[name]
-    b = GraphBuilder(name, (1, cfg.tokens))
-    x = b.embed("embed", b.input, cfg.vocab, cfg.width)
-    x = b.position_embedding("pos_embed", x)
-    for i in range(cfg.depth):
-        x = _transformer_block(b, f"blocks/{i}", x, cfg.heads, cfg.hidden, causal=True, gated=cfg.gated)
-    x = b.norm("norm", x, rms=cfg.gated)
-    if cfg.tied:  # the table as the output layer: the extractor names the embedding's attend call
-        b.dense("embed/attend", x, cfg.vocab, bias=False, tied=True)
-    else:
-        b.dense("lm_head", x, cfg.vocab, bias=False)
-    return b.build()
 
 
 _BUILDERS: dict[str, Callable[[], LayerGraph]] = {
@@ -309,10 +235,7 @@ _BUILDERS: dict[str, Callable[[], LayerGraph]] = {
     "resnet152": lambda: _resnet("resnet152", (3, 8, 36, 3)),
     "cosmoflow-256": lambda: _cosmoflow(256),
     "cosmoflow-512": lambda: _cosmoflow(512),
-    "vit-tiny": lambda: _vit("vit-tiny"),
-    "vit-b16": lambda: _vit("vit-b16"),
-    "gpt2-small": lambda: _decoder("gpt2-small"),
-    "decoder-tiny": lambda: _decoder("decoder-tiny"),
+    **{n: (lambda n=n: build_transformer(TRANSFORMERS[n], n)) for n in TRANSFORMERS},
 }
 
 
