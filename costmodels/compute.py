@@ -227,7 +227,10 @@ def shard_compute_s(hw: HardwareArrays, arrays, shapes: ShardShapes, dtype_bytes
     keys = f32(a.in_spatial[:, 0])[:, None]  # [L, 1]
     gemm_flops = 2.0 * b * queries * keys * f  # [L, S] one of the six GEMMs
     scores = b * heads * queries * keys  # [L, S] elements of the score matrix
-    kv_share = key_value_channels(f32(a.in_channels), f32(a.out_channels))[:, None] / f32(a.out_channels)[:, None]  # [L, 1] 1, or fewer (GQA)
+    out_c = jnp.maximum(f32(a.out_channels), 1.0)  # [L] (padding rows: 0)
+    # [L, 1] the keys' share of the queries' channels: 1, or less under GQA (other kinds: 1, so that their
+    # unused attention branch stays finite and its gradient zero)
+    kv_share = jnp.where(attention, (key_value_channels(f32(a.in_channels), out_c) / out_c)[:, None], 1.0)
     qkv_bytes = b * f * (queries + 2.0 * kv_share * keys) * delta
 
     def attn_gemm(rows, n, k):

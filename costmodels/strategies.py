@@ -181,7 +181,8 @@ def strategy_mask(arrays, batch, d, m):
     channelwise = is_kind(kind, CHANNELWISE_KINDS)
     attention = is_kind(kind, ATTENTION_KINDS)
     # [L] a head split splits whole key-value heads too (padding rows: 1)
-    kv_heads = jnp.where(attention, key_value_heads(jnp.asarray(a.in_channels), jnp.asarray(a.out_channels),
+    kv_heads = jnp.where(attention, key_value_heads(jnp.asarray(a.in_channels),
+                                                    jnp.maximum(jnp.asarray(a.out_channels), 1.0),
                                                     jnp.asarray(a.groups)), 1.0)
     # A norm's statistics run over a position's channels: split by channels they would need an
     # all-reduce the model does not count, so a norm runs data, spatial (positions split) or replicated.

@@ -1,12 +1,14 @@
 """The CLI's single error boundary: bad input is one line and exit 2,
-Ctrl-C one line and exit 130, an internal error one line pointing at
---debug / SHARDPLAN_DEBUG (which show the traceback), exit 1."""
+Ctrl-C one line and exit 130, an internal error one line asking for a
+report and pointing at --debug / SHARDPLAN_DEBUG (which show the
+traceback), exit 3."""
 
 from __future__ import annotations
 
 import pytest
 
 import planner.cli as cli
+from planner.usage import InternalError
 
 
 def _raising(exc):
@@ -25,8 +27,9 @@ def layers_raises(monkeypatch):
 @pytest.mark.parametrize("exc, status, words", [
     (ValueError("bad batch 3"), 2, "error: bad batch 3"),
     (KeyboardInterrupt(), 130, "interrupted"),
-    (TypeError("unsupported operand"), 1, "internal error: TypeError: unsupported operand"),
-    (ZeroDivisionError("division by zero"), 1, "--debug or SHARDPLAN_DEBUG=1"),
+    (TypeError("unsupported operand"), 3, "internal error: TypeError: unsupported operand"),
+    (ZeroDivisionError("division by zero"), 3, "--debug or SHARDPLAN_DEBUG=1"),
+    (InternalError("extract: module 'a' produced no layer"), 3, "produced no layer. This is a bug in shardplan"),
 ])
 def test_every_exception_is_one_line(layers_raises, capsys, monkeypatch, exc, status, words):
     monkeypatch.delenv("SHARDPLAN_DEBUG", raising=False)

@@ -134,7 +134,7 @@ def test_rotary_flops_match_xla():
 def _gqa_graph():
     b = GraphBuilder("gqa", (H * HD, S))
     qkv = b.dense("qkv", b.input, (H + 2 * KV) * HD)
-    r = b.rotary_embedding("rope", qkv, heads=H, kv_heads=KV)
+    r = b.rotary_embedding("rope", qkv, rotated_channels=(H + KV) * HD)
     a = b.attention("attn", r, heads=H, kv_heads=KV, causal=True)
     b.dense("out", a, H * HD)
     return b.build()

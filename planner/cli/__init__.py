@@ -192,6 +192,7 @@ def _parser() -> Parser:
 
 
 DEBUG_ENV = "SHARDPLAN_DEBUG"
+INTERNAL_ERROR_STATUS = 3  # a bug of ours (usage errors: 2; "no plan fits": 1)
 CACHE_ENV = "SHARDPLAN_CACHE_DIR"  # where the CLI keeps JAX's persistent compilation cache; "off" disables it
 
 
@@ -232,8 +233,9 @@ def _use_compilation_cache() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``shardplan`` command line; returns the exit status: 0, 1 (the
     answer is no: infeasible, out of tolerance), 2 (bad input, one line),
-    130 (interrupted). An unexpected internal error is one line too, with
-    the traceback behind ``--debug`` or ``SHARDPLAN_DEBUG=1``; exit 1."""
+    3 (an internal error: a bug of ours, one line asking for a report, the
+    traceback behind ``--debug`` or ``SHARDPLAN_DEBUG=1``), 130
+    (interrupted)."""
     parser = _parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
@@ -255,11 +257,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         what = f"cannot read {e.filename}: {e.strerror}" if e.filename else str(e)
         message = f"{what}; {accepted_models()}"
-    except Exception as e:  # a bug of ours, not the user's input
+    except Exception as e:  # a bug of ours, not the user's input (InternalError included)
         if debug:
             raise
-        print(f"{PROG}: internal error: {type(e).__name__}: {one_line(str(e))[:300]} (a bug in shardplan; "
+        text = one_line(str(e)).removeprefix("internal error: ")[:400]
+        print(f"{PROG}: internal error: {type(e).__name__}: {text} (a bug in shardplan, please report it; "
               f"rerun with --debug or {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
-        return 1
+        return INTERNAL_ERROR_STATUS
     print(f"{PROG}: error: {one_line(message)}", file=sys.stderr)
     return 2

@@ -22,6 +22,7 @@ import jax.extend.core as jex
 import numpy as np
 
 from planner.ir.builder import GraphBuilder
+from planner.usage import InternalError
 from planner.models._primitives import (
     _CALL_PRIMITIVES,
     _ELEMENTWISE,
@@ -33,6 +34,7 @@ from planner.models._primitives import (
 from planner.models._transformer_walk import (
     _HEAD_GROUPING_HINT,
     _Heads,
+    _Positions,
     _Scores,
     _TransformerRules,
 )
@@ -150,12 +152,9 @@ class _Walker(_TransformerRules):
         c, sp = self.b.shape(node)
         expect = (self.batch, *sp, c)
         if tuple(shape) != expect:
-            raise ValueError(
-                f"extract: internal error at {what}: the jaxpr has an activation of shape "
-                f"{tuple(shape)} where the layer graph expects {expect} (output of "
-                f"{self.node_name(node)!r}, batch {self.batch}, channels last). This is an "
-                "extractor bug or an unsupported activation layout."
-            )
+            raise InternalError(
+                f"extract, at {what}: the jaxpr has an activation of shape {tuple(shape)} where the layer "
+                f"graph expects {expect} (output of {self.node_name(node)!r}, batch {self.batch}, channels last)")
 
     def per_sample(self, aval: Any) -> tuple[int, tuple[int, ...]]:
         shape = tuple(getattr(aval, "shape", ()))
@@ -190,11 +189,13 @@ class _Walker(_TransformerRules):
             return v
         if isinstance(v, (_Heads, _Scores)):  # read by an unsupported op: its producer stands in
             return v.node
+        if isinstance(v, _Positions):
+            raise self.positions_error(v, "read by an operation the planner does not map")
         if isinstance(v, _Region):
             if v.node is None and v is self.open:
                 self.close()
             if v.node is None:
-                raise ValueError(f"extract: internal error: module {v.info.path!r} produced no layer")
+                raise InternalError(f"extract: module {v.info.path!r} produced no layer")
             return v.node
         return self.materialize(v)
 
@@ -327,7 +328,9 @@ class _Walker(_TransformerRules):
                     reg.inputs.append(n)
         reg.flops += _eqn_flops(eqn)
         if not acts:
-            return [None] * len(eqn.outvars)
+            # an embedding looked up at constant positions (wpe(arange(T))): its table's rows, not yet a layer
+            return [_Positions(info) if info.kind == "embed" and self.is_lookup(eqn) else None
+                    for _ in eqn.outvars]
         p = eqn.primitive.name
         reg.prims.add(p)
         want = {"conv": "conv_general_dilated", "dense": "dot_general", "attend": "dot_general"}.get(info.kind)
@@ -405,10 +408,7 @@ class _Walker(_TransformerRules):
             expect = math.prod(rhs) + (features if info.bias else 0)
         owned = info.params if info.kind == "mha" else info.direct_params  # mha: its projections' parameters
         if owned != expect:
-            raise ValueError(
-                f"extract: internal error: {where} has {owned} parameters, "
-                f"the layer graph {expect}"
-            )
+            raise InternalError(f"extract: {where} has {owned} parameters, the layer graph {expect}")
 
     def opaque_error(self, info: _ModuleInfo) -> ValueError:
         owns = f" (it owns {info.direct_params} parameters directly)" if info.direct_params else ""
@@ -470,6 +470,8 @@ class _Walker(_TransformerRules):
         acts = [(a, v) for a, v in zip(eqn.invars, vals, strict=True) if v is not None]
         out_shape = tuple(eqn.outvars[0].aval.shape) if nout else ()
         same = all(tuple(a.aval.shape) == out_shape for a, _ in acts)
+        if any(isinstance(v, _Positions) for _, v in acts):
+            return self.positions_op(eqn, vals, acts, scope, out_shape)
         if any(isinstance(v, (_Heads, _Scores)) for _, v in acts):
             return self.attention_op(eqn, vals, acts, scope, out_shape)
 
@@ -528,6 +530,10 @@ class _Walker(_TransformerRules):
             if len(sp) == 1 and first and eqn.params.get("strides") in (None, (1, 1, 1)):
                 self.check(x, a.aval.shape, "first_token")
                 return [self.emit(self.b.first_token, self.b.auto_name(scope, "first_token"), x)]
+        if p in ("slice", "split") and len(acts) == 1:
+            parts = self.channel_slices(eqn, acts[0], scope)
+            if parts is not None:
+                return parts
         if p == "concatenate" and len(acts) == len(vals) >= 2:
             if eqn.params["dimension"] == len(out_shape) - 1 and len(out_shape) >= 2:
                 return self.merge(self.b.concat, "concat", acts, scope, out_shape)

@@ -25,6 +25,8 @@ _HEAD_GROUPING_HINT = (
 # Element-wise work on head views against constants, or combining views of one projection
 # (rotary positions: products with the angles' cosines and sines, sums, halves put side by side).
 _HEAD_ELEMENTWISE = frozenset({"mul", "add", "sub", "neg", "div", "concatenate"})
+# Ops that only view a projection's heads (or pass them on unchanged).
+_VIEW_OPS = frozenset({"reshape", "slice", "split", "squeeze", "expand_dims", "transpose", *_FREE})
 # What a position-embedding module does to its activation: put a class token in front, add.
 _POSITION_PRIMS = frozenset({"add", "concatenate", "broadcast_in_dim", "reshape", "convert_element_type", "copy"})
 
@@ -45,13 +47,24 @@ class _Heads:
 
 @dataclasses.dataclass(eq=False)
 class _Scores:
-    """The scores of an attention in progress: ``q k^T`` of two per-head views
-    of one fused projection, through the softmax, until they meet the values."""
+    """The scores of an attention in progress: ``q k^T`` of two per-head
+    views, of one fused projection or of a query and a key projection,
+    through the softmax, until they meet the values."""
 
-    node: int
+    node: int  # the queries' projection
     heads: int
     kv_heads: int | None = None
+    key_node: int | None = None  # the keys' projection, where it is another
     masked: bool = False
+
+
+@dataclasses.dataclass(eq=False)
+class _Positions:
+    """Rows of an embedding's table looked up at constant positions
+    (``wpe(jnp.arange(T))``): not an activation; added to a token sequence,
+    a position-embedding layer that owns the table."""
+
+    info: Any  # the embedding module's _ModuleInfo
 
 
 @dataclasses.dataclass
@@ -100,6 +113,59 @@ class _TransformerRules:
         self.check(node, out, f"the output of module {reg.info.path!r} ({reg.info.type_name})")
         return node
 
+    def is_lookup(self, eqn: Any) -> bool:
+        """Whether an equation inside an embedding's call is its lookup (a
+        gather of float rows)."""
+        return eqn.primitive.name in ("gather", "dynamic_slice")
+
+    def positions_error(self, v: _Positions, what: str) -> ValueError:
+        return ValueError(
+            f"extract: the rows of module {v.info.path!r} ({v.info.type_name}), looked up at constant positions, "
+            f"are {what}; the planner maps such a lookup only where it is added to a token sequence of the same "
+            "width (learned positions, wpe(arange(tokens)) + tokens)")
+
+    def positions_op(self, eqn: Any, vals: list[Any], acts: list, scope: str, out_shape: tuple) -> list[Any]:
+        """An op on positions looked up in an embedding (:class:`_Positions`):
+        reshapes and casts carry them; added to a token sequence they are a
+        position-embedding layer named by the embedding, owning its table."""
+        p = eqn.primitive.name
+        pos = [v for _, v in acts if isinstance(v, _Positions)]
+        others = [(a, v) for a, v in acts if not isinstance(v, _Positions)]
+        if not others and len({id(v) for v in pos}) == 1 and p in (*_FREE, "reshape", "broadcast_in_dim",
+                                                                   "expand_dims", "squeeze"):
+            return [pos[0]] * len(eqn.outvars)
+        if p in ("add", "add_any") and len(pos) == 1 and len(others) == 1:
+            (a, v), = others
+            x = self.resolve(v)
+            c, sp = self.b.shape(x)
+            info = pos[0].info
+            if len(sp) == 1 and out_shape == self.natural(x) and info.direct_params % c == 0:
+                node = self.emit(self.b.position_embedding, info.path, x, table_positions=info.direct_params // c)
+                self.check(node, out_shape, f"the positions of module {info.path!r}")
+                return [node]
+        raise self.positions_error(pos[0], f"read by {p!r} of shape {out_shape}")
+
+    def channel_slices(self, eqn: Any, act: tuple, scope: str) -> list[int] | None:
+        """A token sequence's channels cut into contiguous parts
+        (``jnp.split(qkv, 3, axis=-1)``, ``x[..., :C]``): a ``split`` layer per
+        part, else None."""
+        a, v = act
+        x = self.resolve(v)
+        c, sp = self.b.shape(x)
+        shape = tuple(a.aval.shape)
+        if len(sp) != 1 or shape != self.natural(x):
+            return None
+        if eqn.primitive.name == "split":
+            if int(eqn.params["axis"]) % len(shape) != len(shape) - 1:
+                return None
+            sizes = [int(s) for s in eqn.params["sizes"]]
+        else:
+            start, limit = tuple(eqn.params["start_indices"]), tuple(eqn.params["limit_indices"])
+            if start[:-1] != (0, 0) or limit[:-1] != shape[:-1] or eqn.params.get("strides") not in (None, (1, 1, 1)):
+                return None
+            sizes = [limit[-1] - start[-1]]
+        return [self.emit(self.b.split_channels, self.b.auto_name(scope, "split"), x, n) for n in sizes]
+
     def natural(self, node: int) -> tuple[int, ...]:
         """The batch-first, channels-last shape of a node's output."""
         c, sp = self.b.shape(node)
@@ -115,10 +181,19 @@ class _TransformerRules:
         scores = [v for _, v in acts if isinstance(v, _Scores)]
         if len(views) + len(scores) != len(acts):  # an activation of another kind joins in
             return self.unsupported(eqn, vals, scope)
-        if p == "dot_general" and len(views) == 2 and views[0].node == views[1].node:  # q k^T
-            return [_Scores(views[0].node, views[0].heads, views[0].kv_heads)]
-        if p == "dot_general" and len(views) == 1 and len(scores) == 1 and views[0].node == scores[0].node:
-            return [self.attention_layer(scores[0], scope)]
+        if p == "dot_general" and len(views) == 2:  # q k^T
+            q, k = views
+            if q.node == k.node:
+                return [_Scores(q.node, q.heads, q.kv_heads)]
+            if q.kv_heads is None and k.kv_heads is None and q.heads % k.heads == 0:
+                return [_Scores(q.node, q.heads, k.heads, key_node=k.node)]
+        if p == "dot_general" and len(views) == 1 and len(scores) == 1:
+            sc, v = scores[0], views[0]
+            fused = sc.key_node is None and v.node == sc.node
+            separate = sc.key_node is not None and len({sc.node, sc.key_node, v.node}) == 3 \
+                and v.kv_heads is None and v.heads == sc.kv_heads
+            if fused or separate:
+                return [self.attention_layer(sc, None if fused else v.node, scope)]
         if scores and p in _ATTENTION_SOFTMAX:
             if p == "select_n":
                 scores[0].masked = True
@@ -129,32 +204,47 @@ class _TransformerRules:
             work.flops += _eqn_flops(eqn) / self.batch
             work.combined |= len(views) > 1
             return [_Heads(views[0].node, views[0].heads, views[0].kv_heads)] * nout
-        if views and not scores and len(acts) == 1 and p in ("reshape", "slice", "squeeze", "transpose", *_FREE):
+        if views and not scores and len(acts) == 1 and p in _VIEW_OPS:
             v = views[0]
             if p == "reshape" and out_shape == self.natural(v.node):
                 return [v.node]  # heads merged back: the attention's output
-            if p == "slice" and v.grouped and not self.grouped_slice(eqn):
+            if p in ("slice", "split") and v.grouped and not self.grouped_slice(eqn):
                 return self.unsupported(eqn, vals, scope, hint=_HEAD_GROUPING_HINT)
-            return [_Heads(v.node, v.heads, v.kv_heads, grouped=v.grouped and p in ("slice", *_FREE))]
+            keep = v.grouped and p in ("slice", "split", *_FREE)
+            return [_Heads(v.node, v.heads, v.kv_heads, grouped=keep)] * nout
         return self.unsupported(eqn, vals, scope)
 
     def grouped_slice(self, eqn: Any) -> bool:
-        """Whether a slice of a 5-D head view cuts only its grouped axis (3)."""
+        """Whether a slice (or split) of a 5-D head view cuts only its grouped axis (3)."""
+        if eqn.primitive.name == "split":
+            return int(eqn.params["axis"]) == 3
         shape = tuple(eqn.invars[0].aval.shape)
         start, limit = tuple(eqn.params["start_indices"]), tuple(eqn.params["limit_indices"])
         return all(start[i] == 0 and limit[i] == shape[i] for i in range(len(shape)) if i != 3)
 
-    def attention_layer(self, sc: _Scores, scope: str) -> _Heads:
-        """The probabilities meet the values: the attention is one layer, after
-        the rotary positions where its queries and keys were rotated first."""
-        x = sc.node
-        work = self.head_work.pop(x, None)
-        if work is not None and work.combined:  # rotary positions (their FLOPs as counted)
-            c, sp = self.b.shape(x)
-            kv = sc.heads if sc.kv_heads is None else sc.kv_heads
-            rotated = (sc.heads + kv) * (c // (sc.heads + 2 * kv)) * sp[0]
-            x = self.emit(self.b.rotary_embedding, self.b.auto_name(scope, "rope"), x, heads=sc.heads,
-                          kv_heads=sc.kv_heads, flops_per_element=work.flops / rotated)
+    def rotated(self, node: int, rotated_channels: int, scope: str) -> int:
+        """``node``, or the rotary positions applied to it where its head
+        views were combined (rotated) before the attention; element-wise work
+        that only rescaled them folds away."""
+        work = self.head_work.pop(node, None)
+        if work is None or not work.combined:
+            return node
+        _, sp = self.b.shape(node)
+        return self.emit(self.b.rotary_embedding, self.b.auto_name(scope, "rope"), node,
+                         rotated_channels=rotated_channels, flops_per_element=work.flops / (rotated_channels * sp[0]))
+
+    def attention_layer(self, sc: _Scores, values: int | None, scope: str) -> _Heads:
+        """The probabilities meet the values: the attention is one layer, of
+        one fused projection (``values`` None) or of the queries', keys' and
+        values' projections, after the rotary positions where its queries and
+        keys were rotated first."""
+        kv = sc.heads if sc.kv_heads is None else sc.kv_heads
+        if values is None:
+            c, _ = self.b.shape(sc.node)
+            x: int | list[int] = self.rotated(sc.node, (sc.heads + kv) * (c // (sc.heads + 2 * kv)), scope)
+        else:
+            q, k = (self.rotated(n, self.b.shape(n)[0], scope) for n in (sc.node, sc.key_node))
+            x = [q, k, values]
         node = self.emit(self.b.attention, self.b.auto_name(scope, "attention"), x, heads=sc.heads,
                          kv_heads=sc.kv_heads, causal=sc.masked)
         return _Heads(node, sc.heads)

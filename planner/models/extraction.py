@@ -133,6 +133,7 @@ from flax import nnx
 from planner.ir.builder import GraphBuilder
 from planner.ir.graph import LayerGraph, check_on_unsupported, layer_path
 from planner.models._jaxpr_walk import _MARK, _ModuleInfo, _Walker
+from planner.usage import InternalError
 
 __all__ = ["extract"]
 
@@ -328,7 +329,7 @@ def _linen_train_kwargs(model: nn.Module) -> dict[str, bool]:
     return {k: v for k, v in _LINEN_TRAIN_FLAGS.items() if k in params}
 
 
-def _trace_linen(model: nn.Module, x: jax.ShapeDtypeStruct) -> tuple[jex.ClosedJaxpr, dict[str, _ModuleInfo]]:
+def _trace_linen(model: nn.Module, x: jax.ShapeDtypeStruct) -> tuple[jex.ClosedJaxpr, dict[str, _ModuleInfo], Any]:
     variables = None
     if model.scope is not None:  # bound: use its variables (abstractly)
         model, variables = model.unbind()
@@ -361,7 +362,7 @@ def _trace_linen(model: nn.Module, x: jax.ShapeDtypeStruct) -> tuple[jex.ClosedJ
 
     with nn.intercept_methods(interceptor):
         closed = jax.make_jaxpr(forward)(variables, x)
-    return closed, infos
+    return closed, infos, variables.get("params", {})
 
 
 # -- FLOPs of primitives (for replicated layers) ----------------------------------------
@@ -413,8 +414,9 @@ def extract(
     input_shape = _graph_input_shape(x)
     if isinstance(model, nnx.Module):
         closed, infos = _trace_nnx(model, x)
+        params: Any = nnx.state(model, nnx.Param)
     elif isinstance(model, nn.Module):
-        closed, infos = _trace_linen(model, x)
+        closed, infos, params = _trace_linen(model, x)
     else:
         raise ValueError(
             f"model must be a flax.nnx.Module or a flax.linen.Module, got {type(model).__name__}"
@@ -429,5 +431,32 @@ def extract(
         if v is not None:
             walker.resolve(v)
     graph = builder.build()
+    _check_parameters(graph, infos, _parameter_count(params))
     # a graph with stand-ins says so: the model extracts to it only with this option again
     return dataclasses.replace(graph, on_unsupported="replicate") if walker.replaced else graph
+
+
+def _parameter_count(params: Any) -> int:
+    """Trainable parameters: the sum over the leaves of a model's parameters
+    (nnx: its ``nnx.Param`` state; linen: its ``params`` collection)."""
+    return sum(math.prod(np.shape(v)) for v in jax.tree.leaves(params))
+
+
+def _check_parameters(graph: LayerGraph, infos: Mapping[str, _ModuleInfo], expected: int) -> None:
+    """Every parameter of the model is in the graph: else a ValueError naming
+    the modules whose parameters no layer holds. (A module called twice holds
+    its parameters at each call: shared weights count once per use.)"""
+    got = int(graph.total("params"))
+    if got == expected:
+        return
+    layers = set(graph.names)
+    held = lambda path: path in layers or any(n.startswith(path + "/") for n in layers)  # noqa: E731
+    missing = [f"{i.path or '<root>'!r} ({i.type_name}, {i.direct_params:,})" for i in infos.values()
+               if i.direct_params and not held(i.path) and i.kind != "attend"]
+    if missing:
+        raise ValueError(
+            f"extract: the layer graph holds {got:,} of the model's {expected:,} parameters: no layer holds those "
+            f"of module {', '.join(missing[:5])}; the planner cannot see how they are used. Use them as a layer "
+            "it maps (docs/transformers.md, docs/models.md), or report the idiom")
+    if got < expected:
+        raise InternalError(f"extract: the layer graph holds {got:,} parameters, the model {expected:,}")

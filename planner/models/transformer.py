@@ -206,7 +206,8 @@ def _attention_block(b: GraphBuilder, scope: str, x: int, cfg: TransformerConfig
     c, _ = b.shape(x)
     qkv = b.dense(layer_path(scope, "qkv"), x, cfg.qkv_features, bias=cfg.bias)
     if cfg.rotary:
-        qkv = b.rotary_embedding(layer_path(scope, "rope"), qkv, heads=cfg.heads, kv_heads=cfg.key_value_heads)
+        qkv = b.rotary_embedding(layer_path(scope, "rope"), qkv,
+                                 rotated_channels=(cfg.heads + cfg.key_value_heads) * cfg.head_dim)
     h = b.attention(b.auto_name(scope, "attention"), qkv, heads=cfg.heads, kv_heads=cfg.key_value_heads,
                     causal=causal)
     return b.dense(layer_path(scope, "out"), h, c, bias=cfg.bias)

@@ -104,8 +104,10 @@ def example_input(plan: Plan, batch: int) -> jax.ShapeDtypeStruct:
 
 def planned_graph(model: nnx.Module, plan: Plan) -> LayerGraph:
     """The layer graph of ``model``, checked to be the one ``plan`` was made
-    for (same fingerprint); a ``ValueError`` saying so otherwise."""
-    example = example_input(plan, 1)
+    for (same fingerprint); a ``ValueError`` saying so otherwise. The model is
+    traced at the plan's global batch (at least 2: at a batch of one, every
+    size-one axis would look like the batch)."""
+    example = example_input(plan, max(2, plan.batch))
     try:
         graph = extract(model, example, on_unsupported=plan.on_unsupported)
     except (TypeError, ValueError) as e:
