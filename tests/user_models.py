@@ -12,10 +12,13 @@ twins are: test models for extraction, planning, validation and training.
   written by hand (``q @ k.swapaxes(-2, -1)``, a ``jnp.tril`` causal mask,
   ``jax.nn.softmax``, ``@ v``), learned positions ``wpe(jnp.arange(T))``,
   GELU, LayerNorm, and the output tied to ``wte`` through ``wte.attend``.
+* :func:`linen_cnn`: a ``flax.linen`` CNN with batch norm under a ``train``
+  flag.
 """
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -161,3 +164,26 @@ def nanogpt(batch: int = 8, seq: int = 64):
     """nanoGPT of width 128, 4 blocks, 4 heads, positions for 128 tokens
     (64 used), and its example input: ``(module, token ids (batch, seq))``."""
     return GPT(rngs=nnx.Rngs(0)), jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+
+
+class LinenCNN(nn.Module):
+    """A small CNN written in ``flax.linen`` the usual way: ``@nn.compact``,
+    batch norm switched by a ``train`` flag, a wide classifier."""
+
+    classes: int = 10
+
+    @nn.compact
+    def __call__(self, x, train: bool = True):
+        for features in (16, 32):
+            x = nn.Conv(features, (3, 3))(x)
+            x = nn.BatchNorm(use_running_average=not train)(x)
+            x = nn.relu(x)
+            x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = x.reshape(x.shape[0], -1)
+        x = nn.relu(nn.Dense(1024)(x))
+        return nn.Dense(self.classes)(x)
+
+
+def linen_cnn(batch: int = 8):
+    """The linen CNN and an example input of 16x16 RGB images."""
+    return LinenCNN(), jax.ShapeDtypeStruct((batch, 16, 16, 3), jnp.float32)

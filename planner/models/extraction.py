@@ -135,7 +135,7 @@ from planner.ir.graph import LayerGraph, check_on_unsupported, layer_path
 from planner.models._jaxpr_walk import _MARK, _ModuleInfo, _Walker
 from planner.usage import InternalError
 
-__all__ = ["extract"]
+__all__ = ["extract", "linen_train_kwargs"]
 
 _PATH_ATTR = "_shardplan_path"  # set on the traced (private) copy of an nnx model
 
@@ -321,7 +321,9 @@ _LINEN_TRAIN_FLAGS = {
 }
 
 
-def _linen_train_kwargs(model: nn.Module) -> dict[str, bool]:
+def linen_train_kwargs(model: nn.Module) -> dict[str, bool]:
+    """The training flags extraction (and the export) call a linen module
+    with: those of ``train=True``, ``deterministic=False``, ... its ``__call__`` takes."""
     try:
         params = inspect.signature(type(model).__call__).parameters
     except (TypeError, ValueError):
@@ -333,7 +335,7 @@ def _trace_linen(model: nn.Module, x: jax.ShapeDtypeStruct) -> tuple[jex.ClosedJ
     variables = None
     if model.scope is not None:  # bound: use its variables (abstractly)
         model, variables = model.unbind()
-    kwargs = _linen_train_kwargs(model)
+    kwargs = linen_train_kwargs(model)
 
     def rngs() -> dict[str, Any]:
         return {"params": jax.random.key(0), "dropout": jax.random.key(1)}

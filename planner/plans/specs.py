@@ -269,6 +269,13 @@ def _head_param_spec(strategy: str, direction: str, ndim: int) -> P:
     return P()
 
 
+def _is_linen_variables(state: Any) -> bool:
+    """Whether ``state`` is a linen variables dict (collections at the top,
+    ``model.init``'s result), not one collection or an nnx ``State``."""
+    return (isinstance(state, Mapping) and not hasattr(state, "flat_state")
+            and isinstance(state.get("params"), Mapping) and all(isinstance(v, Mapping) for v in state.values()))
+
+
 def zero_group_axes(strategy: str) -> tuple[str, ...]:
     """The mesh axes of a layer's data-parallel group, over which ZeRO shards
     its state (``costmodels.levers``): the devices holding replicas of its
@@ -291,12 +298,17 @@ def zero_spec_entries(strategy: str, ndim: int) -> Spec:
 
 
 def partition_specs(state: Any, strategies: Mapping[str, str], zero: frozenset[str] = frozenset()) -> Any:
-    """A pytree of PartitionSpecs matching ``state`` (an nnx ``State`` or a
-    linen params dict), from each parameter's layer strategy; parameters of
+    """A pytree of PartitionSpecs matching ``state`` (an nnx ``State``, a
+    linen params collection or a whole linen variables dict), from each
+    parameter's layer strategy; parameters of
     layers the mapping does not name are replicated, and those of the layers
     in ``zero`` are sharded by ZeRO as well (:func:`zero_spec_entries`). The
     projections of an ``nnx.MultiHeadAttention`` follow the fused layer
     ``<path>/qkv`` and ``<path>/out``, split along their heads axis."""
+
+    if _is_linen_variables(state):  # {"params": ..., "batch_stats": ...}: each collection by its paths
+        return {col: partition_specs(tree, strategies, zero if col == "params" else frozenset())
+                for col, tree in state.items()}
 
     def spec(path: tuple[Any, ...], leaf: Any) -> P:
         layer, name = _path_key(path)

@@ -1,6 +1,7 @@
 """How one planned layer's call runs under the export
-(:func:`planner.runtime.export.shard_training`) where stating layouts is not
-enough: ZeRO's gathered weights and reduce-scattered gradients, a ``channel``
+(:func:`planner.runtime.export.shard_training`): its layouts stated
+(:func:`constrain`, :func:`pin_cotangent`), and where stating layouts is not
+enough, ZeRO's gathered weights and reduce-scattered gradients, a ``channel``
 layer's reduce-scattered partial sums, a recomputed attention. Each is a
 module ``__call__`` wrapper: a ``jax.custom_vjp`` or a ``jax.shard_map`` on
 the layer's shards, whose collectives are the plan's
@@ -30,7 +31,10 @@ from planner.plans.specs import (
 __all__ = [
     "LOCAL_GRADIENT_STRATEGIES",
     "SCATTER_DIMS",
+    "constrain",
+    "constrain_heads",
     "gathering",
+    "pin_cotangent",
     "recomputing_attention",
     "reduce_scattering",
     "zero_call",
@@ -38,6 +42,40 @@ __all__ = [
 
 
 LOCAL_GRADIENT_STRATEGIES = ("data", "filter", "replicated")  # a layer's weight gradient from its own shards
+
+
+def constrain(x: Any, layout: str, mesh: Mesh) -> Any:
+    """``x`` constrained to a layout's sharding on ``mesh`` (an array of another rank, or a layout with
+    no spec there, unchanged)."""
+    if not isinstance(x, jax.Array) and not hasattr(x, "aval"):
+        return x
+    spec = activation_spec(layout, x.ndim) if (layout != "spatial" or x.ndim >= 3) else None
+    return x if spec is None else jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def constrain_heads(x: Any, layout: str, mesh: Mesh) -> Any:
+    """:func:`constrain` for ``(batch, tokens, heads, head_dim)``: split by
+    channels is split by heads."""
+    if layout == "channel":
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(AXIS_NAMES[0], None, AXIS_NAMES[1], None)))
+    return constrain(x, layout, mesh)
+
+
+def pin_cotangent(x: Any, layout: str, mesh: Mesh) -> Any:
+    """``x`` unchanged; in the backward pass its cotangent constrained to ``layout``."""
+
+    @jax.custom_vjp
+    def pin(v: Any) -> Any:
+        return v
+
+    def fwd(v: Any) -> tuple[Any, None]:
+        return v, None
+
+    def bwd(_: None, g: Any) -> tuple[Any]:
+        return (constrain(g, layout, mesh),)
+
+    pin.defvjp(fwd, bwd)
+    return pin(x) if (isinstance(x, jax.Array) or hasattr(x, "aval")) else x
 
 
 def zero_call(orig: Callable, strategy: str, mesh: Mesh, *, gather: bool, local: bool) -> Callable:

@@ -41,11 +41,15 @@ from planner.plans.specs import (
 from planner.runtime.calls import (
     LOCAL_GRADIENT_STRATEGIES,
     SCATTER_DIMS,
+    constrain,
+    constrain_heads,
+    pin_cotangent,
     gathering,
     recomputing_attention,
     reduce_scattering,
     zero_call,
 )
+from planner.runtime.linen import LinenModel, constrained_linen_calls
 from planner.runtime.layouts import (
     block_layouts,
     consumer_layouts,
@@ -197,7 +201,7 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                 # a query / key / value projection of a fused layer: its input is the attention
                 # module's, converted once there (below); its output split by heads where planned
                 lout = PARAM_LAYOUTS[to_heads[0]][1]
-                return _constrain_heads(orig(self, x, *args, **kwargs), lout, mesh)
+                return constrain_heads(orig(self, x, *args, **kwargs), lout, mesh)
             if name is None or name not in strategies:
                 call = orig
                 if isinstance(self, nnx.MultiHeadAttention) and name is not None:
@@ -213,8 +217,8 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                 if isinstance(self, nnx.MultiHeadAttention) and fused in strategies:
                     # its one input feeds three projections: converted once, to the fused layer's input layout
                     bin_ = PARAM_LAYOUTS[strategies[fused]][0]
-                out = call(self, x if bin_ is None else _constrain(x, bin_, mesh), *args, **kwargs)
-                return out if bout is None else _constrain(out, bout, mesh)
+                out = call(self, x if bin_ is None else constrain(x, bin_, mesh), *args, **kwargs)
+                return out if bout is None else constrain(out, bout, mesh)
             param = isinstance(self, _PARAM_MODULES)
             lin, lout = (PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS)[strategies[name]]
             gout = (PARAM_GRADIENT_LAYOUTS if param else CHANNELWISE_GRADIENT_LAYOUTS)[strategies[name]][1]
@@ -222,8 +226,8 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                 last_layout.append(lout)
             # a multi-head attention's output projection reads (batch, tokens, heads, head_dim):
             # its channels are the heads
-            pin = _constrain_heads if isinstance(self, nnx.LinearGeneral) and getattr(x, "ndim", 0) == 4 \
-                else _constrain
+            pin = constrain_heads if isinstance(self, nnx.LinearGeneral) and getattr(x, "ndim", 0) == 4 \
+                else constrain
             if name in input_layouts:
                 x = pin(x, input_layouts[name], mesh)
             if name in scatters:
@@ -240,12 +244,12 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                 call = gathering(orig, strategies[name], mesh)
             out = call(self, pin(x, lin, mesh), *args, **kwargs)
             if lout == "partial" and gout != "partial":
-                out = _pin_cotangent(out, gout, mesh)
-            out = _constrain(out, lout, mesh)
+                out = pin_cotangent(out, gout, mesh)
+            out = constrain(out, lout, mesh)
             consumers = output_layouts.get(name, {})
             after = set(consumers.values())
             if consumers and not module_names.intersection(consumers) and len(after) == 1:
-                out = _constrain(out, after.pop(), mesh)
+                out = constrain(out, after.pop(), mesh)
             return out
 
         return wrapper
@@ -261,38 +265,6 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                 setattr(cls, method, orig)
             else:
                 delattr(cls, method)
-
-
-def _constrain(x: Any, layout: str, mesh: Mesh) -> Any:
-    if not isinstance(x, jax.Array) and not hasattr(x, "aval"):
-        return x
-    spec = activation_spec(layout, x.ndim) if (layout != "spatial" or x.ndim >= 3) else None
-    return x if spec is None else jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
-
-
-def _constrain_heads(x: Any, layout: str, mesh: Mesh) -> Any:
-    """:func:`_constrain` for ``(batch, tokens, heads, head_dim)``: split by
-    channels is split by heads."""
-    if layout == "channel":
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(AXIS_NAMES[0], None, AXIS_NAMES[1], None)))
-    return _constrain(x, layout, mesh)
-
-
-def _pin_cotangent(x: Any, layout: str, mesh: Mesh) -> Any:
-    """``x`` unchanged; in the backward pass its cotangent constrained to ``layout``."""
-
-    @jax.custom_vjp
-    def pin(v: Any) -> Any:
-        return v
-
-    def fwd(v: Any) -> tuple[Any, None]:
-        return v, None
-
-    def bwd(_: None, g: Any) -> tuple[Any]:
-        return (_constrain(g, layout, mesh),)
-
-    pin.defvjp(fwd, bwd)
-    return pin(x) if (isinstance(x, jax.Array) or hasattr(x, "aval")) else x
 
 
 def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -354,8 +326,13 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
             if tag is not None:
                 tag(m)
             recomputed: set[str] = set()
-            with _constrained_calls(m, strategies, mesh, last, input_layouts, output_layouts, blocks, remat,
-                                    recomputed, zero[3], scatters, zero[2]):
+            if isinstance(m, LinenModel):  # a linen model: its module calls through Flax's interceptor
+                calls = constrained_linen_calls(m, strategies, mesh, last, input_layouts, output_layouts,
+                                                zero[2] | zero[3] | remat)
+            else:
+                calls = _constrained_calls(m, strategies, mesh, last, input_layouts, output_layouts, blocks, remat,
+                                           recomputed, zero[3], scatters, zero[2])
+            with calls:
                 logits = m(x)
             if remat - recomputed:  # (checked above: an attention module that was not called)
                 raise ValueError(f"cannot recompute {sorted(remat - recomputed)[:3]}: their attention module "
@@ -388,8 +365,8 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
             # (costmodels.collective_list, "-> loss" records).
             labels = y
             if last and last[-1] != "batch":
-                logits = _constrain(logits, "replicated", mesh)
-                labels = _constrain(y, "replicated", mesh)
+                logits = constrain(logits, "replicated", mesh)
+                labels = constrain(y, "replicated", mesh)
             return loss_fn(logits, labels), new_other
 
         # jax.nn.softmax under its custom JVP, which keeps the probabilities only; JAX's default

@@ -1,11 +1,12 @@
-"""``planner.shard``: apply a :class:`~planner.planning.Plan` to a Flax nnx model
-and get a jitted, sharded training step on JAX's own runtime."""
+"""``planner.shard``: apply a :class:`~planner.planning.Plan` to a Flax model
+(nnx or linen) and get a jitted, sharded training step on JAX's own runtime."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -21,6 +22,7 @@ from planner.runtime.export import (
     make_mesh,
     shard_training,
 )
+from planner.runtime.linen import as_nnx
 from planner.runtime.layouts import (
     block_layouts,
     consumer_layouts,
@@ -32,17 +34,23 @@ __all__ = ["export_options", "plan_mesh", "planned_graph", "recomputed_layers", 
 
 
 def shard(
-    model: nnx.Module,
+    model: nnx.Module | nn.Module,
     plan: Plan,
     optimizer: optax.GradientTransformation,
     mesh: Mesh | None = None,
     *,
     loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> tuple[Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, jax.Array]], TrainState]:
     """``(train_step, state)`` for ``model`` laid out by ``plan``:
     ``state, loss = train_step(state, x, y)`` with ``x`` batch-first,
     channels-last and ``y`` integer labels (softmax cross-entropy unless
     ``loss_fn(logits, y)`` is given).
+
+    ``model`` is an nnx module, which holds its weights, or a linen module
+    with its ``variables`` (``model.init(key, x)``; without them, weights
+    initialised from key 0), trained through Flax's bridge
+    (:mod:`planner.runtime.linen`).
 
     The model must be the one the plan was made for: its extracted layer
     graph must have the plan's fingerprint. ``mesh`` defaults to the plan's
@@ -54,6 +62,7 @@ def shard(
     (:func:`planner.runtime.export.shard_training`'s ``zero_stages``,
     ``remat_layers`` and ``recompute_runs``)."""
     graph = planned_graph(model, plan)
+    model = as_nnx(model, example_input(plan, 2), variables)
     mesh = plan_mesh(plan, mesh)
     kwargs: dict[str, Any] = {} if loss_fn is None else {"loss_fn": loss_fn}
     # each module's input pinned to its producer's planned layout and each module output read by functional

@@ -83,6 +83,7 @@ from planner.plans.specs import zero_group_axes
 from planner.runtime.export import lower_training
 from planner.runtime.layouts import local_gradient_layers, scatter_layouts
 from planner.runtime.hlo import parse_collectives
+from planner.runtime.linen import as_nnx
 from planner.runtime.sharding import (
     example_input,
     export_options,
@@ -198,7 +199,8 @@ def _close(predicted: float, compiled: float, rtol: float) -> bool:
 
 
 def _shard_bytes(leaf: Any, sharding: Any) -> float:
-    return float(math.prod(sharding.shard_shape(tuple(leaf.shape))) * np.dtype(leaf.dtype).itemsize)
+    itemsize = leaf.dtype.itemsize  # numpy dtypes and typed PRNG keys (a bridged linen model's RNG state) alike
+    return float(math.prod(sharding.shard_shape(tuple(leaf.shape))) * itemsize)
 
 
 def _drop_unit_axes(axes: tuple[str, ...] | None, sizes: Mapping[str, int]) -> tuple[str, ...]:
@@ -209,7 +211,7 @@ def _drop_unit_axes(axes: tuple[str, ...] | None, sizes: Mapping[str, int]) -> t
 
 
 def validate(
-    model: nnx.Module,
+    model: Any,
     plan: Plan,
     *,
     mesh: Mesh | None = None,
@@ -218,8 +220,9 @@ def validate(
     activation_rtol: float = 0.50,
     comm_rtol: float = 0.05,
 ) -> ValidationReport:
-    """Compile ``plan``'s training step for ``model`` (abstract or concrete nnx
-    module; nothing runs) at the plan's global batch on ``mesh`` (default: the
+    """Compile ``plan``'s training step for ``model`` (an abstract or concrete
+    nnx module, or a linen module through Flax's bridge,
+    :mod:`planner.runtime.linen`; nothing runs) at the plan's global batch on ``mesh`` (default: the
     plan's ``d x m`` mesh over the local devices) and compare predicted with
     compiled memory and communication per device. ``optimizer`` defaults to
     :func:`default_optimizer` of ``plan.optimizer``."""
@@ -240,6 +243,7 @@ def validate(
     tx = default_optimizer(plan.optimizer) if optimizer is None else optimizer
 
     x = example_input(plan, plan.batch)
+    model = as_nnx(model, x, abstract=True)  # a linen module through Flax's bridge
     lowered, abstract = lower_training(model, plan.strategies, mesh, tx, x, **export_options(graph, plan))
     compiled = lowered.compile()
     memory = _memory_rows(graph, plan, compiled, abstract, x, memory_rtol, activation_rtol)

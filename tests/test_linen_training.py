@@ -1,0 +1,73 @@
+"""Linen models end to end on 8 CPU devices (tests/user_models.py's
+``LinenCNN``): extracted with every parameter, planned under a limit that
+forces model parallelism, validated against what XLA compiles, trained
+three steps under planner.shard with the unsharded model's losses, and
+their variables dicts laid out by Plan.partition_specs."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import planner
+import user_models
+from planner.runtime.linen import as_nnx
+
+BATCH = 8
+
+
+def _unsharded_losses(model, variables, x, y, steps: int, lr: float) -> list[float]:
+    """SGD with batch statistics on one device, by hand: the reference."""
+
+    def loss(params, stats):
+        logits, upd = model.apply({"params": params, "batch_stats": stats}, x, train=True, mutable=["batch_stats"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), upd["batch_stats"]
+
+    params, stats, out = variables["params"], variables["batch_stats"], []
+    for _ in range(steps):
+        (value, stats), grads = jax.value_and_grad(loss, has_aux=True)(params, stats)
+        params = jax.tree.map(lambda p, g: p - lr * g, params, grads)
+        out.append(float(value))
+    return out
+
+
+@pytest.mark.slow
+def test_a_linen_cnn_plans_model_parallel_validates_and_trains_like_one_device(devices):
+    model, spec = user_models.linen_cnn(BATCH)
+    g = planner.extract(model, spec)
+    variables = model.init(jax.random.key(0), jnp.zeros(spec.shape), train=True)
+    assert g.total("params") == sum(v.size for v in jax.tree.leaves(variables["params"]))
+    free = planner.plan(g, devices=8, hardware="dgx-a100", batch=BATCH, platform="cpu")
+    limit = int(0.6 * free.evaluation.memory_bytes_per_device)
+    p = planner.plan(g, devices=8, hardware="dgx-a100", batch=BATCH, memory_limit=limit, platform="cpu")
+    assert p.mesh[1] > 1 and p.strategies["Dense_0"] == "filter"  # the wide classifier split
+    report = planner.validate(model, p)
+    assert report.ok, [r for r in (*report.memory, *report.collectives) if not r.ok]
+    specs = p.partition_specs(variables)
+    assert specs["params"]["Dense_0"] == {"kernel": P(None, "model"), "bias": P("model")}
+    assert specs["batch_stats"]["BatchNorm_0"] == {"mean": P(), "var": P()}
+    x = jax.random.normal(jax.random.key(1), spec.shape)
+    y = jnp.arange(BATCH) % 10
+    step, state = planner.shard(model, p, optax.sgd(0.1), variables=variables)
+    got = []
+    for _ in range(3):
+        state, loss = step(state, x, y)
+        got.append(float(loss))
+    assert got == pytest.approx(_unsharded_losses(model, variables, x, y, 3, 0.1), rel=1e-5)
+
+
+class _Dropped(nn.Module):
+    @nn.compact
+    def __call__(self, x, deterministic: bool = True):
+        return nn.Dense(4)(nn.Dropout(0.5, deterministic=deterministic)(nn.Dense(8)(x)))
+
+
+def test_the_bridge_keeps_random_state_only_where_training_draws_from_it():
+    x = jax.ShapeDtypeStruct((2, 3), jnp.float32)
+    assert as_nnx(_Dropped(), x, abstract=True).to_nnx__rngs is not None  # dropout in training
+    assert as_nnx(user_models.LinenCNN(), jax.ShapeDtypeStruct((2, 16, 16, 3), jnp.float32),
+                  abstract=True).to_nnx__rngs is None
+    with pytest.raises(ValueError, match="'params' collection"):
+        as_nnx(_Dropped(), x, {"weights": {}})
