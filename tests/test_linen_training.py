@@ -71,3 +71,51 @@ def test_the_bridge_keeps_random_state_only_where_training_draws_from_it():
                   abstract=True).to_nnx__rngs is None
     with pytest.raises(ValueError, match="'params' collection"):
         as_nnx(_Dropped(), x, {"weights": {}})
+
+
+@pytest.mark.slow
+def test_a_linen_gpt_extracts_plans_model_parallel_and_trains_like_one_device(devices):
+    """nn.MultiHeadDotProductAttention under nn.make_causal_mask becomes the
+    fused projection, a causal attention and its output projection (as
+    nnx.MultiHeadAttention does); the positions the root module owns
+    (self.param, sliced to the sequence) a position layer of their own."""
+    model, spec = user_models.linen_gpt(BATCH)
+    g = planner.extract(model, spec)
+    variables = model.init(jax.random.key(0), jnp.zeros(spec.shape, jnp.int32))
+    assert g.on_unsupported == "error"
+    assert g.total("params") == sum(v.size for v in jax.tree.leaves(variables["params"]))
+    kinds = dict(zip(g.names, g.kind_names, strict=True))
+    mha = "LinenBlock_0/MultiHeadDotProductAttention_0"
+    assert (kinds["pos_embedding"], kinds[f"{mha}/qkv"], kinds[f"{mha}/attention"]) == (
+        "elementwise", "dense", "causal_attention")
+    assert float(g.arrays.params[g.names.index("pos_embedding")]) == 128 * 128  # the whole table
+    free = planner.plan(g, devices=8, hardware="dgx-a100", batch=BATCH, platform="cpu")
+    limit = int(0.6 * free.evaluation.memory_bytes_per_device)
+    p = planner.plan(g, devices=8, hardware="dgx-a100", batch=BATCH, memory_limit=limit, platform="cpu")
+    assert p.mesh[1] > 1 and p.strategies[f"{mha}/attention"] == "filter"  # its heads split
+    specs = p.partition_specs(variables)["params"]["LinenBlock_0"]["MultiHeadDotProductAttention_0"]
+    assert specs["query"]["kernel"] == P(None, "model", None)  # (features, heads, head_dim): by heads
+    report = planner.validate(model, p, memory_rtol=1.0, activation_rtol=1.0)
+    # XLA reduces the attention input's gradient once per projection (three dots) where the fused layer
+    # has one: two more all-reduces of the input's size per attention (docs/transformers.md)
+    x_bytes = BATCH / p.mesh[0] * spec.shape[1] * 128 * 4.0
+    for r in report.collectives:
+        if (r.kind, r.axes) == ("all-reduce", ("model",)):
+            assert r.compiled_bytes == r.predicted_bytes + 2 * 2 * x_bytes
+    x = jax.random.randint(jax.random.key(1), spec.shape, 0, 512)
+    y = jax.random.randint(jax.random.key(2), spec.shape, 0, 512)
+
+    def loss(params):
+        return optax.softmax_cross_entropy_with_integer_labels(model.apply({"params": params}, x), y).mean()
+
+    params, want = variables["params"], []
+    for _ in range(3):
+        value, grads = jax.value_and_grad(loss)(params)
+        params = jax.tree.map(lambda a, b: a - 0.1 * b, params, grads)
+        want.append(float(value))
+    step, state = planner.shard(model, p, optax.sgd(0.1), variables=variables)
+    got = []
+    for _ in range(3):
+        state, value = step(state, x, y)
+        got.append(float(value))
+    assert got == pytest.approx(want, rel=1e-5)

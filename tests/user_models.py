@@ -14,6 +14,8 @@ twins are: test models for extraction, planning, validation and training.
   GELU, LayerNorm, and the output tied to ``wte`` through ``wte.attend``.
 * :func:`linen_cnn`: a ``flax.linen`` CNN with batch norm under a ``train``
   flag.
+* :func:`linen_gpt`: a ``flax.linen`` GPT with ``nn.MultiHeadDotProductAttention``
+  and learned positions owned by its root module.
 """
 
 from __future__ import annotations
@@ -187,3 +189,44 @@ class LinenCNN(nn.Module):
 def linen_cnn(batch: int = 8):
     """The linen CNN and an example input of 16x16 RGB images."""
     return LinenCNN(), jax.ShapeDtypeStruct((batch, 16, 16, 3), jnp.float32)
+
+
+class LinenBlock(nn.Module):
+    heads: int
+
+    @nn.compact
+    def __call__(self, x, mask):
+        h = nn.LayerNorm()(x)
+        x = x + nn.MultiHeadDotProductAttention(num_heads=self.heads)(h, mask=mask)
+        h = nn.LayerNorm()(x)
+        h = nn.Dense(4 * x.shape[-1])(h)
+        h = nn.Dense(x.shape[-1])(nn.gelu(h))
+        return x + h
+
+
+class LinenGPT(nn.Module):
+    """A GPT in ``flax.linen``: ``nn.MultiHeadDotProductAttention`` under
+    ``nn.make_causal_mask``, learned positions as a parameter of the root
+    module (``self.param``), sliced to the sequence and added."""
+
+    vocab: int = 512
+    width: int = 128
+    depth: int = 2
+    heads: int = 4
+    max_tokens: int = 128
+
+    @nn.compact
+    def __call__(self, ids):
+        x = nn.Embed(self.vocab, self.width)(ids)
+        pos = self.param("pos_embedding", nn.initializers.normal(0.02), (1, self.max_tokens, self.width))
+        x = x + pos[:, : ids.shape[1]]
+        mask = nn.make_causal_mask(ids)
+        for _ in range(self.depth):
+            x = LinenBlock(self.heads)(x, mask)
+        return nn.Dense(self.vocab, use_bias=False)(nn.LayerNorm()(x))
+
+
+def linen_gpt(batch: int = 8, seq: int = 64):
+    """The linen GPT (width 128, 2 blocks, 4 heads, positions for 128 tokens)
+    and its example input of token ids."""
+    return LinenGPT(), jax.ShapeDtypeStruct((batch, seq), jnp.int32)

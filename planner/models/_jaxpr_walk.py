@@ -297,7 +297,7 @@ class _Walker(_TransformerRules):
         region = None
         for path, k in marks:  # outermost modelled / opaque module call wins
             info = self.infos.get(path)
-            if info is not None and info.kind is not None:
+            if info is not None and info.kind not in (None, "owner"):
                 region = ((path, k), info)
                 break
         if region is None and all(v is None for v in vals):

@@ -24,9 +24,9 @@ _HEAD_GROUPING_HINT = (
 )
 # Element-wise work on head views against constants, or combining views of one projection
 # (rotary positions: products with the angles' cosines and sines, sums, halves put side by side).
-_HEAD_ELEMENTWISE = frozenset({"mul", "add", "sub", "neg", "div", "concatenate"})
-# Ops that only view a projection's heads (or pass them on unchanged).
-_VIEW_OPS = frozenset({"reshape", "slice", "split", "squeeze", "expand_dims", "transpose", *_FREE})
+_HEAD_ELEMENTWISE = frozenset({"mul", "add", "sub", "neg", "div", "concatenate", "stack"})
+# Ops that only view a projection's heads (or pass them on unchanged, or repeat key-value heads for their group).
+_VIEW_OPS = frozenset({"reshape", "slice", "split", "squeeze", "expand_dims", "transpose", "broadcast_in_dim", *_FREE})
 # What a position-embedding module does to its activation: put a class token in front, add.
 _POSITION_PRIMS = frozenset({"add", "concatenate", "broadcast_in_dim", "reshape", "convert_element_type", "copy"})
 
@@ -60,9 +60,11 @@ class _Scores:
 
 @dataclasses.dataclass(eq=False)
 class _Positions:
-    """Rows of an embedding's table looked up at constant positions
-    (``wpe(jnp.arange(T))``): not an activation; added to a token sequence,
-    a position-embedding layer that owns the table."""
+    """A parameter table no activation flows into: rows of an embedding
+    looked up at constant positions (``wpe(jnp.arange(T))``), or a parameter
+    a module owns beside its submodules (a root's ``self.param`` of
+    positions). Not an activation; added to a token sequence, a
+    position-embedding layer that owns the table."""
 
     info: Any  # the embedding module's _ModuleInfo
 
@@ -120,9 +122,11 @@ class _TransformerRules:
 
     def positions_error(self, v: _Positions, what: str) -> ValueError:
         return ValueError(
-            f"extract: the rows of module {v.info.path!r} ({v.info.type_name}), looked up at constant positions, "
-            f"are {what}; the planner maps such a lookup only where it is added to a token sequence of the same "
-            "width (learned positions, wpe(arange(tokens)) + tokens)")
+            f"extract: {v.info.path!r} ({v.info.type_name}), a parameter table that no activation flows into (an "
+            f"embedding looked up at constant positions, or a parameter of a module that also holds layers), is "
+            f"{what}; the planner maps such a table only where it is added to a token sequence of the same width "
+            "(learned positions: wpe(arange(tokens)) or a position parameter added to the tokens). Put other uses "
+            "(a class token put in front) in a module of their own that owns only those parameters")
 
     def positions_op(self, eqn: Any, vals: list[Any], acts: list, scope: str, out_shape: tuple) -> list[Any]:
         """An op on positions looked up in an embedding (:class:`_Positions`):
@@ -132,7 +136,7 @@ class _TransformerRules:
         pos = [v for _, v in acts if isinstance(v, _Positions)]
         others = [(a, v) for a, v in acts if not isinstance(v, _Positions)]
         if not others and len({id(v) for v in pos}) == 1 and p in (*_FREE, "reshape", "broadcast_in_dim",
-                                                                   "expand_dims", "squeeze"):
+                                                                   "expand_dims", "squeeze", "slice"):
             return [pos[0]] * len(eqn.outvars)
         if p in ("add", "add_any") and len(pos) == 1 and len(others) == 1:
             (a, v), = others

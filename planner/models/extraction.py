@@ -133,6 +133,7 @@ from flax import nnx
 from planner.ir.builder import GraphBuilder
 from planner.ir.graph import LayerGraph, check_on_unsupported, layer_path
 from planner.models._jaxpr_walk import _MARK, _ModuleInfo, _Walker
+from planner.models._transformer_walk import _Positions
 from planner.usage import InternalError
 
 __all__ = ["extract", "linen_train_kwargs"]
@@ -160,10 +161,11 @@ def _classify(module: Any, direct: int, subtree: int) -> str | None:
         return "batch_norm"
     if isinstance(module, (nnx.Embed, nn.Embed)):
         return "embed"
-    if isinstance(module, nnx.MultiHeadAttention):
+    if isinstance(module, (nnx.MultiHeadAttention, nn.MultiHeadDotProductAttention)):
         # self-attention without a decoding cache, query-key norms or dropout: projections + attention
         plain = not module.decode and not module.normalize_qk and not module.dropout_rate
-        return "mha" if plain and module.attention_fn is nnx.dot_product_attention else "opaque"
+        default = nnx.dot_product_attention if isinstance(module, nnx.Module) else nn.dot_product_attention
+        return "mha" if plain and module.attention_fn is default else "opaque"
     if isinstance(module, (nnx.LayerNorm, nn.LayerNorm, nnx.RMSNorm, nn.RMSNorm)):
         last = all(tuple(np.atleast_1d(getattr(module, a, -1)).tolist()) == (-1,)
                    for a in ("reduction_axes", "feature_axes"))
@@ -173,7 +175,9 @@ def _classify(module: Any, direct: int, subtree: int) -> str | None:
     if isinstance(module, (nnx.Sequential, nnx.List, nnx.Dict, nn.Sequential)):
         return None
     if direct > 0:
-        return "opaque"
+        # beside submodules (a root module's learned positions): transparent, its own parameters followed
+        # as values by the walk (planner.models._transformer_walk._Positions); alone: a layer or opaque
+        return "owner" if subtree > direct else "opaque"
     # A Flax-provided composite with parameters (attention, ...): one opaque layer.
     if subtree > 0 and type(module).__module__.startswith("flax."):
         return "opaque"
@@ -225,10 +229,14 @@ def _linen_info(module: nn.Module, path: str) -> _ModuleInfo:
     own = {k: v for k, v in params.items() if not isinstance(v, Mapping)}
     direct = sum(math.prod(np.shape(v)) for v in own.values())
     subtree = sum(math.prod(np.shape(v)) for v in jax.tree.leaves(params))
-    return _ModuleInfo(
-        path, _type_name(type(module)), _classify(module, direct, subtree),
-        "bias" in own, "scale" in own, subtree, direct,
-    )
+    kind = _classify(module, direct, subtree)
+    attributes: tuple[tuple[str, Any], ...] = ()
+    if kind == "mha":  # its projections' sizes from their kernels: query (C, heads, head_dim), out (heads, head_dim, F)
+        heads, head_dim = np.shape(params["query"]["kernel"])[1:]
+        attributes = (("num_heads", int(heads)), ("qkv_features", int(heads * head_dim)),
+                      ("out_features", int(np.shape(params["out"]["kernel"])[-1])), ("use_bias", bool(module.use_bias)))
+    return _ModuleInfo(path, _type_name(type(module)), kind, "bias" in own, "scale" in own, subtree, direct,
+                       attributes)
 
 
 # -- tracing ---------------------------------------------------------------------------
@@ -291,7 +299,8 @@ def _patched_nnx_calls(classes: set[type], tracker: _CallTracker) -> Iterator[No
             setattr(c, attr, orig)
 
 
-def _trace_nnx(model: nnx.Module, x: jax.ShapeDtypeStruct) -> tuple[jex.ClosedJaxpr, dict[str, _ModuleInfo]]:
+def _trace_nnx(model: nnx.Module, x: jax.ShapeDtypeStruct
+               ) -> tuple[jex.ClosedJaxpr, dict[str, _ModuleInfo], list[Any]]:
     infos = _nnx_infos(model)
     classes = {type(m) for _, m in nnx.iter_modules(model)}
     graphdef, state = nnx.split(model)
@@ -312,7 +321,8 @@ def _trace_nnx(model: nnx.Module, x: jax.ShapeDtypeStruct) -> tuple[jex.ClosedJa
 
     with _patched_nnx_calls(classes, tracker):
         closed = jax.make_jaxpr(forward)(state, x)
-    return closed, infos
+    params = {tuple(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    return closed, infos, _leaf_parameters(state, lambda keys: keys if keys in params else None)
 
 
 _LINEN_TRAIN_FLAGS = {
@@ -331,7 +341,8 @@ def linen_train_kwargs(model: nn.Module) -> dict[str, bool]:
     return {k: v for k, v in _LINEN_TRAIN_FLAGS.items() if k in params}
 
 
-def _trace_linen(model: nn.Module, x: jax.ShapeDtypeStruct) -> tuple[jex.ClosedJaxpr, dict[str, _ModuleInfo], Any]:
+def _trace_linen(model: nn.Module, x: jax.ShapeDtypeStruct
+                 ) -> tuple[jex.ClosedJaxpr, dict[str, _ModuleInfo], Any, list[Any]]:
     variables = None
     if model.scope is not None:  # bound: use its variables (abstractly)
         model, variables = model.unbind()
@@ -364,7 +375,37 @@ def _trace_linen(model: nn.Module, x: jax.ShapeDtypeStruct) -> tuple[jex.ClosedJ
 
     with nn.intercept_methods(interceptor):
         closed = jax.make_jaxpr(forward)(variables, x)
-    return closed, infos, variables.get("params", {})
+    leaves = _leaf_parameters(variables, lambda keys: keys[1:] if keys[0] == "params" else None)
+    return closed, infos, variables.get("params", {}), leaves
+
+
+def _leaf_parameters(tree: Any, parameter_keys: Callable[[tuple[str, ...]], tuple[str, ...] | None]) -> list[Any]:
+    """Per leaf of the traced function's first argument, in order: its
+    parameter's path (module path, then name) and size where
+    ``parameter_keys`` of its dict keys says it is a parameter, else None."""
+    out: list[Any] = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        keys = tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+        found = parameter_keys(keys) if keys else None
+        out.append(None if found is None else (found, math.prod(np.shape(leaf))))
+    return out
+
+
+def _owned_values(leaves: list[Any], infos: Mapping[str, _ModuleInfo], x: Any) -> list[Any]:
+    """The walk's starting values: the model input, and each parameter that a
+    module owns beside its submodules' (an ``"owner"``, e.g. a root module's
+    learned positions) as the values the walk follows
+    (:class:`~planner.models._transformer_walk._Positions`); else None."""
+    out: list[Any] = []
+    for leaf in leaves:
+        info = None if leaf is None else infos.get("/".join(leaf[0][:-1]))
+        if info is None or info.kind != "owner":
+            out.append(None)
+            continue
+        (keys, size) = leaf
+        out.append(_Positions(_ModuleInfo(layer_path(info.path, keys[-1]), info.type_name, "embed", False, False,
+                                          size, size)))
+    return [*out, x]
 
 
 # -- FLOPs of primitives (for replicated layers) ----------------------------------------
@@ -415,10 +456,10 @@ def extract(
     batch = int(x.shape[0])
     input_shape = _graph_input_shape(x)
     if isinstance(model, nnx.Module):
-        closed, infos = _trace_nnx(model, x)
+        closed, infos, leaves = _trace_nnx(model, x)
         params: Any = nnx.state(model, nnx.Param)
     elif isinstance(model, nn.Module):
-        closed, infos, params = _trace_linen(model, x)
+        closed, infos, params, leaves = _trace_linen(model, x)
     else:
         raise ValueError(
             f"model must be a flax.nnx.Module or a flax.linen.Module, got {type(model).__name__}"
@@ -426,7 +467,9 @@ def extract(
     builder = GraphBuilder(name or type(model).__name__, input_shape)
     walker = _Walker(builder, infos, batch, on_unsupported)
     jaxpr = closed.jaxpr
-    invals: list[Any] = [None] * (len(jaxpr.invars) - 1) + [GraphBuilder.input]
+    invals = _owned_values(leaves, infos, GraphBuilder.input)
+    if len(invals) != len(jaxpr.invars):
+        raise InternalError(f"extract: {len(jaxpr.invars)} traced inputs for {len(invals) - 1} state leaves")
     outs = walker.walk(jaxpr, invals, (), ())
     walker.close()
     for v in outs:

@@ -319,7 +319,8 @@ def partition_specs(state: Any, strategies: Mapping[str, str], zero: frozenset[s
             if layer in zero or layer_path(layer.rpartition("/")[0], "qkv") in zero:
                 raise ValueError(f"ZeRO does not shard the projections of a multi-head attention ({layer!r})")
             return _head_param_spec(*heads, ndim)
-        strategy = strategies.get(layer, "replicated")
+        # a parameter a module owns beside its submodules' (a root's learned positions) is a layer of its own
+        strategy = strategies.get(layer) or strategies.get(layer_path(layer, name), "replicated")
         return P(*zero_spec_entries(strategy, ndim)) if layer in zero else param_spec(strategy, ndim)
 
     return jax.tree_util.tree_map_with_path(spec, state)

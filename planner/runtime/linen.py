@@ -34,12 +34,14 @@ from planner.plans.specs import (
     CHANNELWISE_LAYOUTS,
     PARAM_GRADIENT_LAYOUTS,
     PARAM_LAYOUTS,
+    head_projection,
 )
-from planner.runtime.calls import constrain, pin_cotangent
+from planner.ir.graph import layer_path
+from planner.runtime.calls import constrain, constrain_heads, pin_cotangent
 
 __all__ = ["LinenModel", "as_nnx", "constrained_linen_calls"]
 
-_PARAM_MODULES = (nn.Conv, nn.Dense, nn.Embed)
+_PARAM_MODULES = (nn.Conv, nn.Dense, nn.Embed, nn.DenseGeneral)
 
 
 class LinenModel(bridge.ToNNX):
@@ -144,16 +146,28 @@ def constrained_linen_calls(model: LinenModel, strategies: Mapping[str, str], me
 
     def interceptor(next_fun: Callable, args: Any, kwargs: Any, context: Any) -> Any:
         name = "/".join(map(str, context.module.path))
-        if context.method_name != "__call__" or name not in strategies or not args:
+        if context.method_name != "__call__" or not args:
+            return next_fun(*args, **kwargs)
+        heads = head_projection(name, strategies)
+        if heads is not None and heads[1] == "to":  # a multi-head attention's query, key or value projection
+            return constrain_heads(next_fun(*args, **kwargs), PARAM_LAYOUTS[heads[0]][1], mesh)
+        if name not in strategies:
+            fused = layer_path(name, "qkv")
+            if fused in strategies and isinstance(context.module, nn.MultiHeadDotProductAttention):
+                # its one input feeds three projections: converted once, to the fused layer's input layout
+                args = (constrain(args[0], PARAM_LAYOUTS[strategies[fused]][0], mesh), *args[1:])
             return next_fun(*args, **kwargs)
         param = isinstance(context.module, _PARAM_MODULES)
         lin, lout = (PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS)[strategies[name]]
         gout = (PARAM_GRADIENT_LAYOUTS if param else CHANNELWISE_GRADIENT_LAYOUTS)[strategies[name]][1]
         last_layout.append(lout)
         x = args[0]
+        # a multi-head attention's output projection reads (batch, tokens, heads, head_dim): its channels the heads
+        pin = constrain_heads if isinstance(context.module, nn.DenseGeneral) and getattr(x, "ndim", 0) == 4 \
+            else constrain
         if name in input_layouts:
-            x = constrain(x, input_layouts[name], mesh)
-        out = next_fun(constrain(x, lin, mesh), *args[1:], **kwargs)
+            x = pin(x, input_layouts[name], mesh)
+        out = next_fun(pin(x, lin, mesh), *args[1:], **kwargs)
         if lout == "partial" and gout != "partial":
             out = pin_cotangent(out, gout, mesh)
         out = constrain(out, lout, mesh)
