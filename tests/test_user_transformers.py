@@ -168,3 +168,46 @@ def test_a_parameter_no_layer_holds_is_an_error_naming_its_module():
 
     with pytest.raises(ValueError, match=r"holds 72 of the model's 112 parameters.*'shift' \(nnx.Linear, 40\)"):
         planner.extract(Biased(nnx.Rngs(0)), jax.ShapeDtypeStruct((2, 8), jnp.float32))
+
+
+def _policy_losses(model, x, y, steps: int, lr: float, dtype) -> list[float]:
+    """SGD by hand under the mixed-precision policy the cost model prices:
+    fp32 master weights, the passes on a ``dtype`` copy, fp32 logits."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(low):
+        logits = nnx.merge(graphdef, low, rest)(x).astype(jnp.float32)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    out = []
+    for _ in range(steps):
+        value, grads = jax.value_and_grad(loss)(jax.tree.map(lambda p: p.astype(dtype), params))
+        params = jax.tree.map(lambda p, g: p - lr * g.astype(jnp.float32), params, grads)
+        out.append(float(value))
+    return out
+
+
+@pytest.mark.slow
+def test_a_bfloat16_plan_trains_in_bfloat16_with_fp32_master_weights(devices):
+    """A bfloat16 plan (model parallel) trains as the policy it was costed
+    for, not in float32: its losses are the bfloat16 policy's by hand, and
+    further from float32's than that."""
+    model, spec = user_models.llama(batch=BATCH)
+    g = planner.extract(model, spec)
+    free = planner.plan(g, devices=8, hardware="dgx-a100", batch=BATCH, platform="cpu", dtype="bfloat16")
+    p = planner.plan(g, devices=8, hardware="dgx-a100", batch=BATCH, platform="cpu", dtype="bfloat16",
+                     memory_limit=int(0.6 * free.evaluation.memory_bytes_per_device))
+    assert p.mesh[1] > 1
+    x = jax.random.randint(jax.random.key(1), spec.shape, 0, 512)
+    y = jax.random.randint(jax.random.key(2), spec.shape, 0, 512)
+    step, state = planner.shard(model, p, optax.sgd(0.1))
+    got = []
+    for _ in range(3):
+        state, loss = step(state, x, y)
+        got.append(float(loss))
+    assert {leaf.dtype for leaf in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float32)}  # master weights
+    low = _policy_losses(model, x, y, 3, 0.1, jnp.bfloat16)
+    high = _policy_losses(model, x, y, 3, 0.1, jnp.float32)
+    assert got == pytest.approx(low, rel=1e-4)
+    assert max(abs(a - b) for a, b in zip(got, high, strict=True)) > 10 * max(
+        abs(a - b) for a, b in zip(got, low, strict=True))

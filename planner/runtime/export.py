@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -279,8 +280,10 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
            zero_stages: Mapping[str, int] | None = None,
            remat_layers: Sequence[str] | None = None,
            scatters: Mapping[str, str] | None = None,
-           recompute_runs: Sequence[Sequence[str]] | None = None) -> tuple[Any, Any, Any, Any, Any]:
+           recompute_runs: Sequence[Sequence[str]] | None = None,
+           dtype: str = "float32") -> tuple[Any, Any, Any, Any, Any]:
     """(jitted step, state shardings, params, other, batch sharding)."""
+    low = precision(dtype)
     for s in strategies.values():
         check_strategy(s)
     zero = _zero_layers(strategies, zero_stages)
@@ -344,7 +347,7 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
             if runs:  # traced with the extraction's markers, cut by layer, each run recomputed
                 with marked_module_calls(model) as tag:
                     closed, shape = jax.make_jaxpr(lambda p, o, v: forward(p, o, v, tag),
-                                                   return_shape=True)(params, state.other, x)
+                                                   return_shape=True)(params, state.other, to_precision(x, low))
                 leaves = [*jax.tree.leaves(params), *jax.tree.leaves(state.other)]
                 # ("replicate": what the extraction cannot map becomes a layer of its own, which the
                 # comparison below reports, instead of an error about the export's own operations)
@@ -357,9 +360,10 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
                         f"layers the plan does not name ({extra[:3]}) and misses some it names ({missing[:3]}); "
                         "recompute fewer layers (levers without remat) or report this model")
                 run = recomputing_forward(closed, run_members(found.layers, runs))
-                logits, new_other = jax.tree.unflatten(jax.tree.structure(shape), run(*leaves, x))
+                logits, new_other = jax.tree.unflatten(jax.tree.structure(shape), run(*leaves, to_precision(x, low)))
             else:
-                logits, new_other = forward(params, state.other, x)
+                logits, new_other = forward(params, state.other, to_precision(x, low))
+            logits = to_precision(logits, jnp.float32)  # the loss in fp32
             # The loss runs on the output as the cost model assumes: batch-split
             # where the last layer leaves it so, else gathered over the model axis
             # (costmodels.collective_list, "-> loss" records).
@@ -373,11 +377,13 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
         # (0.10) differentiates through exp and the division and keeps the exponentials too,
         # one more (heads x tokens^2) buffer per attention (docs/transformers.md). Around the
         # whole differentiation: a recomputed attention's forward is traced in the backward pass.
+        # Mixed precision (costmodels.CostSettings): the forward and backward passes run on a low-precision
+        # copy of the fp32 master weights, whose gradients are reduced in that precision, then widened.
         with jax.softmax_custom_jvp(True):
-            (loss, new_other), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
+            (loss, new_other), grads = jax.value_and_grad(loss_of, has_aux=True)(to_precision(state.params, low))
         # Gradients in their parameters' layouts before the optimizer, as the plan reduces them
         # (sharded over the data-parallel group where ZeRO stage 2 or 3 shards them).
-        grads = jax.lax.with_sharding_constraint(grads, g_sh)
+        grads = to_precision(jax.lax.with_sharding_constraint(grads, g_sh), jnp.float32)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         return TrainState(params, new_other, opt_state), loss
@@ -387,6 +393,24 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
     step = jax.jit(train_step, in_shardings=(state_sh, batch_sh, batch_sh), out_shardings=(state_sh, None),
                    donate_argnums=(0,) if donate else ())
     return step, state_sh, params, other, batch_sh
+
+
+def precision(dtype: str) -> Any:
+    """The JAX dtype a plan's ``dtype`` computes in: ``float32``, or under
+    mixed precision ``bfloat16`` / ``float16``."""
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"unknown dtype {dtype!r}; choose from float32, bfloat16, float16")
+    return jnp.dtype(dtype)
+
+
+def to_precision(tree: Any, dtype: Any) -> Any:
+    """``tree`` with its floating-point arrays in ``dtype`` (integers, such as
+    token ids, and arrays already in it unchanged)."""
+    def cast(v: Any) -> Any:
+        floating = hasattr(v, "dtype") and jnp.issubdtype(v.dtype, jnp.floating)
+        return v.astype(dtype) if floating and v.dtype != dtype else v
+
+    return jax.tree.map(cast, tree)
 
 
 def _zero_layers(strategies: Mapping[str, str], zero_stages: Mapping[str, int] | None) -> dict[int, frozenset[str]]:
@@ -416,6 +440,7 @@ def shard_training(
     remat_layers: Sequence[str] | None = None,
     scatters: Mapping[str, str] | None = None,
     recompute_runs: Sequence[Sequence[str]] | None = None,
+    dtype: str = "float32",
 ) -> tuple[Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, jax.Array]], TrainState]:
     """A jitted training step ``step(state, x, y) -> (state, loss)`` for ``model``
     with parameters, optimizer state and each planned layer's activations laid
@@ -439,10 +464,16 @@ def shard_training(
     ``channel`` layers it names into their consumers' layout inside
     ``jax.shard_map``. ``recompute_runs`` (runs of layers, each its layer
     names) recomputes each run in the backward pass from what enters it
-    (:mod:`planner.runtime.runs`)."""
+    (:mod:`planner.runtime.runs`). ``dtype`` is the plan's precision: under
+    ``bfloat16`` or ``float16`` (mixed precision, the policy the cost model
+    prices: :class:`costmodels.CostSettings`) the state keeps fp32 master
+    weights and optimizer state, and each step runs the forward and backward
+    passes on a copy of the weights and of the float inputs in that
+    precision, reduces the gradients in it, widens them to fp32 for the
+    optimizer and takes the loss of fp32 logits."""
     step, state_sh, params, other, _ = _build(model, strategies, mesh, optimizer, loss_fn, False, input_layouts,
                                               output_layouts, blocks, zero_stages, remat_layers, scatters,
-                                              recompute_runs)
+                                              recompute_runs, dtype)
     init = jax.jit(lambda p, o: TrainState(p, o, optimizer.init(p)), out_shardings=state_sh)
     return step, init(params, other)
 

@@ -47,6 +47,11 @@ def shard(
     channels-last and ``y`` integer labels (softmax cross-entropy unless
     ``loss_fn(logits, y)`` is given).
 
+    It trains in the plan's precision: under ``bfloat16`` / ``float16``
+    plans, fp32 master weights and optimizer state, the passes and the
+    gradients' reductions in the low precision
+    (:func:`planner.runtime.export.shard_training`'s ``dtype``), as costed.
+
     ``model`` is an nnx module, which holds its weights, or a linen module
     with its ``variables`` (``model.init(key, x)``; without them, weights
     initialised from key 0), trained through Flax's bridge
@@ -69,7 +74,8 @@ def shard(
     # ops to theirs, and each residual block's input and output to its layers', so the functional ops between
     # modules (activations, pooling, flatten, the shortcut's add) run where the plan costs them
     # (docs/validation.md, items 2 and 12)
-    return shard_training(model, plan.strategies, mesh, optimizer, **export_options(graph, plan), **kwargs)
+    return shard_training(model, plan.strategies, mesh, optimizer, **export_options(graph, plan), dtype=plan.dtype,
+                          **kwargs)
 
 
 def export_options(graph: LayerGraph, plan: Plan) -> dict[str, Any]:
