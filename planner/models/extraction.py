@@ -133,7 +133,7 @@ from flax import nnx
 from planner.ir.builder import GraphBuilder
 from planner.ir.graph import LayerGraph, check_on_unsupported, layer_path
 from planner.models._jaxpr_walk import _MARK, _ModuleInfo, _Walker
-from planner.models._transformer_walk import _Positions
+from planner.models._parameters import check_parameters, leaf_parameters, owned_values, parameter_count
 from planner.usage import InternalError
 
 __all__ = ["extract", "linen_train_kwargs"]
@@ -322,7 +322,7 @@ def _trace_nnx(model: nnx.Module, x: jax.ShapeDtypeStruct
     with _patched_nnx_calls(classes, tracker):
         closed = jax.make_jaxpr(forward)(state, x)
     params = {tuple(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-    return closed, infos, _leaf_parameters(state, lambda keys: keys if keys in params else None)
+    return closed, infos, leaf_parameters(state, lambda keys: keys if keys in params else None)
 
 
 _LINEN_TRAIN_FLAGS = {
@@ -375,37 +375,8 @@ def _trace_linen(model: nn.Module, x: jax.ShapeDtypeStruct
 
     with nn.intercept_methods(interceptor):
         closed = jax.make_jaxpr(forward)(variables, x)
-    leaves = _leaf_parameters(variables, lambda keys: keys[1:] if keys[0] == "params" else None)
+    leaves = leaf_parameters(variables, lambda keys: keys[1:] if keys[0] == "params" else None)
     return closed, infos, variables.get("params", {}), leaves
-
-
-def _leaf_parameters(tree: Any, parameter_keys: Callable[[tuple[str, ...]], tuple[str, ...] | None]) -> list[Any]:
-    """Per leaf of the traced function's first argument, in order: its
-    parameter's path (module path, then name) and size where
-    ``parameter_keys`` of its dict keys says it is a parameter, else None."""
-    out: list[Any] = []
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        keys = tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
-        found = parameter_keys(keys) if keys else None
-        out.append(None if found is None else (found, math.prod(np.shape(leaf))))
-    return out
-
-
-def _owned_values(leaves: list[Any], infos: Mapping[str, _ModuleInfo], x: Any) -> list[Any]:
-    """The walk's starting values: the model input, and each parameter that a
-    module owns beside its submodules' (an ``"owner"``, e.g. a root module's
-    learned positions) as the values the walk follows
-    (:class:`~planner.models._transformer_walk._Positions`); else None."""
-    out: list[Any] = []
-    for leaf in leaves:
-        info = None if leaf is None else infos.get("/".join(leaf[0][:-1]))
-        if info is None or info.kind != "owner":
-            out.append(None)
-            continue
-        (keys, size) = leaf
-        out.append(_Positions(_ModuleInfo(layer_path(info.path, keys[-1]), info.type_name, "embed", False, False,
-                                          size, size)))
-    return [*out, x]
 
 
 # -- FLOPs of primitives (for replicated layers) ----------------------------------------
@@ -467,7 +438,7 @@ def extract(
     builder = GraphBuilder(name or type(model).__name__, input_shape)
     walker = _Walker(builder, infos, batch, on_unsupported)
     jaxpr = closed.jaxpr
-    invals = _owned_values(leaves, infos, GraphBuilder.input)
+    invals = owned_values(leaves, infos, GraphBuilder.input)
     if len(invals) != len(jaxpr.invars):
         raise InternalError(f"extract: {len(jaxpr.invars)} traced inputs for {len(invals) - 1} state leaves")
     outs = walker.walk(jaxpr, invals, (), ())
@@ -476,32 +447,6 @@ def extract(
         if v is not None:
             walker.resolve(v)
     graph = builder.build()
-    _check_parameters(graph, infos, _parameter_count(params))
+    check_parameters(graph, infos, parameter_count(params))
     # a graph with stand-ins says so: the model extracts to it only with this option again
     return dataclasses.replace(graph, on_unsupported="replicate") if walker.replaced else graph
-
-
-def _parameter_count(params: Any) -> int:
-    """Trainable parameters: the sum over the leaves of a model's parameters
-    (nnx: its ``nnx.Param`` state; linen: its ``params`` collection)."""
-    return sum(math.prod(np.shape(v)) for v in jax.tree.leaves(params))
-
-
-def _check_parameters(graph: LayerGraph, infos: Mapping[str, _ModuleInfo], expected: int) -> None:
-    """Every parameter of the model is in the graph: else a ValueError naming
-    the modules whose parameters no layer holds. (A module called twice holds
-    its parameters at each call: shared weights count once per use.)"""
-    got = int(graph.total("params"))
-    if got == expected:
-        return
-    layers = set(graph.names)
-    held = lambda path: path in layers or any(n.startswith(path + "/") for n in layers)  # noqa: E731
-    missing = [f"{i.path or '<root>'!r} ({i.type_name}, {i.direct_params:,})" for i in infos.values()
-               if i.direct_params and not held(i.path) and i.kind != "attend"]
-    if missing:
-        raise ValueError(
-            f"extract: the layer graph holds {got:,} of the model's {expected:,} parameters: no layer holds those "
-            f"of module {', '.join(missing[:5])}; the planner cannot see how they are used. Use them as a layer "
-            "it maps (docs/transformers.md, docs/models.md), or report the idiom")
-    if got < expected:
-        raise InternalError(f"extract: the layer graph holds {got:,} parameters, the model {expected:,}")
