@@ -211,3 +211,10 @@ def test_a_bfloat16_plan_trains_in_bfloat16_with_fp32_master_weights(devices):
     assert got == pytest.approx(low, rel=1e-4)
     assert max(abs(a - b) for a, b in zip(got, high, strict=True)) > 10 * max(
         abs(a - b) for a, b in zip(got, low, strict=True))
+
+
+def test_validate_refuses_a_bfloat16_plan_on_xla_cpu_and_says_why(devices):
+    model, spec = user_models.llama(batch=BATCH)
+    p = planner.plan(planner.extract(model, spec), devices=8, hardware="dgx-a100", batch=BATCH, dtype="bfloat16")
+    with pytest.raises(ValueError, match="XLA:CPU computes bfloat16 in float32"):
+        planner.validate(model, p)

@@ -494,6 +494,7 @@ def lower_training(
     remat_layers: Sequence[str] | None = None,
     scatters: Mapping[str, str] | None = None,
     recompute_runs: Sequence[Sequence[str]] | None = None,
+    dtype: str = "float32",
 ) -> tuple[jax.stages.Lowered, TrainState]:
     """The training step of :func:`shard_training`, lowered for inputs shaped
     like ``x`` (batch first, channels last; integer labels, one per token
@@ -501,10 +502,11 @@ def lower_training(
     anything: ``model`` may be abstract (``nnx.eval_shape``). Returns the
     lowered step and the state's abstract leaves (``ShapeDtypeStruct`` with
     their planned shardings). ``donate`` (default) lets the new state reuse
-    the old one's buffers, as an in-place training loop would."""
+    the old one's buffers, as an in-place training loop would; ``dtype`` as
+    for :func:`shard_training`."""
     step, state_sh, params, other, batch_sh = _build(model, strategies, mesh, optimizer, loss_fn, donate,
                                                      input_layouts, output_layouts, blocks, zero_stages,
-                                                     remat_layers, scatters, recompute_runs)
+                                                     remat_layers, scatters, recompute_runs, dtype)
     opt_abs = jax.eval_shape(optimizer.init, params)
 
     def spec(leaf: Any, sh: Any) -> jax.ShapeDtypeStruct:
