@@ -107,3 +107,38 @@ def test_each_attention_idiom_maps_with_every_parameter_and_its_flops(case):
     assert len([u for u, v in g.edges if v == i]) == 3  # its queries, keys and values
     flops = (xla[0] if isinstance(xla, list) else xla)["flops"]
     assert g.total("flops_fwd") * B == pytest.approx(flops, rel=0.02)
+
+
+class Unmapped(nnx.Module):
+    """Attentions the planner has no layer for: a position bias added to the
+    scores (ALiBi-like), a sigmoid in place of the softmax."""
+
+    def __init__(self, variant, rngs):
+        self.variant = variant
+        self.q, self.k, self.v, self.o = (nnx.Linear(C, C, rngs=rngs) for _ in range(4))
+
+    def __call__(self, x):
+        q, k, v = (f(x).reshape(B, T, H, HD) for f in (self.q, self.k, self.v))
+        att = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+        if self.variant == "position bias":
+            att = jax.nn.softmax(att + 0.1 * jnp.arange(T)[None, None, None, :], axis=-1)
+        else:
+            att = jax.nn.sigmoid(att)
+        return self.o(jnp.einsum("bhqk,bkhd->bqhd", att, v).reshape(B, T, C))
+
+
+@pytest.mark.parametrize("variant", ["position bias", "sigmoid"])
+def test_an_unmapped_attention_is_refused_by_name_or_kept_with_its_work(variant):
+    """Refused by default, naming the operation; with on_unsupported="replicate"
+    replicated layers hold all of it: every parameter, and the FLOPs of the
+    scores computed before the unmapped operation (XLA's count within 2%)."""
+    model = nnx.eval_shape(lambda: Unmapped(variant, nnx.Rngs(0)))
+    x = jax.ShapeDtypeStruct((B, T, C), jnp.float32)
+    with pytest.raises(ValueError, match="operation '(add|logistic)' on activation"):
+        planner.extract(model, x)
+    g = planner.extract(model, x, on_unsupported="replicate")
+    assert g.on_unsupported == "replicate" and "other" in g.kind_names
+    assert g.total("params") == sum(math.prod(v.shape) for v in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    graphdef, state = nnx.split(model)
+    ca = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)).lower(state, x).cost_analysis()
+    assert g.total("flops_fwd") * B == pytest.approx((ca[0] if isinstance(ca, list) else ca)["flops"], rel=0.02)

@@ -618,13 +618,15 @@ class _Walker(_TransformerRules):
             )
         self.replaced += 1
         xs: list[int] = []
+        flops = _eqn_flops(eqn) / self.batch
         for v in vals:
             if v is not None:
+                flops += self.absorbed_flops(v)  # an attention in progress stops here: its work so far is this layer's
                 n = self.resolve(v)
                 if n not in xs:
                     xs.append(n)
         c, sp = self.per_sample(eqn.outvars[0].aval if eqn.outvars else None)
-        node = self.emit(self.b.other, self.b.auto_name(scope, p), xs, c, sp, flops_fwd=_eqn_flops(eqn) / self.batch)
+        node = self.emit(self.b.other, self.b.auto_name(scope, p), xs, c, sp, flops_fwd=flops)
         return [node] * len(eqn.outvars)
 
 

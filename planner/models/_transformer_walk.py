@@ -56,6 +56,7 @@ class _Scores:
     kv_heads: int | None = None
     key_node: int | None = None  # the keys' projection, where it is another
     masked: bool = False
+    flops: float = 0.0  # forward FLOPs per sample so far (q k^T, the softmax): a replicated layer's if it stops
 
 
 @dataclasses.dataclass(eq=False)
@@ -187,10 +188,11 @@ class _TransformerRules:
             return self.unsupported(eqn, vals, scope)
         if p == "dot_general" and len(views) == 2:  # q k^T
             q, k = views
+            work = _eqn_flops(eqn) / self.batch
             if q.node == k.node:
-                return [_Scores(q.node, q.heads, q.kv_heads)]
+                return [_Scores(q.node, q.heads, q.kv_heads, flops=work)]
             if q.kv_heads is None and k.kv_heads is None and q.heads % k.heads == 0:
-                return [_Scores(q.node, q.heads, k.heads, key_node=k.node)]
+                return [_Scores(q.node, q.heads, k.heads, key_node=k.node, flops=work)]
         if p == "dot_general" and len(views) == 1 and len(scores) == 1:
             sc, v = scores[0], views[0]
             fused = sc.key_node is None and v.node == sc.node
@@ -201,6 +203,7 @@ class _TransformerRules:
         if scores and p in _ATTENTION_SOFTMAX:
             if p == "select_n":
                 scores[0].masked = True
+            scores[0].flops += _eqn_flops(eqn) / self.batch
             return [scores[0]] * nout
         nodes = {v.node for v in views}
         if views and not scores and len(nodes) == 1 and p in _HEAD_ELEMENTWISE and eqn.outvars:
@@ -217,6 +220,19 @@ class _TransformerRules:
             keep = v.grouped and p in ("slice", "split", *_FREE)
             return [_Heads(v.node, v.heads, v.kv_heads, grouped=keep)] * nout
         return self.unsupported(eqn, vals, scope)
+
+    def absorbed_flops(self, v: Any) -> float:
+        """Where an unsupported operation (kept as a replicated layer) reads
+        an attention in progress or rotated head views: the forward FLOPs per
+        sample done on them so far, which no layer holds yet; counted once."""
+        if isinstance(v, _Scores):
+            flops, v.flops = v.flops, 0.0
+            return flops + self.absorbed_flops(_Heads(v.node, v.heads)) + (
+                self.absorbed_flops(_Heads(v.key_node, v.heads)) if v.key_node is not None else 0.0)
+        if isinstance(v, _Heads):
+            work = self.head_work.pop(v.node, None)
+            return 0.0 if work is None else work.flops
+        return 0.0
 
     def grouped_slice(self, eqn: Any) -> bool:
         """Whether a slice (or split) of a 5-D head view cuts only its grouped axis (3)."""
