@@ -66,8 +66,8 @@ class HardwareArrays(NamedTuple):
     network: Network
     vector_peak_flops_per_s: jnp.ndarray  # [] peak of element-wise work (float32 on the vector units)
     launch_s: jnp.ndarray  # [] fixed seconds per kernel
-    channel_tile: jnp.ndarray  # [] output-feature padding of a GEMM, elements
-    reduction_tile: jnp.ndarray  # [] reduction-dim padding of a GEMM, elements
+    channel_tile: jnp.ndarray  # [] output-feature padding of a GEMM, elements (0: none, cost_fn's relaxation)
+    reduction_tile: jnp.ndarray  # [] reduction-dim padding of a GEMM, elements (0: none)
     saturation_output_elements: jnp.ndarray  # [] output elements at half the peak rate
     compute_memory_exponent: jnp.ndarray  # [] p of the p-norm; inf = max
     dispatch_s: jnp.ndarray  # [] host cost of one jitted call (a measured step includes one; plans leave it out)
@@ -118,9 +118,12 @@ def roofline_s(hw: HardwareArrays, flops, nbytes, efficiency):
 
 
 def _pad_factor(n, tile):
-    """``ceil(n / tile) * tile / n``: the share of a tiled dim that is padding, plus 1."""
+    """``ceil(n / tile) * tile / n``: the share of a tiled dim that is padding,
+    plus 1 (1 for a tile of 0: no padding, a step function's smooth lower
+    envelope, exact at multiples of the tile)."""
     safe = jnp.maximum(n, 1e-30)
-    return jnp.where(n > 0, jnp.ceil(safe / tile) * tile / safe, 1.0)
+    safe_tile = jnp.where(tile > 0, tile, 1.0)
+    return jnp.where((n > 0) & (tile > 0), jnp.ceil(safe / safe_tile) * safe_tile / safe, 1.0)
 
 
 def _combine(t_compute, t_memory, p):

@@ -21,6 +21,7 @@ from planner.automl.parametric import (
     resnet_parametric,
     resnet_template,
     total_forward_flops,
+    transformer_parametric,
 )
 from planner.calibrate.fit import HardwareFit, StepTime, fit_hardware
 from planner.calibrate.profile import Profile, profile_layers
@@ -93,6 +94,7 @@ __all__ = [
     "resnet_template",
     "shard",
     "total_forward_flops",
+    "transformer_parametric",
     "validate",
 ]
 

@@ -138,10 +138,17 @@ def test_a_model_with_a_norm_trains_sharded_with_the_unsharded_loss(devices, str
     assert all(r.ok for r in report.collectives), [r for r in report.collectives if not r.ok]
 
 
-def test_parametric_graphs_refuse_norms_instead_of_costing_them_as_nothing():
-    from planner.automl.parametric import parametric_graph
+def test_parametric_graphs_cost_norms_as_the_builder_does():
+    """A norm after a widened dense layer is costed at its new width, not as
+    nothing: the parametric arrays at width 2 are the builder's at 64."""
+    from planner.automl.parametric import ArchParams, parametric_graph
 
-    b = GraphBuilder("n", (32, 16))
-    b.dense("head", b.norm("ln", b.dense("fc", b.input, 32)), 10)
-    with pytest.raises(ValueError, match="norm layers"):
-        parametric_graph(b.build(), {"fc": 0})
+    def build(width):
+        b = GraphBuilder("n", (32, 16))
+        b.dense("head", b.norm("ln", b.dense("fc", b.input, width)), 10)
+        return b.build()
+
+    got = parametric_graph(build(32), {"fc": 0})(ArchParams(jnp.asarray([2.0]), jnp.float32(1.0), jnp.float32(8)))
+    want = build(64).arrays
+    for field in ("params", "flops_fwd", "flops_bwd_data", "flops_bwd_weight", "saved_elements"):
+        np.testing.assert_allclose(np.asarray(getattr(got, field)), np.asarray(getattr(want, field)), rtol=1e-6)

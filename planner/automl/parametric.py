@@ -43,6 +43,7 @@ import numpy as np
 from costmodels.layers import ATTENTION_KINDS
 from planner.ir import flops as F
 from planner.ir.builder import GraphBuilder
+from planner.automl._transformer_rules import TransformerStructure, transformer_rules, transformer_structure
 from planner.ir.graph import LayerArrays, LayerGraph, LayerKind
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "resnet_parametric",
     "resnet_template",
     "total_forward_flops",
+    "transformer_parametric",
 ]
 
 _PAD1 = ((1, 1), (1, 1))
@@ -87,7 +89,7 @@ class _Structure(NamedTuple):
     in_ptr: np.ndarray  # [n] first input, skipping spatial no-op layers (-1 = model input)
     first_src: np.ndarray  # [n] first input (-1 = model input)
     spatial_op: np.ndarray  # [n] 0 copy, 1 window, 2 global pool, 3 flatten
-    chan_op: np.ndarray  # [n] 0 copy, 1 scaled, 2 concat, 3 flatten
+    chan_op: np.ndarray  # [n] 0 copy, 1 scaled, 2 concat, 3 flatten, 4 a fixed ratio to the input's (attention)
     bias: np.ndarray  # [n] 1.0 if the conv/dense layer has a bias
     input_only: np.ndarray  # [n] 1.0 if fed only by the model input (no backward-data pass)
     depthwise: np.ndarray  # [n] 1.0 if groups == in_channels > 1
@@ -98,7 +100,7 @@ class _Structure(NamedTuple):
     spatial_rounds: int
     chan_rounds: int
     max_kernel: int
-
+    transformer: TransformerStructure  # norms, attentions, embeddings, products, positions
 
 def _structure(t: LayerGraph, group: np.ndarray) -> _Structure:
     a = t.unpadded()
@@ -121,8 +123,9 @@ def _structure(t: LayerGraph, group: np.ndarray) -> _Structure:
     if bad.any():
         raise ValueError(f"layer {t.names[int(np.argmax(bad))]!r} has no shape rule (kind other) and changes the "
                          "spatial shape; a parametric graph cannot rescale it")
-    chan_op = np.where(np.isin(kind, (LayerKind.CONV, LayerKind.DENSE, LayerKind.OTHER)), 1,
-                       np.where(kind == LayerKind.CONCAT, 2, np.where(kind == LayerKind.FLATTEN, 3, 0)))
+    chan_op = np.where(np.isin(kind, (LayerKind.CONV, LayerKind.DENSE, LayerKind.OTHER, LayerKind.EMBED)), 1,
+                       np.where(kind == LayerKind.CONCAT, 2, np.where(kind == LayerKind.FLATTEN, 3,
+                                np.where(np.isin(kind, ATTENTION_KINDS), 4, 0))))
     in_ptr = first_src.copy()
     for i in range(n):  # skip spatial no-ops (topological order: pointers already compressed)
         p = in_ptr[i]
@@ -150,7 +153,7 @@ def _structure(t: LayerGraph, group: np.ndarray) -> _Structure:
         saves_output=((kind == LayerKind.ELEMENTWISE) & (a.saved_elements > 0)).astype(float),
         per_element=np.where(kind == LayerKind.ELEMENTWISE, a.flops_fwd / np.maximum(in_el, 1), 0.0),
         spatial_rounds=int(depth_s.max(initial=0)) + 1, chan_rounds=int(depth_c.max(initial=0)) + 1,
-        max_kernel=int(a.kernel.max(initial=1)),
+        max_kernel=int(a.kernel.max(initial=1)), transformer=transformer_structure(t, indeg),
     )
 
 
@@ -234,8 +237,9 @@ class ParametricGraph:
         for _ in range(st.chan_rounds):
             in_c = jnp.where(src >= 0, out_c[jnp.maximum(src, 0)], c0)
             cat = jnp.zeros(n).at[jnp.asarray(e_dst)].add(out_c[jnp.asarray(e_src)]) if e_src.size else jnp.zeros(n)
-            out_c = jnp.where(chan_op == 1, scaled, jnp.where(chan_op == 2, cat,
-                              jnp.where(chan_op == 3, in_c * in_pos, in_c)))
+            ratio = jnp.asarray(st.transformer.ratio, jnp.float32)
+            out_c = jnp.where(chan_op == 1, scaled, jnp.where(chan_op == 2, cat, jnp.where(
+                chan_op == 3, in_c * in_pos, jnp.where(chan_op == 4, in_c * ratio, in_c))))
             # copy layers read their (already updated) producer: iterate along the chain cheaply
             out_c = _propagate_copies(out_c, st, c0)
         in_c = jnp.where(src >= 0, out_c[jnp.maximum(src, 0)], c0)
@@ -270,21 +274,28 @@ class ParametricGraph:
              (jnp.asarray(st.add_inputs, jnp.float32) - 1.0) * out_el,  # add_flops
              f32(t.flops_fwd)],
             0.0)
+        ew_bwd = jnp.asarray(st.transformer.backward_per_element, jnp.float32) * in_el  # as the template's
         bwd_data = jnp.select(
-            [param_layer, bn, pool | gpool | ew, other],
-            [2.0 * macs, F.BATCH_NORM_BWD_FLOPS_PER_ELEMENT * in_el, in_el, f32(t.flops_bwd_data)], 0.0)
+            [param_layer, bn, pool | gpool, ew, other],
+            [2.0 * macs, F.BATCH_NORM_BWD_FLOPS_PER_ELEMENT * in_el, in_el, ew_bwd, f32(t.flops_bwd_data)], 0.0)
         bwd_data = bwd_data * (1.0 - jnp.asarray(st.input_only, jnp.float32))  # builder: no dx into the model input
         bwd_weight = jnp.select([param_layer, bn, other], [2.0 * macs + b, 2.0 * in_el * affine, f32(t.flops_bwd_weight)],
                                 0.0)
         kprod = jnp.prod(f32(t.kernel), axis=1)
+        untied = 1.0 - jnp.asarray(st.transformer.tied, jnp.float32)  # a tied output layer owns no parameters
         params_ = jnp.select(
             [is_(LayerKind.CONV), is_(LayerKind.DENSE), bn, other],
-            [kprod * (in_c / groups) * out_c + bias * out_c, in_c * out_c + bias * out_c, 2.0 * out_c * affine,
-             f32(t.params)], 0.0)
+            [kprod * (in_c / groups) * out_c + bias * out_c, (in_c * out_c + bias * out_c) * untied,
+             2.0 * out_c * affine, f32(t.params)], 0.0)
         buffers = jnp.where(bn, 2.0 * out_c, 0.0)
         saved = jnp.select(
             [param_layer | bn, pool, ew, other],
             [in_el, maxp * in_el, jnp.asarray(st.saves_output, jnp.float32) * in_el, f32(t.saved_elements)], 0.0)
+        tr = transformer_rules(st.transformer, in_c, out_c, in_pos, out_pos)
+        fwd, bwd_data, bwd_weight, params_, saved = (
+            jnp.where(tr.mask > 0, new, old) for new, old in ((tr.flops_fwd, fwd), (tr.flops_bwd_data, bwd_data),
+                                                              (tr.flops_bwd_weight, bwd_weight), (tr.params, params_),
+                                                              (tr.saved, saved)))
 
         def pad(x, fill):  # real rows from the rules, padding rows from the template
             tmpl = jnp.asarray(np.asarray(fill)[n:], jnp.float32)
@@ -348,14 +359,15 @@ def parametric_graph(template: LayerGraph, groups: GroupSpec, *, channel_multipl
         raise ValueError(  # noqa: TRY004 (user errors are ValueErrors)
             "groups must map layer-name prefixes to group indices, or be a function of the layer name")
     kind = np.asarray(template.arrays.kind)[: template.num_layers].astype(int)
-    params = np.asarray(template.arrays.params)[: template.num_layers]
-    transformer = np.isin(kind, (LayerKind.NORM, *ATTENTION_KINDS, LayerKind.EMBED, LayerKind.MULTIPLY)) | (
-        (kind == LayerKind.ELEMENTWISE) & (params > 0))
-    if np.any(transformer):
-        i = int(np.argmax(transformer))
-        raise ValueError(f"parametric graphs have no width rule for {template.kind_names[i]} layers yet "
-                         f"(layer {template.names[i]!r}); cost such a model with planner.plan per configuration")
-    scalable = np.isin(kind, (LayerKind.CONV, LayerKind.DENSE, LayerKind.OTHER))
+    a = template.unpadded()
+    whole = a.out_channels == a.in_channels * np.prod(a.in_spatial, axis=1)  # a flatten of every position
+    reshapes = (kind == LayerKind.FLATTEN) & ~whole
+    if np.any(reshapes):  # positions to tokens, a slice of channels: no width rule
+        i = int(np.argmax(reshapes))
+        raise ValueError(f"parametric graphs have no width rule for the reshape or slice {template.names[i]!r} "
+                         "(a ViT's tokens, a split projection); cost such a model with planner.plan per "
+                         "configuration")
+    scalable = np.isin(kind, (LayerKind.CONV, LayerKind.DENSE, LayerKind.OTHER, LayerKind.EMBED))
     group = np.array([(-1 if (g := of(nm)) is None else int(g)) if s else -1
                       for nm, s in zip(template.names, scalable, strict=True)], dtype=int)
     if (group < -1).any():
@@ -402,6 +414,30 @@ def resnet_parametric(depths: Sequence[int] = (3, 4, 6, 3), widths: Sequence[int
     ``layerN``); the stem and the classifier keep their widths."""
     t = resnet_template(depths, widths, resolution=resolution, num_classes=num_classes)
     return parametric_graph(t, {f"layer{i + 1}/": i for i in range(len(depths))}, channel_multiple=channel_multiple)
+
+
+def transformer_parametric(config: Any, *, channel_multiple: int = 64) -> ParametricGraph:
+    """A transformer (:class:`planner.TransformerConfig`'s graph) with two
+    width groups: 0, the residual width (the token embedding, the fused
+    query-key-value and output projections, the MLP's last layer; the heads
+    keep their number, so the head dim scales), and 1, the MLP's hidden
+    width; ``resolution`` scales the sequence (the learned positions with
+    it). The output layer keeps the vocabulary. ``rounded=True`` rounds each
+    width to multiples of ``channel_multiple``."""
+    from planner.models.transformer import TransformerConfig, build_transformer
+
+    if not isinstance(config, TransformerConfig):
+        raise ValueError(f"config must be a planner.TransformerConfig, got {type(config).__name__}")  # noqa: TRY004
+    if config.image:
+        raise ValueError("transformer_parametric takes decoders; a ViT's patches to tokens have no width rule yet")
+
+    def group(name: str) -> int | None:
+        tail = name.rpartition("/")[2]
+        if tail in ("fc1", "gate", "up"):
+            return 1
+        return 0 if name == "embed" or tail in ("qkv", "out", "fc2", "down") else None
+
+    return parametric_graph(build_transformer(config, "transformer"), group, channel_multiple=channel_multiple)
 
 
 def total_forward_flops(arrays: LayerArrays) -> Any:
