@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from planner._compact import COMPACT_ABOVE, MIN_GROUP, NOTABLE_SHARE, group_rows
+from planner._compact import COMPACT_ABOVE, MIN_GROUP, NOTABLE_SHARE, group_rows, label_group
 from planner._format import format_bytes, format_count
 from planner.cli import main
 from planner.models.zoo import get_model
@@ -23,7 +23,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 NUM = r"(\d+\.\d{4})"
 BYTES = r"(\d+(?:\.\d)? [kMGTPE]?B)"
 COUNT = r"\d+(?:\.\d+)?(?: [kMGTPE])?"
-GROUP_NAME = r"… (\d+) layers \((\S+) … (\S+)\)"
+GROUP_NAME = r"… (\d+) layers \((\S+) … (\S+)\)(?:, \d+ blocks like \S+)?"  # the suffix: repeated blocks
 COST_GROUP = re.compile(rf"^{GROUP_NAME}\s+(\S+)\s+{NUM}\s+{NUM}\s+{NUM}\s+{BYTES}$")
 COST_ROW = re.compile(rf"^(\S+)\s+(\S+)\s+(\S+)\s+{NUM}\s+{NUM}\s+{NUM}\s+{BYTES}$")
 SHAPES_AND_COUNTS = rf"([\d×]+)\s+([\d×]+)\s+(?:({COUNT})\s+)?({COUNT})(?:\s+{BYTES})?"
@@ -254,7 +254,7 @@ def test_plan_summary_is_compact_like_the_cli_and_full_on_request(resnet50_plan)
     assert len(body) <= COMPACT_ABOVE < len(order)
     seen = []
     for ln in body:
-        m = re.match(r"… (\d+) layers \((\S+) … (\S+)\)\s+data\s+([\d.]+)", ln)
+        m = re.match(GROUP_NAME + r"\s+data\s+([\d.]+)", ln)
         if m:
             n, first, last = int(m[1]), m[2], m[3]
             span = order[order.index(first):order.index(last) + 1]
@@ -267,3 +267,20 @@ def test_plan_summary_is_compact_like_the_cli_and_full_on_request(resnet50_plan)
     assert any("summary(full=True) shows every layer" in ln for ln in lines)
     full = p.summary(full=True).splitlines()
     assert [ln.split()[0] for ln in full[2:2 + len(order)]] == order
+
+
+def test_repeated_blocks_by_hand():
+    """Numbered blocks alike the one before them (same names inside, same
+    keys) are one row after that block, shown in full; a block whose key
+    differs ends the run, and a run shorter than MIN_GROUP blocks stays."""
+    names = ["embed", *(f"blocks/{k}/{x}" for k in range(6) for x in ("norm", "qkv", "add")), "head"]
+    keys = [("embed", "data")] + [(x, "filter" if x == "qkv" else "data") for k in range(6)
+                                   for x in ("norm", "qkv", "add")] + [("dense", "data")]
+    plain = [False] * len(names)
+    spans = _spans(group_rows(names, plain, limit=8, keys=keys))
+    assert spans == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 19), (19, 20)]  # blocks/0 in full, then blocks/1..5
+    assert label_group(names, range(4, 19)) == "… 15 layers (blocks/1/norm … blocks/5/add), 5 blocks like blocks/0"
+    keys[3 * 3 + 2] = ("qkv", "channel")  # blocks/3/qkv differs: blocks/1-2 too short a run, blocks/4-5 too
+    assert all(len(range(*s)) == 1 for s in _spans(group_rows(names, plain, limit=8, keys=keys)))
+    with pytest.raises(ValueError, match="one key per row"):
+        group_rows(names, plain, keys=keys[:-1])

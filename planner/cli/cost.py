@@ -21,6 +21,7 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from costmodels.files import read_json
@@ -219,13 +220,17 @@ def _render_evaluation(data: dict[str, Any], full: bool = True) -> None:
     Console().print(layer_cost_table(title, data["layers"], full=full, base=base, iteration_s=data["iteration_s"]))
 
 
-def describe_grouping(spans: tuple[range, ...], rows: int, what: str) -> str | None:
+def describe_grouping(spans: tuple[range, ...], rows: int, what: str, names: Sequence[str] = ()) -> str | None:
     """The line under a compact table saying what was grouped and how to see
     every row; None when nothing was."""
+    from planner._compact import repeats_block
+
     groups = [s for s in spans if len(s) > 1]
     if not groups:
         return None
     hidden = sum(len(s) for s in groups)
+    repeats = any(repeats_block(names, s) for s in groups) if names else False
+    what = f"{what}; or runs of blocks alike the one above them, same layers and strategies" if repeats else what
     return (f"{hidden} of {rows} layers are grouped into {len(groups)} rows '… N layers (first … last)' "
             f"whose columns are their sums ({what}); --full prints every row")
 
@@ -254,11 +259,12 @@ def layer_cost_table(title: str, layers: list[dict[str, Any]], *, full: bool = T
     if full:
         spans = tuple(range(i, i + 1) for i in range(len(layers)))
     else:
-        spans = group_rows(names, plain_cost_rows(layers, base, iteration_s))
+        spans = group_rows(names, plain_cost_rows(layers, base, iteration_s),
+                           keys=[(r["kind"], option_label(r)) for r in layers])
     notes = substitution_notes(layers)
     resharding = "without resharding" if base == "data" else "each resharding under 1% of the iteration"
     grouped = describe_grouping(spans, len(layers), f"consecutive {base} layers of one block {resharding}, "
-                                               "each communicating under 1% of the iteration")
+                                               "each communicating under 1% of the iteration", names)
     notes += [grouped] if grouped else []
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False,
                   caption=Text("\n".join(notes)) if notes else None, caption_justify="left")
@@ -268,7 +274,8 @@ def layer_cost_table(title: str, layers: list[dict[str, Any]], *, full: bool = T
     for span in spans:
         if len(span) > 1:
             rows = layers[span.start:span.stop]
-            table.add_row(label_group(names, span), "", base,
+            strategies = {option_label(r) for r in rows}
+            table.add_row(label_group(names, span), "", strategies.pop() if len(strategies) == 1 else "as above",
                           *(f"{sum(r[k] for r in rows) * 1e3:.4f}" for k in ("compute_s", "comm_s", "reshard_s")),
                           format_bytes(sum(r["memory_bytes"] for r in rows)), style="dim")
             continue

@@ -45,12 +45,15 @@ def plan_summary(plan: Any, full: bool = False) -> str:
         facts = [{"strategy": r.strategy, "requested_strategy": r.requested_strategy, "reshard_s": r.reshard_s,
                   "comm_s": r.comm_s, "zero_stage": r.zero_stage, "remat": r.remat,
                   "joins": r.joins} for r in layers]
-        spans = group_rows(names, plain_cost_rows(facts, "data", plan.iteration_s))
+        spans = group_rows(names, plain_cost_rows(facts, "data", plan.iteration_s),
+                           keys=[(r.kind, r.option) for r in layers])
     rows = []
     for span in spans:
         if len(span) > 1:
             group = layers[span.start:span.stop]
-            rows.append((label_group(names, span), "", group[0].strategy, _ms(sum(r.compute_s for r in group)),
+            options = {r.option for r in group}
+            strategy = options.pop() if len(options) == 1 else "as above"  # repeated blocks: like the block above
+            rows.append((label_group(names, span), "", strategy, _ms(sum(r.compute_s for r in group)),
                          _ms(sum(r.comm_s for r in group)), _ms(sum(r.reshard_s for r in group)),
                          format_bytes(sum(r.memory_bytes for r in group)), "", ""))
             continue
