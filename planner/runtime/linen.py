@@ -10,9 +10,13 @@ state), so the plan's layer names, which are the linen scope paths
 calls the linen module: with ``train=True`` (``training``, ``is_training``,
 ``deterministic=False``, ``use_running_average=False``) where its
 ``__call__`` takes such a flag, and its non-parameter collections mutable,
-so batch statistics update as in training. Activation layouts between layers
-are XLA's choice: the export pins them at nnx module calls, and a linen
-module's submodules are not nnx modules.
+so batch statistics update as in training. Each planned linen module call's
+input and output are pinned to the plan's layouts through
+``flax.linen.intercept_methods`` (:func:`constrained_linen_calls`), as the
+export pins nnx module calls. Two things the nnx export does are not done
+here: a ``channel`` layer's partial sums are reduced as XLA chooses (the nnx
+export reduce-scatters them itself inside ``jax.shard_map``), and ZeRO
+stages 2 and 3 and recomputation are refused.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from flax import nnx
 from flax.nnx import bridge
 from jax.sharding import Mesh
 
+from planner.ir.graph import layer_path
 from planner.models.extraction import linen_train_kwargs
 from planner.plans.specs import (
     CHANNELWISE_GRADIENT_LAYOUTS,
@@ -36,7 +41,6 @@ from planner.plans.specs import (
     PARAM_LAYOUTS,
     head_projection,
 )
-from planner.ir.graph import layer_path
 from planner.runtime.calls import constrain, constrain_heads, pin_cotangent
 
 __all__ = ["LinenModel", "as_nnx", "constrained_linen_calls"]
@@ -140,7 +144,7 @@ def constrained_linen_calls(model: LinenModel, strategies: Mapping[str, str], me
     are not applied to linen modules: a plan using them is refused."""
     if levers:
         raise ValueError(f"the plan puts {sorted(levers)[:3]} on ZeRO stage 2 or 3 or recomputes them, which the "
-                         "export applies to nnx modules only; plan this linen model with levers='none' or 'zero1'")
+                         "export applies to nnx modules only; plan this linen model with levers='none'")
     input_layouts = input_layouts or {}
     output_layouts = output_layouts or {}
 
