@@ -33,6 +33,7 @@ from planner.models._primitives import (
 )
 from planner.models._transformer_walk import (
     _HEAD_GROUPING_HINT,
+    _LOOKUPS,
     _Heads,
     _Positions,
     _Scores,
@@ -329,7 +330,8 @@ class _Walker(_TransformerRules):
         reg.flops += _eqn_flops(eqn)
         if not acts:
             # an embedding looked up at constant positions (wpe(arange(T))): its table's rows, not yet a layer
-            return [_Positions(info) if info.kind == "embed" and self.is_lookup(eqn) else None
+            lookup = info.kind == "embed" and eqn.primitive.name in _LOOKUPS
+            return [_Positions(info.path, info.type_name, info.direct_params) if lookup else None
                     for _ in eqn.outvars]
         p = eqn.primitive.name
         reg.prims.add(p)

@@ -42,8 +42,7 @@ def owned_values(leaves: list[Any], infos: Mapping[str, _ModuleInfo], x: Any) ->
             out.append(None)
             continue
         (keys, size) = leaf
-        out.append(_Positions(_ModuleInfo(layer_path(info.path, keys[-1]), info.type_name, "embed", False, False,
-                                          size, size)))
+        out.append(_Positions(layer_path(info.path, keys[-1]), info.type_name, size))
     return [*out, x]
 
 

@@ -22,6 +22,8 @@ _HEAD_GROUPING_HINT = (
     "head_dim), or by key-value head, (batch, tokens, kv_heads, heads / kv_heads + 2, head_dim), and sliced "
     "along that grouped axis, so that an equal split of its features splits whole heads)"
 )
+# An embedding's lookup of its rows (inside its call).
+_LOOKUPS = frozenset({"gather", "dynamic_slice"})
 # Element-wise work on head views against constants, or combining views of one projection
 # (rotary positions: products with the angles' cosines and sines, sums, halves put side by side).
 _HEAD_ELEMENTWISE = frozenset({"mul", "add", "sub", "neg", "div", "concatenate", "stack"})
@@ -67,7 +69,9 @@ class _Positions:
     positions). Not an activation; added to a token sequence, a
     position-embedding layer that owns the table."""
 
-    info: Any  # the embedding module's _ModuleInfo
+    path: str  # the layer it becomes: the embedding's module path, or <module path>/<parameter>
+    type_name: str  # of the module that owns the table
+    params: int  # the table's parameters
 
 
 @dataclasses.dataclass
@@ -116,14 +120,9 @@ class _TransformerRules:
         self.check(node, out, f"the output of module {reg.info.path!r} ({reg.info.type_name})")
         return node
 
-    def is_lookup(self, eqn: Any) -> bool:
-        """Whether an equation inside an embedding's call is its lookup (a
-        gather of float rows)."""
-        return eqn.primitive.name in ("gather", "dynamic_slice")
-
     def positions_error(self, v: _Positions, what: str) -> ValueError:
         return ValueError(
-            f"extract: {v.info.path!r} ({v.info.type_name}), a parameter table that no activation flows into (an "
+            f"extract: {v.path!r} ({v.type_name}), a parameter table that no activation flows into (an "
             f"embedding looked up at constant positions, or a parameter of a module that also holds layers), is "
             f"{what}; the planner maps such a table only where it is added to a token sequence of the same width "
             "(learned positions: wpe(arange(tokens)) or a position parameter added to the tokens). Put other uses "
@@ -136,17 +135,16 @@ class _TransformerRules:
         p = eqn.primitive.name
         pos = [v for _, v in acts if isinstance(v, _Positions)]
         others = [(a, v) for a, v in acts if not isinstance(v, _Positions)]
-        if not others and len({id(v) for v in pos}) == 1 and p in (*_FREE, "reshape", "broadcast_in_dim",
-                                                                   "expand_dims", "squeeze", "slice"):
+        if not others and len({id(v) for v in pos}) == 1 and p in _VIEW_OPS:
             return [pos[0]] * len(eqn.outvars)
         if p in ("add", "add_any") and len(pos) == 1 and len(others) == 1:
             (a, v), = others
             x = self.resolve(v)
             c, sp = self.b.shape(x)
-            info = pos[0].info
-            if len(sp) == 1 and out_shape == self.natural(x) and info.direct_params % c == 0:
-                node = self.emit(self.b.position_embedding, info.path, x, table_positions=info.direct_params // c)
-                self.check(node, out_shape, f"the positions of module {info.path!r}")
+            table = pos[0]
+            if len(sp) == 1 and out_shape == self.natural(x) and table.params % c == 0:
+                node = self.emit(self.b.position_embedding, table.path, x, table_positions=table.params // c)
+                self.check(node, out_shape, f"the positions of {table.path!r}")
                 return [node]
         raise self.positions_error(pos[0], f"read by {p!r} of shape {out_shape}")
 
