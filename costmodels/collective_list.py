@@ -115,8 +115,8 @@ def plan_collectives(
         if s == Strategy.SPATIAL and m > 1 and attention[i]:
             # sequence parallelism: the keys and the values gathered, their gradients reduce-scattered
             # the keys (or values) of the fused input, split by rows (padded)
-            kv = (key_value_channels(float(a.in_channels[i]), float(a.out_channels[i])) * float(a.in_spatial[i, 0]) * gb * delta
-                  * float(row_padding(a.in_spatial[i, 0], m)))
+            kv_channels = key_value_channels(float(a.in_channels[i]), float(a.out_channels[i]))
+            kv = kv_channels * float(a.in_spatial[i, 0]) * gb * delta * float(row_padding(a.in_spatial[i, 0], m))
             name = graph.names[i]
             for what in ("keys", "values"):
                 recs.append(CollectiveRecord("all-gather", (MODEL_AXIS,), "forward", f"{name} ({what})", kv))

@@ -67,7 +67,7 @@ class LayerKind(enum.IntEnum):
     FLATTEN = 8
     OTHER = 9  # an op with no dedicated model: replicated, cost from FLOPs
     NORM = 10  # layer / RMS normalisation over each position's channels (transformers)
-    ATTENTION = 11  # self-attention of one fused (queries, keys, values) input; groups = query heads
+    ATTENTION = 11  # self-attention of (queries, keys, values), one fused input or three; groups = query heads
     CAUSAL_ATTENTION = 12  # the same, each position attending to itself and the ones before it
     EMBED = 13  # a lookup of token ids (1 input channel) in a learned table of out_channels columns
     MULTIPLY = 14  # element-wise product of equal-shaped activations (a gated MLP's gate)

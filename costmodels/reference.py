@@ -216,7 +216,8 @@ def _shard_seconds(graph: LayerTable, i: int, s: int, hw: Hardware, dtype: str, 
         heads, queries, keys = f / hd, out_sp[0], float(a.in_spatial[i][0])
         gemm = 2.0 * b * queries * keys * f
         sc = b * heads * queries * keys
-        kv_share = key_value_channels(float(a.in_channels[i]), float(a.out_channels[i])) / F  # 1, or fewer under grouped-query attention
+        # the keys' share of the queries' channels: 1, or less under grouped-query attention
+        kv_share = key_value_channels(float(a.in_channels[i]), float(a.out_channels[i])) / F
         moved = (sc + b * f * (queries + 2.0 * kv_share * keys)) * delta
         mm_peak, mm_eff = dev.peak_flops_per_s[mode], dev.efficiency_of("matmul", mode)
 
@@ -298,7 +299,8 @@ def reference_iteration_time(
             if int(a.kind[i]) in ATTENTION_KINDS:
                 # sequence parallel: gather the keys and the values, reduce-scatter their gradients; no halo
                 rows_in = float(a.in_spatial[i][0])
-                kv = key_value_channels(float(a.in_channels[i]), float(a.out_channels[i])) * rows_in * gb * delta * _row_padding(rows_in, m)
+                kv_channels = key_value_channels(float(a.in_channels[i]), float(a.out_channels[i]))
+                kv = kv_channels * rows_in * gb * delta * _row_padding(rows_in, m)
                 halo = 2.0 * (_convert(_H, _R, kv, m, ma, mb) * (2 if lever.remat else 1)
                               + _convert(_P, _H, kv, m, ma, mb))
         total += comp + grad + halo

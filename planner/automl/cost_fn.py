@@ -133,7 +133,8 @@ def _estimate(params: ArchParams, graph: ParametricGraph, hwa, sched: DPSchedule
     # useful gradient and a jump where a shard's channels pass a multiple of the tile (7% on GPT-2's
     # relaxed time between widths 1.00 and 1.01). Exact at multiples of the tile; the exact plan's time
     # (the rounded architecture, below) pads as the hardware does.
-    smooth = hwa._replace(channel_tile=jnp.zeros_like(hwa.channel_tile), reduction_tile=jnp.zeros_like(hwa.reduction_tile))
+    smooth = hwa._replace(channel_tile=jnp.zeros_like(hwa.channel_tile),
+                          reduction_tile=jnp.zeros_like(hwa.reduction_tile))
 
     def per_mesh(dm):  # the tables of one mesh shape
         d, m = dm[0], dm[1]

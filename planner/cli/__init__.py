@@ -102,7 +102,8 @@ def _render_layers_table(report: dict[str, Any], full: bool = True) -> None:
     rows = report["layers"]
     names = [row["name"] for row in rows]
     keys = [(r["kind"], tuple(r["input_shape"]), tuple(r["output_shape"])) for r in rows]
-    spans = tuple(range(i, i + 1) for i in range(len(rows))) if full else group_rows(names, [True] * len(rows), keys=keys)
+    spans = (tuple(range(i, i + 1) for i in range(len(rows))) if full
+             else group_rows(names, [True] * len(rows), keys=keys))
     note = describe_grouping(spans, len(rows),
                              "consecutive layers of one block; input of the first, output of the last", names)
     table = Table(
