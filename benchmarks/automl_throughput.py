@@ -29,7 +29,8 @@ import numpy as np
 
 from costmodels import load_hardware
 from planner.automl import PlanConfig, cost_fn, plan_many
-from planner.automl.parametric import ArchParams, resnet_parametric, resnet_template
+from planner.automl.parametric import ArchParams
+from planner.automl.templates import resnet_parametric, resnet_template
 from planner.planning import mesh_shapes, plan
 
 BASE = (64, 128, 256, 512)

@@ -19,7 +19,8 @@ import sys
 import jax.numpy as jnp
 
 from planner.automl import cost_fn
-from planner.automl.parametric import ArchParams, resnet_parametric, total_forward_flops
+from planner.automl.parametric import ArchParams, total_forward_flops
+from planner.automl.templates import resnet_parametric
 
 
 def main(argv: list[str] | None = None) -> int:

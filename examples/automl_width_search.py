@@ -25,12 +25,8 @@ import numpy as np
 import optax
 
 from planner.automl import PlanConfig, cost_fn, plan_many
-from planner.automl.parametric import (
-    ArchParams,
-    resnet_parametric,
-    resnet_template,
-    total_forward_flops,
-)
+from planner.automl.parametric import ArchParams, total_forward_flops
+from planner.automl.templates import resnet_parametric, resnet_template
 
 
 def _fmt(x) -> str:

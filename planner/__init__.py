@@ -18,11 +18,9 @@ from planner.automl.parametric import (
     ArchParams,
     ParametricGraph,
     parametric_graph,
-    resnet_parametric,
-    resnet_template,
     total_forward_flops,
-    transformer_parametric,
 )
+from planner.automl.templates import resnet_parametric, resnet_template, transformer_parametric
 from planner.calibrate.fit import HardwareFit, StepTime, fit_hardware
 from planner.calibrate.profile import Profile, profile_layers
 from planner.evaluation import Evaluation, evaluate

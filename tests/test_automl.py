@@ -26,13 +26,8 @@ from costmodels import (
 )
 from planner.automl import PlanConfig, cost_fn, plan_many
 from planner.automl.batch import _batch_tables, _plan_batch
-from planner.automl.parametric import (
-    ArchParams,
-    parametric_graph,
-    resnet_parametric,
-    resnet_template,
-    total_forward_flops,
-)
+from planner.automl.parametric import ArchParams, parametric_graph, total_forward_flops
+from planner.automl.templates import resnet_parametric, resnet_template
 from planner.ir.builder import GraphBuilder
 from planner.ir.graph import LayerArrays
 from planner.models.zoo import get_model

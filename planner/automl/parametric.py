@@ -33,7 +33,7 @@ path (a handful for a ResNet), never once per layer.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -41,23 +41,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from costmodels.layers import ATTENTION_KINDS
-from planner.ir import flops as F
-from planner.ir.builder import GraphBuilder
 from planner.automl._transformer_rules import TransformerStructure, transformer_rules, transformer_structure
+from planner.ir import flops as F
 from planner.ir.graph import LayerArrays, LayerGraph, LayerKind
 
 __all__ = [
     "ArchParams",
     "ParametricGraph",
     "parametric_graph",
-    "resnet_parametric",
-    "resnet_template",
     "total_forward_flops",
-    "transformer_parametric",
 ]
-
-_PAD1 = ((1, 1), (1, 1))
-
 
 class ArchParams(NamedTuple):
     """Continuous architecture parameters (a pytree: jit, grad and vmap over it)."""
@@ -189,6 +182,33 @@ class ParametricGraph:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ParametricGraph) and self.key == other.key
 
+    def _channels(self, widths: Any, in_pos: Any, rounded: bool) -> tuple[Any, Any]:
+        """``[n]`` input and output channels of every layer at ``widths``
+        (rounds over concats, flattens and attentions on the longest path)."""
+        st, t, n = self.structure, self.template.arrays, self.structure.n
+        f32 = lambda x: jnp.asarray(np.asarray(x)[:n], jnp.float32)  # noqa: E731
+        scale = jnp.concatenate([widths, jnp.ones(1)])[jnp.asarray(np.where(st.group >= 0, st.group, self.num_groups))]
+        scaled = f32(t.out_channels) * scale
+        if rounded:  # the group's narrowest layer to a multiple of q, the others in proportion
+            q = float(self.channel_multiple)
+            narrow = f32(st.group_min) * scale
+            ratio = f32(t.out_channels) / f32(st.group_min)
+            scaled = jnp.where(jnp.asarray(st.group >= 0), ratio * jnp.maximum(q, jnp.round(narrow / q) * q), scaled)
+        c0 = float(self.template.input_shape[0])
+        e_src, e_dst = np.asarray(self.template.edges, dtype=int).reshape(-1, 2).T
+        chan_op = jnp.asarray(st.chan_op)
+        src = jnp.asarray(st.first_src)
+        attention_ratio = jnp.asarray(st.transformer.ratio, jnp.float32)
+        out_c = scaled
+        for _ in range(st.chan_rounds):
+            in_c = jnp.where(src >= 0, out_c[jnp.maximum(src, 0)], c0)
+            cat = jnp.zeros(n).at[jnp.asarray(e_dst)].add(out_c[jnp.asarray(e_src)]) if e_src.size else jnp.zeros(n)
+            out_c = jnp.where(chan_op == 1, scaled, jnp.where(chan_op == 2, cat, jnp.where(
+                chan_op == 3, in_c * in_pos, jnp.where(chan_op == 4, in_c * attention_ratio, in_c))))
+            # copy layers read their (already updated) producer: iterate along the chain cheaply
+            out_c = _propagate_copies(out_c, st, c0)
+        return jnp.where(src >= 0, out_c[jnp.maximum(src, 0)], c0), out_c
+
     def __call__(self, params: ArchParams, rounded: bool = False) -> LayerArrays:
         st = self.structure
         t = self.template.arrays
@@ -215,34 +235,13 @@ class ParametricGraph:
             in_sp = jnp.where((ptr >= 0)[:, None], out_sp[jnp.maximum(ptr, 0)], x_sp)
             win = _floor((in_sp + lo + hi - ((kernel - 1.0) * dil + 1.0)) / stride) + 1.0
             out_sp = jnp.where(op == 1, win, jnp.where(op >= 2, 1.0, in_sp))
-        src = jnp.asarray(st.first_src)
         in_sp = jnp.where((ptr >= 0)[:, None], out_sp[jnp.maximum(ptr, 0)], x_sp)
         glob = op == 2
         kernel = jnp.where(glob & has_dims, in_sp, kernel)
         stride = jnp.where(glob & has_dims, in_sp, stride)
         in_pos, out_pos = jnp.prod(in_sp, axis=1), jnp.prod(out_sp, axis=1)
 
-        # -- channels ------------------------------------------------------------------
-        scale = jnp.concatenate([widths, jnp.ones(1)])[jnp.asarray(np.where(st.group >= 0, st.group, self.num_groups))]
-        scaled = f32(t.out_channels) * scale
-        if rounded:  # the group's narrowest layer to a multiple of q, the others in proportion
-            q = float(self.channel_multiple)
-            narrow = f32(st.group_min) * scale
-            ratio = f32(t.out_channels) / f32(st.group_min)
-            scaled = jnp.where(jnp.asarray(st.group >= 0), ratio * jnp.maximum(q, jnp.round(narrow / q) * q), scaled)
-        c0 = float(shape[0])
-        e_src, e_dst = np.asarray(self.template.edges, dtype=int).reshape(-1, 2).T
-        chan_op = jnp.asarray(st.chan_op)
-        out_c = scaled
-        for _ in range(st.chan_rounds):
-            in_c = jnp.where(src >= 0, out_c[jnp.maximum(src, 0)], c0)
-            cat = jnp.zeros(n).at[jnp.asarray(e_dst)].add(out_c[jnp.asarray(e_src)]) if e_src.size else jnp.zeros(n)
-            ratio = jnp.asarray(st.transformer.ratio, jnp.float32)
-            out_c = jnp.where(chan_op == 1, scaled, jnp.where(chan_op == 2, cat, jnp.where(
-                chan_op == 3, in_c * in_pos, jnp.where(chan_op == 4, in_c * ratio, in_c))))
-            # copy layers read their (already updated) producer: iterate along the chain cheaply
-            out_c = _propagate_copies(out_c, st, c0)
-        in_c = jnp.where(src >= 0, out_c[jnp.maximum(src, 0)], c0)
+        in_c, out_c = self._channels(widths, in_pos, rounded)
         groups = jnp.where(jnp.asarray(st.depthwise) > 0, in_c, f32(t.groups))
 
         # -- derived counts (planner.ir.flops / planner.ir.builder conventions) -----------------
@@ -380,64 +379,6 @@ def parametric_graph(template: LayerGraph, groups: GroupSpec, *, channel_multipl
         raise ValueError(f"width groups must be numbered 0..{k - 1} without gaps; used: {used}")
     return ParametricGraph(template=template, num_groups=k, channel_multiple=channel_multiple,
                            structure=_structure(template, group))
-
-
-def resnet_template(depths: Sequence[int] = (3, 4, 6, 3), widths: Sequence[int] = (64, 128, 256, 512), *,
-                    resolution: int = 224, num_classes: int = 1000, stem: int = 64, name: str | None = None
-                    ) -> LayerGraph:
-    """A torchvision-style bottleneck ResNet (the zoo's ``resnet50`` at the
-    defaults, layer for layer) with any stage depths, stage widths,
-    resolution and class count, built with :class:`GraphBuilder`."""
-    from planner.models.zoo import _bottleneck
-
-    if len(depths) != len(widths) or not depths:
-        raise ValueError(f"give one width per stage: {len(depths)} depths, {len(widths)} widths")
-    if min(depths) < 1 or min(widths) < 1 or resolution < 1 or num_classes < 1 or stem < 1:
-        raise ValueError("depths, widths, resolution, num_classes and stem must be positive")
-    b = GraphBuilder(name or f"resnet{'-'.join(str(d) for d in depths)}", (3, int(resolution), int(resolution)))
-    x = b.conv("conv1", b.input, int(stem), 7, stride=2, padding=((3, 3), (3, 3)), bias=False)
-    x = b.batch_norm("bn1", x)
-    x = b.relu(b.auto_name("", "relu"), x)
-    x = b.max_pool(b.auto_name("", "max_pool"), x, 3, stride=2, padding=_PAD1)
-    for stage, (depth, width) in enumerate(zip(depths, widths, strict=True)):
-        for k in range(depth):
-            stride = 2 if stage > 0 and k == 0 else 1
-            x = _bottleneck(b, f"layer{stage + 1}/{k}", x, int(width), stride, downsample=k == 0)
-    x = b.global_avg_pool(b.auto_name("", "global_avg_pool"), x)
-    x = b.dense("fc", x, int(num_classes))
-    return b.build()
-
-
-def resnet_parametric(depths: Sequence[int] = (3, 4, 6, 3), widths: Sequence[int] = (64, 128, 256, 512), *,
-                      resolution: int = 224, num_classes: int = 1000, channel_multiple: int = 8) -> ParametricGraph:
-    """:func:`resnet_template` with one width group per stage (``layer1`` ..
-    ``layerN``); the stem and the classifier keep their widths."""
-    t = resnet_template(depths, widths, resolution=resolution, num_classes=num_classes)
-    return parametric_graph(t, {f"layer{i + 1}/": i for i in range(len(depths))}, channel_multiple=channel_multiple)
-
-
-def transformer_parametric(config: Any, *, channel_multiple: int = 64) -> ParametricGraph:
-    """A transformer (:class:`planner.TransformerConfig`'s graph) with two
-    width groups: 0, the residual width (the token embedding, the fused
-    query-key-value and output projections, the MLP's last layer; the heads
-    keep their number, so the head dim scales), and 1, the MLP's hidden
-    width; ``resolution`` scales the sequence (the learned positions with
-    it). The output layer keeps the vocabulary. ``rounded=True`` rounds each
-    width to multiples of ``channel_multiple``."""
-    from planner.models.transformer import TransformerConfig, build_transformer
-
-    if not isinstance(config, TransformerConfig):
-        raise ValueError(f"config must be a planner.TransformerConfig, got {type(config).__name__}")  # noqa: TRY004
-    if config.image:
-        raise ValueError("transformer_parametric takes decoders; a ViT's patches to tokens have no width rule yet")
-
-    def group(name: str) -> int | None:
-        tail = name.rpartition("/")[2]
-        if tail in ("fc1", "gate", "up"):
-            return 1
-        return 0 if name == "embed" or tail in ("qkv", "out", "fc2", "down") else None
-
-    return parametric_graph(build_transformer(config, "transformer"), group, channel_multiple=channel_multiple)
 
 
 def total_forward_flops(arrays: LayerArrays) -> Any:

@@ -284,33 +284,8 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
            dtype: str = "float32") -> tuple[Any, Any, Any, Any, Any]:
     """(jitted step, state shardings, params, other, batch sharding)."""
     low = precision(dtype)
-    for s in strategies.values():
-        check_strategy(s)
     zero = _zero_layers(strategies, zero_stages)
-    for name, layout in ({} if scatters is None else scatters).items():
-        if strategies.get(name) != "channel" or layout not in SCATTER_DIMS:
-            raise ValueError(f"scatters maps {name!r} to {layout!r}: only channel layers' outputs are "
-                             f"reduce-scattered, into one of {', '.join(SCATTER_DIMS)}")
-        if name in zero[3]:
-            raise ValueError(f"scatters names {name!r}, which ZeRO stage 3 shards: its call gathers its weights "
-                             "itself (scatter_layouts(..., zero_stages) leaves such layers out)")
-    remat = frozenset(() if remat_layers is None else remat_layers)
-    unknown = sorted(remat - set(strategies))
-    if unknown:
-        raise ValueError(f"remat_layers names {unknown[:3]}, which the plan does not name")
-    runs = [list(run) for run in (recompute_runs or ())]
-    unknown = sorted({name for run in runs for name in run} - set(strategies))
-    if unknown:
-        raise ValueError(f"recompute_runs names {unknown[:3]}, which the plan does not name")
-    both = sorted(remat.intersection(name for run in runs for name in run))
-    if both:
-        raise ValueError(f"{both[:3]} are in remat_layers and in recompute_runs: give each layer one of them")
-    attention = {"/".join(map(str, p)) for p, mod in nnx.iter_modules(model)
-                 if isinstance(mod, nnx.MultiHeadAttention)}
-    elsewhere = sorted(r for r in remat if r.rpartition("/")[0] not in attention)
-    if elsewhere:
-        raise ValueError(f"cannot recompute {elsewhere[:3]} alone: remat_layers recomputes the attention layer of "
-                         "an nnx.MultiHeadAttention (<path>/attention); give other layers as recompute_runs")
+    remat, runs = _checked_options(model, strategies, zero, scatters, remat_layers, recompute_runs)
     graphdef, params, other = nnx.split(model, nnx.Param, ...)
     p_sh = shardings(params, strategies, mesh, zero[3])  # ZeRO-3: the weights themselves sharded (FSDP)
     g_sh = shardings(params, strategies, mesh, zero[2])  # ZeRO-2: the gradients reduce-scattered
@@ -393,6 +368,41 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
     step = jax.jit(train_step, in_shardings=(state_sh, batch_sh, batch_sh), out_shardings=(state_sh, None),
                    donate_argnums=(0,) if donate else ())
     return step, state_sh, params, other, batch_sh
+
+
+def _checked_options(model: nnx.Module, strategies: Mapping[str, str], zero: Mapping[int, frozenset[str]],
+                     scatters: Mapping[str, str] | None, remat_layers: Sequence[str] | None,
+                     recompute_runs: Sequence[Sequence[str]] | None) -> tuple[frozenset[str], list[list[str]]]:
+    """The export's options checked against the plan's strategies (a
+    ``ValueError`` naming what is wrong): the layers recomputed alone and the
+    runs recomputed together."""
+    for s in strategies.values():
+        check_strategy(s)
+    for name, layout in ({} if scatters is None else scatters).items():
+        if strategies.get(name) != "channel" or layout not in SCATTER_DIMS:
+            raise ValueError(f"scatters maps {name!r} to {layout!r}: only channel layers' outputs are "
+                             f"reduce-scattered, into one of {', '.join(SCATTER_DIMS)}")
+        if name in zero[3]:
+            raise ValueError(f"scatters names {name!r}, which ZeRO stage 3 shards: its call gathers its weights "
+                             "itself (scatter_layouts(..., zero_stages) leaves such layers out)")
+    remat = frozenset(() if remat_layers is None else remat_layers)
+    unknown = sorted(remat - set(strategies))
+    if unknown:
+        raise ValueError(f"remat_layers names {unknown[:3]}, which the plan does not name")
+    runs = [list(run) for run in (recompute_runs or ())]
+    unknown = sorted({name for run in runs for name in run} - set(strategies))
+    if unknown:
+        raise ValueError(f"recompute_runs names {unknown[:3]}, which the plan does not name")
+    both = sorted(remat.intersection(name for run in runs for name in run))
+    if both:
+        raise ValueError(f"{both[:3]} are in remat_layers and in recompute_runs: give each layer one of them")
+    attention = {"/".join(map(str, p)) for p, mod in nnx.iter_modules(model)
+                 if isinstance(mod, nnx.MultiHeadAttention)}
+    elsewhere = sorted(r for r in remat if r.rpartition("/")[0] not in attention)
+    if elsewhere:
+        raise ValueError(f"cannot recompute {elsewhere[:3]} alone: remat_layers recomputes the attention layer of "
+                         "an nnx.MultiHeadAttention (<path>/attention); give other layers as recompute_runs")
+    return remat, runs
 
 
 def precision(dtype: str) -> Any:
