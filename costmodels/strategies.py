@@ -63,6 +63,7 @@ __all__ = [
     "STRATEGY_NAMES",
     "strategy_layouts",
     "io_layout_names",
+    "layout_split",
     "strategy_mask",
     "parse_strategy",
 ]
@@ -149,6 +150,12 @@ def strategy_layouts(kind):
     output-gradient needed) for layer kinds ``[L]``."""
     param = _is_param_layer(jnp.asarray(kind))[:, None, None]
     return jnp.where(param, jnp.asarray(_PARAM_LAYOUTS), jnp.asarray(_CHANNELWISE_LAYOUTS))
+
+
+def layout_split(layout, m):
+    """How many ways the model axis (``m`` devices) splits a tensor in a
+    layout, elementwise: 1 replicated or as partial sums, else ``m``."""
+    return jnp.where((layout == Layout.REPLICATED) | (layout == Layout.PARTIAL), 1.0, m)
 
 
 def strategy_mask(arrays, batch, d, m):

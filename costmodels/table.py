@@ -22,20 +22,19 @@ from costmodels.calibration import (
     ShapeCalibrationArrays,
     calibrate_compute,
 )
+from costmodels._layer_terms import activation_workspace_bytes, edge_reshard_s, halo_s, loss_output_s
 from costmodels.collectives import (
     allgather_group_s,
     allreduce_s,
-    p2p_s,
     reduce_scatter_group_s,
     tier_of,
 )
 from costmodels.compute import DTYPE_BYTES, HardwareArrays, shard_compute_s
-from costmodels.layers import ATTENTION_KINDS, LayerKind, is_kind, key_value_channels, tied_output
+from costmodels.layers import ATTENTION_KINDS, LayerKind, is_kind, tied_output
 from costmodels.levers import LeverInputs, lever_costs, lever_menu
-from costmodels.reshard import conversion_s
-from costmodels.shards import halo_rows, row_padding, shard_shapes
-from costmodels.strategies import Layout, Strategy, strategy_layouts, strategy_mask
-from costmodels.xla_cpu import XlaCpuBuffers
+from costmodels.shards import row_padding, shard_shapes
+from costmodels.strategies import Strategy, layout_split, strategy_layouts, strategy_mask
+from costmodels.xla_cpu import XlaCpuBuffers, xla_cpu_buffers
 
 __all__ = ["CostSettings", "CostTable", "cost_table", "OPTIMIZER_SLOTS", "PLATFORMS"]
 
@@ -165,10 +164,7 @@ def cost_table(
 
     feasible = strategy_mask(a, batch, d, m)  # [L, S]
     lay = strategy_layouts(kind.astype(jnp.int32))  # [L, S, 4]
-    in_lay, out_lay, gin_lay, gout_lay = (lay[..., i] for i in range(4))
-
-    def split_of(layout):  # how many ways the model axis splits a tensor in this layout
-        return jnp.where((layout == Layout.REPLICATED) | (layout == Layout.PARTIAL), 1.0, m)
+    in_lay, out_lay = lay[..., 0], lay[..., 1]  # a layer's input and output layouts
 
     group_batch = batch / d  # samples held by one model-axis group
     in_el, out_el = f32(a.in_elements), f32(a.out_elements)
@@ -222,90 +218,22 @@ def cost_table(
     dst = jnp.asarray(a.edge_dst).astype(jnp.int32)
     emask = f32(a.edge_mask)
 
-    # -- spatial halo exchange (ParaDL §4.4, sizes corrected per §9) ----------------
-    # A shard needs (K-1)*dilation + 1 - stride rows beyond its own along the split
-    # dim, half from each neighbour. Forward: rows of x. Backward: rows of dL/dy for the
-    # input gradient, which a layer fed by the model input never computes; and rows of
-    # x again for the weight gradient: XLA's SPMD partitioner re-exchanges the input's
-    # halo rather than keeping the forward's (measured, docs/validation.md).
-    rows = halo_rows(a)
-    lo, hi = jnp.floor(rows / 2.0), rows - jnp.floor(rows / 2.0)
-    x_row = f32(a.in_channels) * f32(a.in_spatial[:, 1]) * f32(a.in_spatial[:, 2]) * group_batch * delta
-    y_row = f32(a.out_channels) * f32(a.out_spatial[:, 1]) * f32(a.out_spatial[:, 2]) * group_batch * delta
     ma, mb = tier_of(net, m, m > dpn)
-    has_producer = jnp.zeros(L).at[dst].max(emask)  # [L] 0 for layers fed by the model input
-    has_weights = (params > 0).astype(jnp.float32)  # [L]
-    x_halo = p2p_s(lo * x_row, ma, mb) + p2p_s(hi * x_row, ma, mb)
-    y_halo = p2p_s(lo * y_row, ma, mb) + p2p_s(hi * y_row, ma, mb)
-    halo = x_halo + has_producer * y_halo + has_weights * x_halo  # forward + input gradient + weight gradient
-    # Sequence parallelism (spatial on an attention): every shard's queries meet every
-    # key, so each shard all-gathers the keys and the values (SPATIAL -> REPLICATED)
-    # forward, and reduce-scatters their gradients, summed over every shard's queries
-    # (PARTIAL -> SPATIAL), backward: the all-gather forward and reduce-scatter
-    # backward of Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
-    # Transformer Models", section 4.2.2), here for the keys and values as in Li et
-    # al. 2023 (sequence parallelism, section 3.2).
     attention = is_kind(kind, ATTENTION_KINDS)  # [L]
-    # [L] the keys (or the values) of the group, as split by rows (padded)
-    kv_el = key_value_channels(f32(a.in_channels), f32(a.out_channels)) * f32(a.in_spatial[:, 0])  # [L] per sample
-    kv_bytes = kv_el * group_batch * delta * row_padding(f32(a.in_spatial[:, 0]), m)
-    kv = 2.0 * (conversion_s(Layout.SPATIAL, Layout.REPLICATED, kv_bytes, m, ma, mb)
-                + conversion_s(Layout.PARTIAL, Layout.SPATIAL, kv_bytes, m, ma, mb))
-    halo = jnp.where(attention, kv, halo)
-    halo = jnp.where(jnp.arange(S) == Strategy.SPATIAL, halo[:, None], 0.0)
-    forward_halo = jnp.where(attention, 2.0 * conversion_s(Layout.SPATIAL, Layout.REPLICATED, kv_bytes, m, ma, mb),
-                             x_halo)  # [L] what a recomputed forward exchanges again
-    forward_halo = jnp.where(jnp.arange(S) == Strategy.SPATIAL, forward_halo[:, None], 0.0)
+    halo, forward_halo, kv_el = halo_s(a, attention, group_batch, delta, m, ma, mb, dst, emask, params)
 
-    # -- resharding on edges -----------------------------------------------------------
-    edge_bytes = (out_el[src] * group_batch * delta)[:, None, None]  # [E, 1, 1]
+    # -- resharding on edges, and the sink layers' outputs to the loss -----------------
     pad = row_padding(f32(a.out_spatial[:, 0]), m)  # [L] a row-split output's padded size
-    by_rows = lambda x, y: (x == Layout.SPATIAL) | (y == Layout.SPATIAL)  # noqa: E731 (a conversion of a row-split tensor)
-    src_out, dst_in = out_lay[src][:, :, None], in_lay[dst][:, None, :]
-    fwd = conversion_s(src_out, dst_in, edge_bytes * jnp.where(by_rows(src_out, dst_in), pad[src][:, None, None], 1.0),
-                       m, ma, mb)
-    src_gout, dst_gin = gout_lay[src][:, :, None], gin_lay[dst][:, None, :]
-    bwd = conversion_s(dst_gin, src_gout,
-                       edge_bytes * jnp.where(by_rows(dst_gin, src_gout), pad[src][:, None, None], 1.0), m, ma, mb)
-    reshard = (fwd + bwd) * emask[:, None, None]
-
-    # -- a sink layer's output feeds the loss: where it, computed batch-split, as is;
-    # otherwise gathered to every group member (the loss gradient then needs no
-    # collective: slicing a replicated tensor is free).
-    has_consumer = jnp.zeros(L).at[src].max(emask)
-    out_bytes = (out_el * group_batch * delta)[:, None] * jnp.where(out_lay == Layout.SPATIAL, pad[:, None], 1.0)
-    loss_layout = jnp.where(out_lay == Layout.BATCH, Layout.BATCH, Layout.REPLICATED)
-    to_loss = conversion_s(out_lay, loss_layout, out_bytes, m, ma, mb) + conversion_s(
-        loss_layout, gout_lay, out_bytes, m, ma, mb
-    )
-    output = jnp.where((has_consumer == 0)[:, None] & (real > 0)[:, None], to_loss, 0.0)
+    reshard = edge_reshard_s(out_el[src] * group_batch * delta, pad[src], lay, src, dst, emask, m, ma, mb)
+    output = loss_output_s(out_el * group_batch * delta, pad, lay, src, emask, real, m, ma, mb)
 
     # -- memory per device ----------------------------------------------------------------
     # Weights, gradients, optimizer slots and the optimizer's update per parameter held
     # (costmodels/levers.py adds them up, per lever); fp32 buffers (batch-norm
     # statistics) follow the channels, split only under filter.
     buffer_split = jnp.where(strat == Strategy.FILTER, m, 1.0)  # [1, S]
-    activation = f32(a.saved_elements)[:, None] * group_batch * delta / split_of(in_lay)
-    # A sequence-parallel attention keeps the gathered keys and values, not its shard of them.
-    gathered_kv = 2.0 * kv_el * group_batch * delta * (1.0 - 1.0 / m)  # [L] the other shards' rows
-    activation = activation + jnp.where(attention[:, None] & (strat == Strategy.SPATIAL), gathered_kv[:, None], 0.0)
-    # Transient beyond the saved activations: the layer's input and output gradients at
-    # its backward step (its input and output themselves are saved activations already).
-    workspace = delta * group_batch * (in_el[:, None] / split_of(in_lay) + out_el[:, None] / split_of(out_lay))
-    # An attention's backward step also materialises the gradients of its probabilities and
-    # of its scores, dP = dO V^T and dS = P * (dP - rowsum(dO * O)), heads x tokens^2 each
-    # per sample, split as the probabilities are (Dao et al. 2022, FlashAttention, section
-    # 2.2 and Algorithm 3, the standard attention's backward pass).
-    scores = jnp.where(attention, f32(a.groups) * jnp.square(f32(a.out_spatial[:, 0])), 0.0)  # [L] per sample
-    probs = delta * group_batch * scores[:, None] / split_of(in_lay)  # [L, S] one probability-sized buffer
-    workspace = workspace + 2.0 * probs
-    if settings.platform == "cpu":
-        # XLA:CPU also keeps the probabilities transposed, for dV = P^T dO: its layout
-        # assignment copies them in the forward pass (`copy_bitcast_fusion`: 2 probability-sized
-        # buffers kept per layer, with the custom-JVP softmax the export uses; 1 where XLA:CPU
-        # runs both products as one YNN fusion, which this does not tell apart:
-        # docs/transformers.md). A saved activation: the remat lever recomputes it.
-        activation = activation + probs
+    activation, workspace = activation_workspace_bytes(a, attention, kv_el, in_lay, out_lay, group_batch, delta, m,
+                                                        settings.platform == "cpu")
 
     # -- memory levers (costmodels/levers.py): ZeRO over the weights' replica group, remat --
     group = ranks  # [S] ZeRO's data-parallel group: the ranks of the gradient all-reduce
@@ -314,7 +242,7 @@ def cost_table(
                    | (kind == LayerKind.BATCH_NORM) | (kind == LayerKind.NORM)) & (params > 0)
     shares_table = jnp.any(tied[:, 0] & (real > 0)) & (kind == LayerKind.EMBED)  # the table a tied output reads
     zero_ok = (holds_state & ~shares_table)[:, None] & (group[None, :] > 1) & (jnp.mod(out_local, group[None, :]) == 0)
-    input_bytes = delta * group_batch * in_el[:, None] / split_of(in_lay)  # [L, S] what recomputing keeps
+    input_bytes = delta * group_batch * in_el[:, None] / layout_split(in_lay, m)  # [L, S] what recomputing keeps
     # recomputing one layer frees memory where it saves more than its input; in runs
     # (remat_runs), on every layer: a run crosses the layers that save nothing too (an
     # add, a flatten), and their inputs inside it need no checkpoint either
@@ -336,49 +264,14 @@ def cost_table(
                      optimizer_bytes=settings.optimizer_bytes_per_param,
                      update_bytes=settings.update_bytes_per_param, bucket_bytes=bucket)
 
-    # -- XLA:CPU's max-pool gradient: no select-and-scatter kernel; XLA's
-    # SelectAndScatterExpander (cpu_compiler.cc) finds each window's argmax with int32
-    # iotas of the pool input's shape, one per dimension (batch, spatial, channels), and
-    # keeps an int32 index matrix [output elements, dimensions] from the forward pass for
-    # the backward scatter (buffer assignment, measured: docs/validation.md "The memory
-    # promise"). And a convolution's backward step holds its output gradient twice: the
-    # layout assignment gives the input-gradient convolution a transposed copy of it
-    # (`transpose_copy_fusion`, live-range dumps, measured on the grid). Levers leave both alone.
-    activation_out, workspace_out = lc.activation_bytes, lc.workspace_bytes
+    # -- XLA:CPU's own buffers (costmodels/xla_cpu.py); levers leave them alone
+    activation_out, workspace_out, xla_cpu = lc.activation_bytes, lc.workspace_bytes, None
     if settings.platform == "cpu":
-        conv = kind == LayerKind.CONV
-        max_pool = ((kind == LayerKind.POOL) & (f32(a.saved_elements) > 0))[:, None]  # average pools save nothing
-        dims = f32(a.spatial_rank)[:, None] + 2.0
-        pool_in = f32(a.saved_elements)[:, None] * group_batch / split_of(in_lay)  # [L, S] a max pool saves its input
-        pool_out = out_el[:, None] * group_batch / split_of(out_lay)  # [L, S] elements per device
-        index_bytes = jnp.where(max_pool, 4.0 * dims * pool_out, 0.0)
-        iota_bytes = jnp.where(max_pool, 4.0 * dims * pool_in, 0.0)
-        dy_copy = jnp.where(conv[:, None], delta * out_el[:, None] * group_batch / split_of(gout_lay),
-                            0.0)  # [L, S] the transposed output gradient
+        extra_activation, extra_workspace, xla_cpu = xla_cpu_buffers(
+            a, lay, local_params, group_batch, d, m, delta, settings.gradient_bytes_per_param)
         K = lc.activation_bytes.shape[-1] // S
-        activation_out = activation_out + jnp.repeat(index_bytes, K, axis=-1)  # option s K + k: strategy s
-        workspace_out = workspace_out + jnp.repeat(iota_bytes + dy_copy, K, axis=-1)
-        # XLA:CPU's schedule (costmodels/xla_cpu.py, measured rule by rule): a copy of every
-        # conv and dense kernel but the first weighted layer's and a channel dense layer's,
-        # a reversed kernel where ConvOperandSwapper swaps a conv's operands (window larger
-        # than the input), each max pool's zero broadcast (its input's size).
-        weighted = (conv | (kind == LayerKind.DENSE)) & (params > 0) & (real > 0)
-        first = weighted & (jnp.cumsum(weighted) == 1)
-        gradients = settings.gradient_bytes_per_param * local_params  # [L, S] without levers
-        copied = (weighted & ~first)[:, None] & ~((kind == LayerKind.DENSE)[:, None] & (strat == Strategy.CHANNEL))
-        swapped = conv & (jnp.prod(f32(a.kernel), axis=-1) > jnp.prod(f32(a.in_spatial), axis=-1))
-        xla_cpu = XlaCpuBuffers(
-            gradient_bytes=gradients * real[:, None],
-            kernel_copy_bytes=jnp.where(copied, gradients, 0.0),
-            reversed_kernel_bytes=jnp.where(swapped[:, None], gradients, 0.0),
-            pool_input_bytes=jnp.where(max_pool, delta * pool_in, 0.0),
-            pool_iota_bytes=iota_bytes,
-            pool_output_bytes=jnp.where(max_pool, delta * pool_out, 0.0),
-            max_pool=f32(max_pool[:, 0]),
-            reduces_gradients=f32(d > 1),
-        )
-    else:
-        xla_cpu = None
+        activation_out = activation_out + jnp.repeat(extra_activation, K, axis=-1)  # option s K + k: strategy s
+        workspace_out = workspace_out + jnp.repeat(extra_workspace, K, axis=-1)
 
     # each in-edge's part of its destination's input (a concatenation's inputs differ in size)
     sent = out_el[src] * emask  # [E]

@@ -55,9 +55,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from costmodels.layers import LayerKind
 from costmodels.levers import strategy_probs
+from costmodels.strategies import Strategy, layout_split
 
-__all__ = ["XlaCpuBuffers", "scheduled_memory_per_device"]
+__all__ = ["XlaCpuBuffers", "scheduled_memory_per_device", "xla_cpu_buffers"]
 
 
 class XlaCpuBuffers(NamedTuple):
@@ -76,6 +78,59 @@ class XlaCpuBuffers(NamedTuple):
 
 
 @jax.jit
+def xla_cpu_buffers(a, lay, local_params, group_batch, d, m, delta, gradient_bytes_per_param):
+    """XLA:CPU's own buffers per layer and strategy (``costmodels.cost_table``
+    on the ``cpu`` platform): what it adds to the saved activations and to the
+    workspace, ``[L, S]`` bytes each, and its schedule's buffers
+    (:class:`XlaCpuBuffers`). Memory levers leave them alone.
+
+    XLA:CPU's max-pool gradient has no select-and-scatter kernel: XLA's
+    SelectAndScatterExpander (cpu_compiler.cc) finds each window's argmax with
+    int32 iotas of the pool input's shape, one per dimension (batch, spatial,
+    channels), and keeps an int32 index matrix [output elements, dimensions]
+    from the forward pass for the backward scatter (buffer assignment,
+    measured: docs/validation.md "The memory promise"). A convolution's
+    backward step holds its output gradient twice: the layout assignment
+    gives the input-gradient convolution a transposed copy of it
+    (``transpose_copy_fusion``, live-range dumps, measured on the grid). And
+    XLA:CPU's schedule (module docstring, measured rule by rule): a copy of
+    every conv and dense kernel but the first weighted layer's and a channel
+    dense layer's, a reversed kernel where ConvOperandSwapper swaps a conv's
+    operands (window larger than the input), each max pool's zero broadcast
+    (its input's size)."""
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    kind, real, params = f32(a.kind), f32(a.mask), f32(a.params)
+    in_lay, out_lay, gout_lay = lay[..., 0], lay[..., 1], lay[..., 3]
+    strat = jnp.arange(len(Strategy))[None, :]
+    split_of = lambda layout: layout_split(layout, m)  # noqa: E731
+    out_el = f32(a.out_elements)
+    conv = kind == LayerKind.CONV
+    max_pool = ((kind == LayerKind.POOL) & (f32(a.saved_elements) > 0))[:, None]  # average pools save nothing
+    dims = f32(a.spatial_rank)[:, None] + 2.0
+    pool_in = f32(a.saved_elements)[:, None] * group_batch / split_of(in_lay)  # [L, S] a max pool saves its input
+    pool_out = out_el[:, None] * group_batch / split_of(out_lay)  # [L, S] elements per device
+    index_bytes = jnp.where(max_pool, 4.0 * dims * pool_out, 0.0)
+    iota_bytes = jnp.where(max_pool, 4.0 * dims * pool_in, 0.0)
+    dy_copy = jnp.where(conv[:, None], delta * out_el[:, None] * group_batch / split_of(gout_lay),
+                        0.0)  # [L, S] the transposed output gradient
+    weighted = (conv | (kind == LayerKind.DENSE)) & (params > 0) & (real > 0)
+    first = weighted & (jnp.cumsum(weighted) == 1)
+    gradients = gradient_bytes_per_param * local_params  # [L, S] without levers
+    copied = (weighted & ~first)[:, None] & ~((kind == LayerKind.DENSE)[:, None] & (strat == Strategy.CHANNEL))
+    swapped = conv & (jnp.prod(f32(a.kernel), axis=-1) > jnp.prod(f32(a.in_spatial), axis=-1))
+    buffers = XlaCpuBuffers(
+        gradient_bytes=gradients * real[:, None],
+        kernel_copy_bytes=jnp.where(copied, gradients, 0.0),
+        reversed_kernel_bytes=jnp.where(swapped[:, None], gradients, 0.0),
+        pool_input_bytes=jnp.where(max_pool, delta * pool_in, 0.0),
+        pool_iota_bytes=iota_bytes,
+        pool_output_bytes=jnp.where(max_pool, delta * pool_out, 0.0),
+        max_pool=f32(max_pool[:, 0]),
+        reduces_gradients=f32(d > 1),
+    )
+    return index_bytes, iota_bytes + dy_copy, buffers
+
+
 def scheduled_memory_per_device(table, probs):
     """Peak bytes per device of XLA:CPU's schedule (the module docstring)
     under the relaxed plan ``probs`` ``[L, O]``; ``table`` is a
