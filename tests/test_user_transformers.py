@@ -148,7 +148,8 @@ def test_nanogpt_plans_model_parallel_and_trains_like_one_device(devices):
     model, spec = user_models.nanogpt(batch=BATCH)
     p = _limited_plan(planner.extract(model, spec), 0.8)
     report = planner.validate(model, p)
-    assert all(r.ok for r in report.memory), [r for r in report.memory if not r.ok]
+    # every row, the collectives of the positions' lookup (wpe(arange(T)): none beyond its table's gradient) among them
+    assert report.ok, [r for r in (*report.memory, *report.collectives) if not r.ok]
     x = jax.random.randint(jax.random.key(1), spec.shape, 0, 512)
     y = jax.random.randint(jax.random.key(2), spec.shape, 0, 512)
     assert _trained_losses(model, p, x, y, 3, 0.1) == pytest.approx(_unsharded_losses(model, x, y, 3, 0.1), rel=1e-5)

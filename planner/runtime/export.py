@@ -44,8 +44,11 @@ from planner.runtime.calls import (
     SCATTER_DIMS,
     constrain,
     constrain_heads,
-    pin_cotangent,
+    fanned_out,
     gathering,
+    looks_up_positions,
+    pin_cotangent,
+    projected_to_heads,
     recomputing_attention,
     reduce_scattering,
     zero_call,
@@ -136,9 +139,13 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                        remat: frozenset[str] = frozenset(), recomputed: set[str] | None = None,
                        fsdp: frozenset[str] = frozenset(),
                        scatters: Mapping[str, str] | None = None,
-                       sharded_grads: frozenset[str] = frozenset()) -> Iterator[None]:
+                       sharded_grads: frozenset[str] = frozenset(), batch: int = 0) -> Iterator[None]:
     """While tracing: constrain each planned module call's input and output to
     its strategy's layouts (patched ``__call__``, restored on exit).
+
+    * An embedding looked up at positions rather than at the ``batch``'s
+      tokens (:func:`planner.runtime.calls.looks_up_positions`) runs as
+      written: its output has no batch axis to lay out.
 
     * Where ``input_layouts`` names a module, its input is first pinned to
       that layout (its producer's), so that functional ops before it keep the
@@ -191,6 +198,7 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
     originals = {(cls, "__call__"): cls.__call__ for cls in classes}
     # an embedding's attend (a tied output layer) is a planned call of its own, "<path>/attend"
     originals.update({(cls, "attend"): cls.attend for cls in classes if issubclass(cls, nnx.Embed)})
+    fanned: dict[int, Any] = {}  # id of a multi-head attention's input -> its fanned_out copies, during its call
 
     def wrap(cls: type, orig: Callable, method: str) -> Callable:
         def wrapper(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
@@ -201,25 +209,24 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
             if to_heads is not None and to_heads[1] == "to":
                 # a query / key / value projection of a fused layer: its input is the attention
                 # module's, converted once there (below); its output split by heads where planned
+                if id(x) in fanned and not args and set(kwargs) <= {"out_sharding"} and kwargs.get("out_sharding") is None:
+                    bias = None if self.bias is None else self.bias[...]
+                    return projected_to_heads(fanned[id(x)], self.kernel[...], bias, mesh,
+                                              lambda t: self.promote_dtype(t, dtype=self.dtype), self.precision)
                 lout = PARAM_LAYOUTS[to_heads[0]][1]
                 return constrain_heads(orig(self, x, *args, **kwargs), lout, mesh)
             if name is None or name not in strategies:
-                call = orig
                 if isinstance(self, nnx.MultiHeadAttention) and name is not None:
-                    mine = {r for r in remat if r.rpartition("/")[0] == name}
-                    if mine:
-                        call = recomputing_attention(orig)
-                        if recomputed is not None:
-                            recomputed.update(mine)
+                    return _attention_call(orig, self, name, x, args, kwargs, strategies=strategies, mesh=mesh,
+                                           block=blocks.get(name), remat=remat, recomputed=recomputed,
+                                           zero=fsdp | sharded_grads, fanned=fanned)
                 if name not in blocks:
-                    return call(self, x, *args, **kwargs)
+                    return orig(self, x, *args, **kwargs)
                 bin_, bout = blocks[name]  # a block of planned layers
-                fused = layer_path(name, "qkv")
-                if isinstance(self, nnx.MultiHeadAttention) and fused in strategies:
-                    # its one input feeds three projections: converted once, to the fused layer's input layout
-                    bin_ = PARAM_LAYOUTS[strategies[fused]][0]
-                out = call(self, x if bin_ is None else constrain(x, bin_, mesh), *args, **kwargs)
+                out = orig(self, x if bin_ is None else constrain(x, bin_, mesh), *args, **kwargs)
                 return out if bout is None else constrain(out, bout, mesh)
+            if method == "__call__" and isinstance(self, nnx.Embed) and looks_up_positions(x, batch):
+                return orig(self, x, *args, **kwargs)
             param = isinstance(self, _PARAM_MODULES)
             lin, lout = (PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS)[strategies[name]]
             gout = (PARAM_GRADIENT_LAYOUTS if param else CHANNELWISE_GRADIENT_LAYOUTS)[strategies[name]][1]
@@ -268,6 +275,61 @@ def _constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: M
                 delattr(cls, method)
 
 
+def _attention_call(orig: Callable, attention: nnx.MultiHeadAttention, name: str, x: Any, args: tuple,
+                    kwargs: dict, *, strategies: Mapping[str, str], mesh: Mesh,
+                    block: tuple[str | None, str | None] | None, remat: frozenset[str],
+                    recomputed: set[str] | None, zero: frozenset[str], fanned: dict[int, Any]) -> Any:
+    """An ``nnx.MultiHeadAttention`` call under :func:`_constrained_calls`:
+    its attention recomputed where ``remat`` names it; as a block
+    (``block``: input and output layouts) its one input, which feeds three
+    projections, converted once to the fused layer's input layout; where its
+    heads are split (:func:`_fans_out`) the projections read
+    :func:`~planner.runtime.calls.fanned_out` copies of that input."""
+    call = orig
+    mine = {r for r in remat if r.rpartition("/")[0] == name}
+    if mine:
+        call = recomputing_attention(orig)
+        if recomputed is not None:
+            recomputed.update(mine)
+    if block is None:
+        return call(attention, x, *args, **kwargs)
+    bin_, bout = block
+    fused = layer_path(name, "qkv")
+    if fused in strategies:
+        bin_ = PARAM_LAYOUTS[strategies[fused]][0]
+    x = x if bin_ is None else constrain(x, bin_, mesh)
+    if _fans_out(attention, fused, strategies, mesh, zero):
+        fanned[id(x)] = fanned_out(x, mesh)
+    try:
+        out = call(attention, x, *args, **kwargs)
+    finally:
+        fanned.pop(id(x), None)
+    return out if bout is None else constrain(out, bout, mesh)
+
+
+def _fans_out(attention: nnx.MultiHeadAttention, fused: str, strategies: Mapping[str, str], mesh: Mesh,
+              zero: frozenset[str]) -> bool:
+    """Whether the export runs ``attention``'s query, key and value
+    projections on :func:`~planner.runtime.calls.fanned_out` copies of its
+    input: its fused layer's heads split (``filter``) over ``model``, which
+    divides them, without ZeRO stage 2 or 3 on it, and each projection a
+    plain ``LinearGeneral`` (the last axis to ``(heads, head_dim)``, no batch
+    axes, ``lax.dot_general``). Else XLA's partitioner places the
+    projections, and reduces their input gradients once each."""
+    projections = [getattr(attention, k, None) for k in ("query", "key", "value")]
+    return (strategies.get(fused) == "filter" and fused not in zero
+            and all(isinstance(p, nnx.LinearGeneral) and _plain_head_projection(p.axis, p.batch_axis,
+                                                                                 p.dot_general or p.dot_general_cls)
+                    and p.kernel.ndim == 3 and p.kernel.shape[1] % mesh.shape[AXIS_NAMES[1]] == 0
+                    for p in projections))
+
+
+def _plain_head_projection(axis: Any, batch_axis: Any, custom_dot: Any) -> bool:
+    """A projection contracting the last axis only, without batch axes or a
+    custom ``dot_general``: what :func:`~planner.runtime.calls.projected_to_heads` computes."""
+    return tuple(np.atleast_1d(axis)) == (-1,) and not batch_axis and custom_dot is None
+
+
 def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
@@ -306,10 +368,10 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
             recomputed: set[str] = set()
             if isinstance(m, LinenModel):  # a linen model: its module calls through Flax's interceptor
                 calls = constrained_linen_calls(m, strategies, mesh, last, input_layouts, output_layouts,
-                                                zero[2] | zero[3] | remat)
+                                                zero[2] | zero[3] | remat, int(x.shape[0]))
             else:
                 calls = _constrained_calls(m, strategies, mesh, last, input_layouts, output_layouts, blocks, remat,
-                                           recomputed, zero[3], scatters, zero[2])
+                                           recomputed, zero[3], scatters, zero[2], int(x.shape[0]))
             with calls:
                 logits = m(x)
             if remat - recomputed:  # (checked above: an attention module that was not called)

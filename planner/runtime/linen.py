@@ -27,11 +27,14 @@ from typing import Any, NamedTuple
 
 import flax
 import flax.linen as nn
+import numpy as np
 import jax
 from flax import nnx
+from flax.linen.dtypes import promote_dtype
 from flax.nnx import bridge
 from jax.sharding import Mesh
 
+from costmodels.strategies import AXIS_NAMES
 from planner.ir.graph import layer_path
 from planner.models.extraction import linen_train_kwargs
 from planner.plans.specs import (
@@ -41,7 +44,14 @@ from planner.plans.specs import (
     PARAM_LAYOUTS,
     head_projection,
 )
-from planner.runtime.calls import constrain, constrain_heads, pin_cotangent
+from planner.runtime.calls import (
+    constrain,
+    constrain_heads,
+    fanned_out,
+    looks_up_positions,
+    pin_cotangent,
+    projected_to_heads,
+)
 
 __all__ = ["LinenModel", "as_nnx", "constrained_linen_calls"]
 
@@ -133,14 +143,15 @@ def as_nnx(model: Any, example: Any, variables: Mapping[str, Any] | None = None,
 @contextlib.contextmanager
 def constrained_linen_calls(model: LinenModel, strategies: Mapping[str, str], mesh: Mesh, last_layout: list[str],
                             input_layouts: Mapping[str, str] | None, output_layouts: Mapping[str, Mapping[str, str]],
-                            levers: frozenset[str]) -> Iterator[None]:
+                            levers: frozenset[str], batch: int = 0) -> Iterator[None]:
     """While tracing a :class:`LinenModel`: each planned linen module call's
     input and output constrained to its strategy's layouts (through
     ``flax.linen.intercept_methods``), as the export pins nnx module calls:
     its input first to its producer's layout where ``input_layouts`` names
     it, its output's cotangent to the gradient's layout where the output is
     partial sums, its output to its consumers' common layout where no
-    consumer is a module. The levers (ZeRO stages 2 and 3, recomputation)
+    consumer is a module; an embedding looked up at positions rather than at
+    the ``batch``'s tokens runs as written (:func:`looks_up_positions`). The levers (ZeRO stages 2 and 3, recomputation)
     are not applied to linen modules: a plan using them is refused."""
     if levers:
         raise ValueError(f"the plan puts {sorted(levers)[:3]} on ZeRO stage 2 or 3 or recomputes them, which the "
@@ -154,12 +165,23 @@ def constrained_linen_calls(model: LinenModel, strategies: Mapping[str, str], me
             return next_fun(*args, **kwargs)
         heads = head_projection(name, strategies)
         if heads is not None and heads[1] == "to":  # a multi-head attention's query, key or value projection
+            if id(args[0]) in fanned and len(args) == 1 and not kwargs and _plain(context.module):
+                return _projected(context.module, fanned[id(args[0])], mesh)
             return constrain_heads(next_fun(*args, **kwargs), PARAM_LAYOUTS[heads[0]][1], mesh)
         if name not in strategies:
             fused = layer_path(name, "qkv")
             if fused in strategies and isinstance(context.module, nn.MultiHeadDotProductAttention):
                 # its one input feeds three projections: converted once, to the fused layer's input layout
-                args = (constrain(args[0], PARAM_LAYOUTS[strategies[fused]][0], mesh), *args[1:])
+                x = constrain(args[0], PARAM_LAYOUTS[strategies[fused]][0], mesh)
+                args = (x, *args[1:])
+                if strategies[fused] == "filter" and context.module.num_heads % mesh.shape[AXIS_NAMES[1]] == 0:
+                    fanned[id(x)] = fanned_out(x, mesh)  # its heads split: the input gradient reduced once
+                try:
+                    return next_fun(*args, **kwargs)
+                finally:
+                    fanned.pop(id(x), None)
+            return next_fun(*args, **kwargs)
+        if isinstance(context.module, nn.Embed) and looks_up_positions(args[0], batch):
             return next_fun(*args, **kwargs)
         param = isinstance(context.module, _PARAM_MODULES)
         lin, lout = (PARAM_LAYOUTS if param else CHANNELWISE_LAYOUTS)[strategies[name]]
@@ -182,5 +204,25 @@ def constrained_linen_calls(model: LinenModel, strategies: Mapping[str, str], me
         return out
 
     modules = set(model.to_nnx__modules)
+    fanned: dict[int, Any] = {}  # id of a multi-head attention's input -> its fanned_out copies, during its call
     with nn.intercept_methods(interceptor):
         yield
+
+
+def _plain(dense: nn.Module) -> bool:
+    """Whether a query, key or value projection is a ``DenseGeneral`` over
+    the last axis, without batch dims or a custom ``dot_general``, which
+    :func:`_projected` computes on its heads (else XLA's partitioner places
+    it, and reduces its input gradient on its own)."""
+    return (isinstance(dense, nn.DenseGeneral) and tuple(np.atleast_1d(dense.axis)) == (-1,)
+            and not dense.batch_dims and dense.dot_general is None and dense.dot_general_cls is None)
+
+
+def _projected(dense: nn.DenseGeneral, copies: Any, mesh: Mesh) -> Any:
+    """A multi-head attention's query, key or value ``DenseGeneral`` on the
+    :func:`~planner.runtime.calls.fanned_out` copies of its input, each
+    device its heads (:func:`~planner.runtime.calls.projected_to_heads`)."""
+    kernel = dense.get_variable("params", "kernel")
+    bias = dense.get_variable("params", "bias") if dense.use_bias else None
+    return projected_to_heads(copies, kernel, bias, mesh, lambda t: tuple(promote_dtype(*t, dtype=dense.dtype)),
+                              dense.precision)
