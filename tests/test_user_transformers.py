@@ -189,11 +189,12 @@ def _policy_losses(model, x, y, steps: int, lr: float, dtype) -> list[float]:
 
 
 @pytest.mark.slow
-def test_a_bfloat16_plan_trains_in_bfloat16_with_fp32_master_weights(devices):
+@pytest.mark.parametrize("factory", ["llama", "nanogpt"])
+def test_a_bfloat16_plan_trains_in_bfloat16_with_fp32_master_weights(devices, factory):
     """A bfloat16 plan (model parallel) trains as the policy it was costed
     for, not in float32: its losses are the bfloat16 policy's by hand, and
     further from float32's than that."""
-    model, spec = user_models.llama(batch=BATCH)
+    model, spec = getattr(user_models, factory)(batch=BATCH)
     g = planner.extract(model, spec)
     free = planner.plan(g, devices=8, hardware="dgx-a100", batch=BATCH, platform="cpu", dtype="bfloat16")
     p = planner.plan(g, devices=8, hardware="dgx-a100", batch=BATCH, platform="cpu", dtype="bfloat16",
