@@ -122,3 +122,22 @@ def test_the_oracle_takes_the_option_too(tokens, capsys):
                  "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows and all(r["devices"] == 4 for r in rows)
+
+
+def test_a_plan_is_independent_of_the_example_batch(tokens, devices):
+    """The replicated stand-ins extract alike at any batch (same
+    fingerprint), so a plan made from a batch-2 example is accepted by
+    validate and planner.shard, which trace the model at the plan's batch."""
+    from planner import plan, shard, validate
+
+    model, x = tokens.make()
+    small = jax.ShapeDtypeStruct((2, *x.shape[1:]), x.dtype)
+    g = extract(model, small, on_unsupported="replicate")
+    assert extract(model, jax.ShapeDtypeStruct((16, *x.shape[1:]), x.dtype),
+                   on_unsupported="replicate").fingerprint == g.fingerprint
+    p = plan(g, devices=8, hardware="dgx-a100", batch=16, platform="cpu")
+    report = validate(model, p, memory_rtol=2.0, activation_rtol=2.0)  # runs: the plan is this model's
+    assert report.batch == 16
+    step, state = shard(model, p, optax.sgd(0.1))
+    state, loss = step(state, jnp.ones((16, *x.shape[1:])), jnp.arange(16) % 10)
+    assert jnp.isfinite(loss)
