@@ -118,3 +118,20 @@ def test_no_file_imports_back_from_a_file_that_imports_it():
     graph = {m: module_imports(p, modules) - {m} for m, p in modules.items()}
     assert "planner.ir.graph" in graph["planner.ir.builder"]  # the reader sees imports at all
     assert not import_cycles(graph), f"import cycles: {import_cycles(graph)}"
+
+
+@pytest.mark.parametrize("code", [
+    "import planner",
+    "from planner.cli import main\nmain(['--help'])",
+])
+def test_import_and_help_load_neither_jax_nor_flax(code):
+    """``import planner`` and ``shardplan --help`` answer at once: the public
+    names and the subcommands load on first use (what a fresh process has
+    imported afterwards, as Python records it)."""
+    import subprocess
+    import sys
+
+    probe = code + "\nimport sys\nprint(sorted(m for m in ('jax', 'flax', 'scipy', 'costmodels', 'search') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out.strip().splitlines()[-1] == "[]"

@@ -35,14 +35,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from planner.cli.common import PROG, Parser, add_model_argument, dump_json
-from planner.ir.graph import LayerGraph
-from planner.models.loading import (  # (load_model, call_factory: re-exported)
-    accepted_models,
-    call_factory,
-    load_model,
-)
+from typing import TYPE_CHECKING
+
+from planner.cli.common import COMMAND_HELP, PROG, Parser, add_model_argument, dump_json
 from planner.usage import UsageError, one_line
+
+if TYPE_CHECKING:
+    from planner.ir.graph import LayerGraph
+    from planner.models.loading import call_factory, load_model
 
 __all__ = ["main", "load_model", "call_factory", "layer_report", "UsageError", "DTYPE_BYTES"]
 
@@ -144,6 +144,8 @@ def _render_layers_table(report: dict[str, Any], full: bool = True) -> None:
 def _run_layers(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise UsageError(f"--batch must be a positive integer, got {args.batch}", "expected e.g. --batch 64")
+    from planner.models.loading import load_model
+
     graph = load_model(args.model, args.on_unsupported)
     report = layer_report(graph, args.batch, args.dtype)
     report["source"] = args.model
@@ -157,16 +159,26 @@ def _run_layers(args: argparse.Namespace) -> int:
 # -- entry point ---------------------------------------------------------------------
 
 
-def _parser() -> Parser:
-    p = Parser(prog=PROG, description="Plan per-layer sharding of CNN training.")
-    p.add_argument("--debug", action="store_true",
-                   help=f"show the full traceback of an internal error (or set {DEBUG_ENV}=1)")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+# the module and function that register each subcommand's full parser
+_LAYERS = (__name__, "_add_layers")
+_REGISTRARS = {
+    "layers": _LAYERS,
+    "hardware": ("planner.cli.cost", "add_cost_commands"),
+    "evaluate": ("planner.cli.cost", "add_cost_commands"),
+    "oracle": ("planner.cli.oracle", "add_oracle_commands"),
+    "plan": ("planner.cli.plan", "add_plan_commands"),
+    "profile": ("planner.cli.profile", "add_profile_commands"),
+    "validate": ("planner.cli.validate", "add_validate_commands"),
+    "plot": ("planner.cli.plot", "add_plot_commands"),
+}
+
+
+def _add_layers(sub: Any) -> None:
     from planner._compact import COMPACT_ABOVE
 
     lay = sub.add_parser(
         "layers",
-        help="print a model's per-layer table",
+        help=COMMAND_HELP["layers"],
         description="Print a model's per-layer table: shapes, parameters, FLOPs and activation bytes.",
     )
     add_model_argument(lay)
@@ -177,20 +189,36 @@ def _parser() -> Parser:
                      help=f"print every layer's row: a table of more than {COMPACT_ABOVE} layers otherwise groups "
                           "consecutive layers of one block into one row each (JSON is never grouped)")
     lay.set_defaults(run=_run_layers)
-    from planner.cli.cost import add_cost_commands
-    from planner.cli.oracle import add_oracle_commands
-    from planner.cli.plan import add_plan_commands
-    from planner.cli.plot import add_plot_commands
-    from planner.cli.profile import add_profile_commands
-    from planner.cli.validate import add_validate_commands
 
-    add_cost_commands(sub)
-    add_oracle_commands(sub)
-    add_plan_commands(sub)
-    add_profile_commands(sub)
-    add_validate_commands(sub)
-    add_plot_commands(sub)
+
+def _parser(command: str | None = None) -> Parser:
+    """The command line's parser: every subcommand's, or where ``command``
+    names one, that one's in full (with the others its module registers)
+    and the rest as their one-line help, their modules and what those
+    import, JAX among them, not loaded: ``shardplan --help`` answers at once."""
+    import importlib
+
+    p = Parser(prog=PROG, description="Plan per-layer sharding of neural network training.")
+    p.add_argument("--debug", action="store_true",
+                   help=f"show the full traceback of an internal error (or set {DEBUG_ENV}=1)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    wanted = None if command is None else _REGISTRARS.get(command, _LAYERS if command == "layers" else None)
+    registered: set[tuple[str, str]] = set()
+    for name, line in COMMAND_HELP.items():
+        registrar = _REGISTRARS.get(name, _LAYERS)
+        if command is not None and registrar != wanted:
+            sub.add_parser(name, help=line)  # listed; parsed in full only when it is the command
+        elif registrar not in registered:
+            registered.add(registrar)
+            module, function = registrar
+            add = _add_layers if registrar == _LAYERS else getattr(importlib.import_module(module), function)
+            add(sub)
     return p
+
+
+def _command(argv: Sequence[str]) -> str:
+    """The subcommand ``argv`` runs (its first word that is not an option), or "" (none: ``--help``)."""
+    return next((a for a in argv if not a.startswith("-")), "")
 
 
 DEBUG_ENV = "SHARDPLAN_DEBUG"
@@ -238,8 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     3 (an internal error: a bug of ours, one line asking for a report, the
     traceback behind ``--debug`` or ``SHARDPLAN_DEBUG=1``), 130
     (interrupted)."""
-    parser = _parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser(_command(argv))
     debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         args = parser.parse_args(argv)
@@ -258,6 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.dup2(devnull, sys.stdout.fileno())
             return 1
         what = f"cannot read {e.filename}: {e.strerror}" if e.filename else str(e)
+        from planner.models.loading import accepted_models
+
         message = f"{what}; {accepted_models()}"
     except Exception as e:  # a bug of ours, not the user's input (InternalError included)
         if debug:
@@ -268,3 +298,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return INTERNAL_ERROR_STATUS
     print(f"{PROG}: error: {one_line(message)}", file=sys.stderr)
     return 2
+
+
+def __getattr__(name: str) -> Any:
+    """``load_model`` and ``call_factory`` (re-exported), imported on first
+    use: ``shardplan --help`` loads neither JAX nor the model loaders."""
+    if name in ("load_model", "call_factory"):
+        from planner.models import loading
+
+        return getattr(loading, name)
+    raise AttributeError(f"module 'planner.cli' has no attribute {name!r}")

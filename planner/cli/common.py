@@ -9,12 +9,25 @@ import argparse
 import json
 from typing import Any, NoReturn
 
-from planner.ir.graph import ON_UNSUPPORTED
+from planner.ir.unsupported import ON_UNSUPPORTED
 from planner.usage import UsageError
 
-__all__ = ["MODEL_HELP", "PROG", "Parser", "add_model_argument", "dump_json"]
+__all__ = ["COMMAND_HELP", "MODEL_HELP", "PROG", "Parser", "add_model_argument", "dump_json"]
 
 PROG = "shardplan"
+
+# each subcommand's one-line help, in the order --help lists them (the command line builds only
+# the subcommand it runs, and lists the others by these lines)
+COMMAND_HELP = {
+    "layers": "print a model's per-layer table",
+    "hardware": "list hardware presets or show one",
+    "evaluate": "cost of one plan: per-layer time and memory",
+    "oracle": "ParaDL oracle: every strategy's time, memory, limits and bottleneck",
+    "plan": "search the fastest per-layer sharding within a memory limit",
+    "profile": "time every layer on this machine and write a calibration file",
+    "validate": "compare a plan's predicted memory and communication with the compiled program",
+    "plot": "draw a plan file: per-layer time and memory, optionally the search history",
+}
 
 
 class Parser(argparse.ArgumentParser):

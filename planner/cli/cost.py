@@ -24,8 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from costmodels.files import read_json
-from planner.cli.common import add_model_argument
+from planner.cli.common import COMMAND_HELP, add_model_argument
 
 __all__ = ["add_cost_commands", "layer_cost_table", "parse_mesh"]
 
@@ -55,6 +54,8 @@ def _read_plan(path: str, graph: Any) -> tuple[dict[str, str], dict[str, Any]]:
     and the settings it records (devices, mesh, batch, dtype, optimizer,
     hardware), those of them it has."""
     from planner.evaluation import option_label
+
+    from costmodels.files import read_json
 
     data = read_json(path, f"plan file ({_PLAN_ACCEPTED})")
     rows = data.get("layers") if isinstance(data, dict) else None
@@ -290,13 +291,13 @@ def add_cost_commands(sub: Any) -> None:
     """Register ``hardware`` and ``evaluate`` on an argparse subparsers object."""
     from planner._compact import COMPACT_ABOVE
 
-    hw = sub.add_parser("hardware", help="list hardware presets or show one",
+    hw = sub.add_parser("hardware", help=COMMAND_HELP["hardware"],
                         description="List the hardware presets, or show one preset or hardware JSON file.")
     hw.add_argument("name", nargs="?", metavar="NAME|FILE", help="a preset name or a hardware JSON file")
     hw.add_argument("--json", action="store_true", help="print JSON even on a terminal")
     hw.set_defaults(run=_run_hardware)
 
-    ev = sub.add_parser("evaluate", help="cost of one plan: per-layer time and memory",
+    ev = sub.add_parser("evaluate", help=COMMAND_HELP["evaluate"],
                         description="Per-layer compute, communication, resharding and memory of one plan, and totals.")
     add_model_argument(ev)
     ev.add_argument("--devices", type=int, metavar="P", help="number of devices (default with --plan: the plan's)")

@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Any
 
-from planner.cli.common import add_model_argument
+from planner.cli.common import COMMAND_HELP, add_model_argument
 
 __all__ = ["add_oracle_commands", "left_out_notes", "parse_devices", "plot_report"]
 
@@ -237,7 +237,7 @@ def _run_oracle(args: argparse.Namespace) -> int:
 def add_oracle_commands(sub: Any) -> None:
     """Register ``oracle`` on an argparse subparsers object."""
     p = sub.add_parser(
-        "oracle", help="ParaDL oracle: every strategy's time, memory, limits and bottleneck",
+        "oracle", help=COMMAND_HELP["oracle"],
         description="Per-iteration compute, communication, weight update, memory, epoch time, feasibility and "
                     "bottleneck of data, spatial, filter, channel, pipeline, data+filter and data+spatial "
                     "parallelism at each device count (ParaDL, ParaDL §4).",

@@ -23,7 +23,7 @@ import argparse
 import sys
 from typing import Any
 
-from planner.cli.common import add_model_argument
+from planner.cli.common import COMMAND_HELP, add_model_argument
 
 __all__ = ["add_plan_commands"]
 
@@ -141,7 +141,7 @@ def add_plan_commands(sub: Any) -> None:
     from search import METHODS
 
     pl = sub.add_parser(
-        "plan", help="search the fastest per-layer sharding within a memory limit",
+        "plan", help=COMMAND_HELP["plan"],
         description="Search the fastest per-layer sharding of a model on P devices within a memory limit, "
                     "over every data x model mesh shape; print it and optionally write it.",
     )

@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from planner.cli.common import COMMAND_HELP
+
 __all__ = ["MAX_DPI", "add_plot_commands"]
 
 MAX_DPI = 1200  # pixels grow with dpi squared; 1200 dpi is a print resolution
@@ -55,7 +57,7 @@ def _run_plot(args: argparse.Namespace) -> int:
 def add_plot_commands(sub: Any) -> None:
     """Register ``plot`` on an argparse subparsers object."""
     p = sub.add_parser(
-        "plot", help="draw a plan file: per-layer time and memory, optionally the search history",
+        "plot", help=COMMAND_HELP["plot"],
         description="Draw a plan file written by 'shardplan plan -o': per-layer stacked time (compute, "
                     "communication, resharding) coloured by strategy, and per-layer memory against the limit. "
                     "Needs matplotlib (pip install 'shardplan[plot]').",

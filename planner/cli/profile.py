@@ -24,8 +24,7 @@ import json
 import sys
 from typing import Any
 
-from costmodels.files import check_writable, write_atomic
-from planner.cli.common import add_model_argument
+from planner.cli.common import COMMAND_HELP, add_model_argument
 
 __all__ = ["CAPS", "add_profile_commands"]
 
@@ -98,6 +97,7 @@ def _render(summary: dict[str, Any], output: str) -> None:
 
 def _run_profile(args: argparse.Namespace) -> int:
     from costmodels import load_hardware
+    from costmodels.files import check_writable, write_atomic
     from planner.calibrate.profile import profile_layers
     from planner.cli.common import dump_json
     from planner.models.loading import load_model
@@ -146,7 +146,7 @@ def _run_profile(args: argparse.Namespace) -> int:
 def add_profile_commands(sub: Any) -> None:
     """Register ``profile`` on an argparse subparsers object."""
     p = sub.add_parser(
-        "profile", help="time every layer on this machine and write a calibration file",
+        "profile", help=COMMAND_HELP["profile"],
         description="Time every layer's forward + backward as a standalone jitted op on the local accelerator "
                     "(or CPU) at the shard shapes the strategy menu produces, with warm-up and medians, and write "
                     "a calibration file for --calibration of plan, evaluate and oracle.",

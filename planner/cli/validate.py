@@ -20,6 +20,8 @@ import argparse
 import sys
 from typing import Any
 
+from planner.cli.common import COMMAND_HELP
+
 __all__ = ["add_validate_commands"]
 
 _ACCEPTED = "expected a built-in model name or package.module:factory returning (flax_module, example_input)"
@@ -105,7 +107,7 @@ def _run_validate(args: argparse.Namespace) -> int:
 def add_validate_commands(sub: Any) -> None:
     """Register ``validate`` on an argparse subparsers object."""
     va = sub.add_parser(
-        "validate", help="compare a plan's predicted memory and communication with the compiled program",
+        "validate", help=COMMAND_HELP["validate"],
         description="Compile the plan's sharded training step on the local devices and compare, per device, "
                     "predicted with compiled memory and collectives (by kind and mesh axes); exit 1 when a "
                     "figure is outside tolerance.",

@@ -46,6 +46,7 @@ from costmodels.layers import (  # noqa: F401 (re-exported: the IR's names)
     kind_name,
     token_lookups,
 )
+from planner.ir.unsupported import ON_UNSUPPORTED, check_on_unsupported
 from planner.ir.graph_file import (  # the file format
     GRAPH_SCHEMA,
     GRAPH_VERSION,
@@ -64,18 +65,6 @@ __all__ = [
     "kind_name",
     "layer_path",
 ]
-
-# planner.extract's choices for an operation it cannot map to a layer kind: an error, or a
-# replicated OTHER layer costed from its FLOPs (LayerGraph.on_unsupported records the second)
-ON_UNSUPPORTED = ("error", "replicate")
-
-
-def check_on_unsupported(value: Any, where: str = "on_unsupported") -> str:
-    """``value`` if it is one of :data:`ON_UNSUPPORTED`, else a ValueError naming ``where``."""
-    if value not in ON_UNSUPPORTED:
-        raise ValueError(f'{where} must be "error" or "replicate", got {value!r}')
-    return value
-
 
 def layer_path(path: str, name: str) -> str:
     """``path/name``, or ``name`` under the root module (``path == ""``): how a
