@@ -52,6 +52,7 @@ from planner.plans.record import MeshResult, Plan
 from planner.plans.specs import layer_specs
 from planner.schedule_fit import choice_peak, fit_schedule
 from search import (
+    TIME_BUDGET_S,
     GradientConfig,
     SearchEvent,
     Solution,
@@ -196,6 +197,7 @@ def plan(
     simplicity_tolerance: float = 0.01,
     milp_time_limit_s: float | None = MILP_TIME_LIMIT_S,
     levers: str = "none",
+    time_budget_s: float | None = TIME_BUDGET_S,
 ) -> Plan:
     """The fastest plan of ``model`` (a zoo name or a :class:`LayerGraph`) on
     ``devices`` devices of ``hardware`` within ``memory_limit`` per device
@@ -210,7 +212,11 @@ def plan(
     The MILP (``method="milp"``) stops after ``milp_time_limit_s`` per mesh
     (default :data:`MILP_TIME_LIMIT_S`; None: no limit) with the best plan it
     found; ``optimality_gap`` says how far from its lower bound that plan may
-    be (None without a bound).
+    be (None without a bound). ``method="auto"`` answers within about
+    ``time_budget_s`` per search (default :data:`search.TIME_BUDGET_S`; None:
+    no budget): where its exact solvers prove nothing in their share, the
+    gradient search's local search stops when the budget is spent, with a
+    plan that fits (:func:`search.solve_many`).
 
     ``levers`` puts memory levers on each layer's menu beside its strategy
     (:mod:`costmodels.levers`): ``none`` (the default here; the CLI's is
@@ -282,10 +288,11 @@ def plan(
     # float32 sum: FLOAT32_ROUNDING keeps the two on the same side of the limit.
     budget = max((limit - margin) * (1.0 - FLOAT32_ROUNDING), 1.0)
     solutions: list[Solution] = solve_many(tables, budget, method, seed, callback, config=config,
-                                           milp_time_limit_s=milp_time_limit_s)
+                                           milp_time_limit_s=milp_time_limit_s, time_budget_s=time_budget_s)
     # on cpu, what XLA:CPU's schedule holds must fit too (planner/schedule_fit.py)
     solutions = fit_schedule(tables, solutions, budget, lambda t, b: solve_many(
-        [t], b, method, seed, callback, config=config, milp_time_limit_s=milp_time_limit_s)[0], callback)
+        [t], b, method, seed, callback, config=config, milp_time_limit_s=milp_time_limit_s,
+        time_budget_s=time_budget_s)[0], callback)
     results = tuple(
         MeshResult(mesh, s.feasible, s.time_s if s.feasible else None, s.memory_bytes, s.min_memory_bytes,
                    s.method, s.optimality_gap)

@@ -33,7 +33,7 @@ from search.problem import (
 from search.refine import local_search, repair
 from search.relax import relaxed_probs, round_probs
 from search.solution import HistoryEntry, SearchEvent, Solution
-from search.solver import AUTO_MILP_TIME_LIMIT_S, METHODS, retry_smallest, solve, solve_many
+from search.solver import AUTO_MILP_TIME_LIMIT_S, METHODS, TIME_BUDGET_S, retry_smallest, solve, solve_many
 
 __all__ = [
     "AUTO_MILP_TIME_LIMIT_S",
@@ -68,4 +68,5 @@ __all__ = [
     "solve_dp",
     "solve_milp",
     "solve_many",
+    "TIME_BUDGET_S",
 ]

@@ -27,6 +27,8 @@ solutions as starts for a primal heuristic).
 
 from __future__ import annotations
 
+import time as _time
+
 import numpy as np
 
 from search.dp_runs import run_intervals
@@ -49,7 +51,8 @@ _GROWTH_STEPS = 12  # (4 ** 12 times the time per byte of the limit: time barely
 _RESOLUTION = 1e-4  # the bisection stops where its bracket is this narrow, relative
 
 
-def lagrangian_plans(p: DiscreteProblem, memory_limit: float, caps: int = 4, steps: int = 32) -> np.ndarray:
+def lagrangian_plans(p: DiscreteProblem, memory_limit: float, caps: int = 4, steps: int = 32,
+                     deadline_s: float | None = None) -> np.ndarray:
     """Plans ``[k, n]`` near the fastest within ``memory_limit`` (module
     docstring): for ``caps`` peaks spread over the intervals
     :func:`search.solve_dp` searches (:func:`search.dp_runs.run_intervals`),
@@ -57,7 +60,10 @@ def lagrangian_plans(p: DiscreteProblem, memory_limit: float, caps: int = 4, ste
     ``steps`` bisection steps, the one that fits and the one just over (for
     repair); none of a peak where no multiplier's plan fits. Only where plans
     may hold runs (:func:`search.problem.has_runs`) on a graph in layer order
-    under a finite limit; elsewhere none (``[0, n]``)."""
+    under a finite limit; elsewhere none (``[0, n]``). Past ``deadline_s`` (a
+    ``time.perf_counter()`` reading) the multiplier's search stops with the
+    brackets it has."""
+    late = lambda: deadline_s is not None and _time.perf_counter() > deadline_s  # noqa: E731
     n = p.num_layers
     none = np.zeros((0, n), dtype=np.int64)
     limit = float(memory_limit)
@@ -95,7 +101,7 @@ def lagrangian_plans(p: DiscreteProblem, memory_limit: float, caps: int = 4, ste
     lam = np.where(fits, 0.0, scale)
     for _ in range(_GROWTH_STEPS):  # upwards until each peak's plan fits (else none at this peak: no candidates)
         up = np.isnan(hi)
-        if not up.any():
+        if not up.any() or late():
             break
         path, fits = plans_at(np.where(up, lam, 0.0))
         ok, bad = up & fits, up & ~fits
@@ -104,7 +110,7 @@ def lagrangian_plans(p: DiscreteProblem, memory_limit: float, caps: int = 4, ste
         lam = np.where(bad, lam * _GROWTH, lam)
     for _ in range(steps):  # bisection (geometric where the bracket is above zero)
         both = ~np.isnan(hi) & (hi > lo * (1.0 + _RESOLUTION))
-        if not both.any():
+        if not both.any() or late():
             break
         mid = np.where(lo > 0, np.sqrt(np.maximum(lo, 1e-300) * np.where(both, hi, 1.0)), np.where(both, hi, 0.0) / 2)
         path, fits = plans_at(np.where(both, mid, 0.0))

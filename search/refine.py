@@ -12,6 +12,7 @@ layers and strategies at once: a pass costs ``O(n S + e S^2)`` array work.
 
 from __future__ import annotations
 
+import time as _time
 from typing import NamedTuple
 
 import numpy as np
@@ -388,18 +389,22 @@ def _trade(p: DiscreteProblem, c: np.ndarray, single: MoveScores, t_now: float, 
 
 
 def local_search(p: DiscreteProblem, choice, memory_limit: float, max_moves: int | None = None,
-                 segments: Segments | None = None) -> np.ndarray:
+                 segments: Segments | None = None, deadline_s: float | None = None) -> np.ndarray:
     """Improve a plan that fits ``memory_limit`` until no single-layer move,
     no move of an edge's two layers and no memory trade between two layers
     (:func:`_swap`) lowers the time while still fitting. Improving moves of
     non-adjacent layers are applied together when their combination still
     fits and improves (their time gains add up exactly, overlap aside, which
     the combined check covers). With ``segments``, a chain segment may also
-    be re-planned as a whole (:func:`segment_moves`) when nothing smaller helps."""
+    be re-planned as a whole (:func:`segment_moves`) when nothing smaller helps.
+    Past ``deadline_s`` (a ``time.perf_counter()`` reading) it stops with
+    the plan it has, which fits and is no slower than ``choice``."""
     c = np.array(choice, dtype=np.int64)
     limit = float(memory_limit)
     max_moves = 10 * p.num_layers + 100 if max_moves is None else max_moves
     for _ in range(max_moves):
+        if deadline_s is not None and _time.perf_counter() > deadline_s:
+            break
         cur = current_state(p, c)
         t_now = with_overlap(p, cur.base_s, cur.grad_s, cur.bwd_s)
         m_now = cur.memory_bytes
@@ -456,7 +461,7 @@ class RefineResult(NamedTuple):
 
 def refine(p: DiscreteProblem, candidates, memory_limit: float, max_candidates: int = 4,
            segment_window: float = 0.03, smallest: MinimumMemory | None = None,
-           relevel_time_limit_s: float | None = None, starts=None) -> RefineResult:
+           relevel_time_limit_s: float | None = None, starts=None, deadline_s: float | None = None) -> RefineResult:
     """Repair and locally improve each distinct candidate plan ``[k, n]``
     (the best ``max_candidates`` after repair get the local search, and
     each distinct local optimum within ``segment_window`` of the best then
@@ -472,7 +477,10 @@ def refine(p: DiscreteProblem, candidates, memory_limit: float, max_candidates: 
     plans may hold runs, the best plan's levers and runs are then re-planned
     exactly within the strategies of the local optima
     (:func:`search.relevel.relevel`, its completion within
-    ``relevel_time_limit_s``) and locally searched again."""
+    ``relevel_time_limit_s``) and locally searched again. Past ``deadline_s``
+    (a ``time.perf_counter()`` reading) the local searches stop where they
+    are and the re-planning is skipped: the best plan so far is returned
+    (it fits; the solver's time budget, :func:`search.solver.solve_many`)."""
     limit = float(memory_limit)
     cands = np.unique(np.asarray(candidates, dtype=np.int64).reshape(-1, p.num_layers), axis=0)
     times = np.array([plan_time(p, x) for x in cands])
@@ -500,7 +508,8 @@ def refine(p: DiscreteProblem, candidates, memory_limit: float, max_candidates: 
     order = np.argsort(rtimes, kind="stable")[:max_candidates]
     chosen = np.unique(np.asarray([repaired[i] for i in order] + repaired_plans(extra)), axis=0)
     # each after the lever changes that free memory at no cost in time, for the local search to spend
-    local = np.unique(np.asarray([local_search(p, free_levers(p, y), limit) for y in chosen]), axis=0)
+    local = np.unique(np.asarray([local_search(p, free_levers(p, y), limit, deadline_s=deadline_s)
+                                  for y in chosen]), axis=0)
     # then the large neighbourhood (whole chain segments) from each distinct local
     # optimum within segment_window of the best one
     ltimes = np.array([plan_time(p, z) for z in local])
@@ -509,13 +518,17 @@ def refine(p: DiscreteProblem, candidates, memory_limit: float, max_candidates: 
     best, best_t = None, np.inf
     optima = []
     for z in local:
-        z = local_search(p, z, limit, segments=seg)
+        z = local_search(p, z, limit, segments=seg, deadline_s=deadline_s)
         optima.append(z)
         tz = plan_time(p, z)
         if tz < best_t:
             best, best_t = z, tz
-    z = relevel(p, best, limit, relevel_time_limit_s, others=np.asarray(optima))
+    left = np.inf if deadline_s is None else deadline_s - _time.perf_counter()
+    if left <= 0:
+        return RefineResult(best, best_t, plan_memory(p, best), True, rounded, float(rtimes.min()), len(cands))
+    relevel_s = left if relevel_time_limit_s is None else min(relevel_time_limit_s, left)
+    z = relevel(p, best, limit, None if not np.isfinite(relevel_s) else relevel_s, others=np.asarray(optima))
     if plan_time(p, z) < best_t:
-        best = local_search(p, z, limit, segments=seg)
+        best = local_search(p, z, limit, segments=seg, deadline_s=deadline_s)
         best_t = plan_time(p, best)
     return RefineResult(best, best_t, plan_memory(p, best), True, rounded, float(rtimes.min()), len(cands))

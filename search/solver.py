@@ -55,14 +55,22 @@ from search.problem import (
 from search.refine import drop_idle_levers, refine
 from search.solution import HistoryEntry, SearchEvent, Solution
 
-__all__ = ["AUTO_MILP_TIME_LIMIT_S", "METHODS", "SMALLEST_RETRY_TIME_LIMIT_S", "solve", "solve_many", "heuristic_plans",
-           "retry_smallest"]
+__all__ = ["AUTO_MILP_TIME_LIMIT_S", "METHODS", "SMALLEST_RETRY_TIME_LIMIT_S", "TIME_BUDGET_S", "solve", "solve_many",
+           "heuristic_plans", "retry_smallest"]
 
 METHODS = ("auto", "gradient", "dp", "milp")
 AUTO_MILP_TIME_LIMIT_S = 5.0  # seconds per table the "auto" MILP may take before the gradient search joins in
 # seconds per table the smallest memory may take where, within AUTO_MILP_TIME_LIMIT_S, it found no plan that fits
 # and proved none: repair needs a plan that fits as its target (ResNet-152 with runs on 64x4 V100s: 21 s)
 SMALLEST_RETRY_TIME_LIMIT_S = 60.0
+# The default paths' time budget ("auto" and "gradient", all tables together): its exact stages (the smallest
+# memory, the MILP or the DP over runs) take at most EXACT_SHARE of what is left each time, split among the
+# tables still to solve, the local search the rest; every stage gets at least MIN_STAGE_S per table, so a
+# large model may overrun the budget by those minimums. ResNet-152 with every lever on 64 V100s (three mesh
+# shapes, 514 layers): its local search alone took about 190 s unbounded.
+TIME_BUDGET_S = 40.0
+EXACT_SHARE = 0.1
+MIN_STAGE_S = 1.0
 
 Callback = Callable[[SearchEvent], None] | None
 
@@ -153,20 +161,31 @@ def _proven(mm: MinimumMemory) -> float | None:
 
 
 def solve(table, memory_limit=None, method: str = "auto", seed: int = 0, callback: Callback = None, *,
-          config: GradientConfig = GradientConfig(), milp_time_limit_s: float | None = None) -> Solution:
+          config: GradientConfig = GradientConfig(), milp_time_limit_s: float | None = None,
+          time_budget_s: float | None = TIME_BUDGET_S) -> Solution:
     """The fastest plan of one ``CostTable`` within ``memory_limit`` bytes per
     device (default: the device's capacity). If no plan fits, the returned
     :class:`Solution` has ``feasible=False`` and is the smallest-memory plan."""
     return solve_many([table], memory_limit, method, seed, callback, config=config,
-                      milp_time_limit_s=milp_time_limit_s)[0]
+                      milp_time_limit_s=milp_time_limit_s, time_budget_s=time_budget_s)[0]
 
 
 def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: int = 0, callback: Callback = None,
-               *, config: GradientConfig = GradientConfig(), milp_time_limit_s: float | None = None) -> list[Solution]:
+               *, config: GradientConfig = GradientConfig(), milp_time_limit_s: float | None = None,
+               time_budget_s: float | None = TIME_BUDGET_S) -> list[Solution]:
     """:func:`solve` for several cost tables of the same shapes (one model on
-    several meshes); the gradient search runs for all of them in one call."""
+    several meshes); the gradient search runs for all of them in one call.
+
+    ``time_budget_s`` bounds the default paths, ``auto`` and ``gradient``,
+    over all tables (:data:`TIME_BUDGET_S`; None: unbounded): the exact
+    stages get shares of it and the local search stops where it is when its
+    share is spent (the plan it returns fits; a stage reached with the
+    budget spent still gets :data:`MIN_STAGE_S` per table). ``dp`` and
+    ``milp``, the exact references, ignore it."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    if time_budget_s is not None and not (isinstance(time_budget_s, (int, float)) and time_budget_s > 0):
+        raise ValueError(f"time_budget_s must be a positive number of seconds or None, got {time_budget_s!r}")
     tables = list(tables)
     if not tables:
         return []
@@ -186,22 +205,31 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
     seconds = [0.0] * len(tables)
     auto_limit = AUTO_MILP_TIME_LIMIT_S if milp_time_limit_s is None else min(milp_time_limit_s,
                                                                                AUTO_MILP_TIME_LIMIT_S)
+    deadline = None if time_budget_s is None or method != "auto" else start + time_budget_s
+
+    def stage_s(parts: int, ceiling: float = auto_limit, share: float = EXACT_SHARE) -> float:
+        """An exact stage's time limit per table: ``ceiling``, within its share of the budget left."""
+        if deadline is None:
+            return ceiling
+        return min(ceiling, max(MIN_STAGE_S, share * (deadline - _time.perf_counter()) / max(parts, 1)))
+
     if method in ("auto", "dp"):
         for i in [i for i in range(len(tables)) if runs[i]]:
-            out[i] = _fastest_without_runs(problems[i], limits[i], chains[i], auto_limit, option_ids[i], seed,
-                                           tables[i].feasible.shape[-1])
+            out[i] = _fastest_without_runs(problems[i], limits[i], chains[i], stage_s(len(tables)), option_ids[i],
+                                           seed, tables[i].feasible.shape[-1])
             if out[i] is not None:
                 seconds[i] = out[i].seconds
                 _emit(callback, out[i].method, f"table {i}: the fastest plan without runs fits "
                       f"({out[i].method}, {seconds[i]:.3f} s)", i, out[i].time_s)
     # the smallest memory of every table left: the MILP's where plans may hold runs, within the
     # MILP's time limit (auto and gradient: auto's; not proven then, MinimumMemory.exact)
-    smallest_limit = milp_time_limit_s if method == "milp" else auto_limit
+    smallest_limit = milp_time_limit_s if method == "milp" else stage_s(len(tables))
     mins: list[MinimumMemory | None] = [None if out[i] is not None else smallest_memory(p, smallest_limit)
                                         for i, p in enumerate(problems)]
     # a plan that fits, or the proof that none does, with more time where neither came
     retry = SMALLEST_RETRY_TIME_LIMIT_S if milp_time_limit_s is None else min(milp_time_limit_s,
                                                                               SMALLEST_RETRY_TIME_LIMIT_S)
+    retry = stage_s(1, retry, 0.5)
     if method != "milp" and retry > smallest_limit:
         for i, (p, mm) in enumerate(zip(problems, mins, strict=True)):
             again = None if mm is None else retry_smallest(p, mm, limits[i], retry)
@@ -222,11 +250,20 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
     todo = [i for i in range(len(tables)) if out[i] is None]
     plan_of = {i: ("dp" if chains[i] else "milp") if method == "auto" else method for i in todo}
     unproven = {}  # auto: (method, result) of the exact solver where it did not prove its plan optimal in time
+    if deadline is not None:
+        # under the budget, a table whose smallest memory the MILP did not settle in its time goes to the
+        # gradient search at once: the fastest plan is a larger MILP still, and the time is the local search's
+        for i in [i for i in todo if plan_of[i] == "milp" and mins[i] is not None and not mins[i].exact]:
+            plan_of[i] = "gradient"
+            _emit(callback, "milp", f"table {i}: the MILP did not settle the smallest memory in {smallest_limit:g} s; "
+                  "the gradient search plans it within the time budget", i)
 
     # -- exact solvers ------------------------------------------------------------------
-    for i in [i for i in todo if plan_of[i] in ("dp", "milp")]:
+    exact = [i for i in todo if plan_of[i] in ("dp", "milp")]
+    for n_done, i in enumerate(exact):
         t = _time.perf_counter()
         p = problems[i]
+        auto_limit = stage_s(len(exact) - n_done)
         if plan_of[i] == "dp":
             # auto: the completion over runs within the MILP's time limit (runs need it most)
             r = solve_dp(p, limits[i], time_limit_s=auto_limit if method == "auto" and runs[i] else None,
@@ -288,8 +325,9 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
             if (rounded < 0).any():
                 raise RuntimeError("the gradient search rounded a layer to an option it cannot run")
             cands = np.concatenate([rounded, heuristic_plans(p, mins[i])], axis=0)
-            ref = refine(p, cands, lim, smallest=mins[i], relevel_time_limit_s=auto_limit,
-                         starts=lagrangian_plans(p, lim))
+            mine = None if deadline is None else t + max(MIN_STAGE_S, (deadline - t) / (K - k))  # its share
+            ref = refine(p, cands, lim, smallest=mins[i], relevel_time_limit_s=stage_s(1),
+                         starts=lagrangian_plans(p, lim, deadline_s=mine), deadline_s=mine)
             fits_relaxed = res.memory_bytes[k] <= lim
             r_best = int(np.argmin(np.where(fits_relaxed, res.time_s[k], np.inf))) if fits_relaxed.any() else \
                 int(np.argmin(res.memory_bytes[k]))
@@ -318,5 +356,8 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
                 seconds=seconds[i], history=tuple(history), num_options=tables[i].feasible.shape[-1],
             )
             _emit(callback, "refine", f"table {i}: {time_s * 1e3:.3f} ms/iteration", i, float(time_s))
+    if deadline is not None and grad_idx and _time.perf_counter() > deadline:
+        _emit(callback, "budget", f"time budget of {time_budget_s:g} s spent: the local search stopped where it was "
+              "(time_budget_s=None, CLI --time-budget 0: search to the end)")
     _emit(callback, "done", f"searched in {_time.perf_counter() - start:.3f} s")
     return [s for s in out if s is not None]

@@ -99,7 +99,7 @@ def test_the_gradient_method_refines_from_the_lagrangian_plans(monkeypatch):
 
     given = []
     real = solver_module.lagrangian_plans
-    monkeypatch.setattr(solver_module, "lagrangian_plans", lambda p, lim: given.append(real(p, lim)) or given[-1])
+    monkeypatch.setattr(solver_module, "lagrangian_plans", lambda p, lim, **kw: given.append(real(p, lim, **kw)) or given[-1])
     t = rich_table(1, 6)
     p = compact_options(discrete_problem(t)).problem
     full = solve_brute(p)

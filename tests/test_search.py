@@ -511,11 +511,52 @@ def test_auto_adds_the_gradient_search_where_the_milp_proves_nothing_in_time(mon
 
     exact_milp = solve_module.solve_milp
     monkeypatch.setattr(solve_module, "solve_milp", unproven)
-    sol = solve(dag, limit, method="auto", config=FAST)
+    sol = solve(dag, limit, method="auto", config=FAST, time_budget_s=None)  # (the budget's shares: below)
     stages = [h.stage for h in sol.history]
     assert sol.method == "gradient" and "relaxed" in stages and stages[-1] == "milp"
     assert sol.feasible and sol.time_s == pytest.approx(exact.time_s, rel=1e-6)  # the gradient search finds it
     assert sol.lower_bound_s == pytest.approx(exact.lower_bound_s)  # and the MILP's bound stays
+
+
+def test_auto_under_a_time_budget_gives_its_stages_their_shares_and_stops_the_local_search(monkeypatch):
+    """Under ``time_budget_s`` the auto MILP's limit is at most its share of
+    the budget (and at least MIN_STAGE_S), the refinement gets a deadline
+    within the budget (or MIN_STAGE_S past it), and a local search whose
+    deadline has passed returns the plan it was given."""
+    import time
+
+    import search.solver as solve_module
+    from search.refine import local_search
+
+    dag = synthetic_table(3, 6, dag_edges(6, 3))
+    limit = limit_between(discrete_problem(dag), 3)
+    exact_milp, real_refine = solve_module.solve_milp, solve_module.refine
+    seen = {}
+
+    def unproven(p, lim, *, time_limit_s=None, smallest=None):
+        seen["milp_s"] = time_limit_s
+        return exact_milp(p, lim, smallest=smallest)._replace(exact=False, feasible=False, time_s=float("inf"))
+
+    def refine(*args, deadline_s=None, **kwargs):
+        seen["deadline_s"] = deadline_s
+        return real_refine(*args, deadline_s=deadline_s, **kwargs)
+
+    monkeypatch.setattr(solve_module, "solve_milp", unproven)
+    monkeypatch.setattr(solve_module, "refine", refine)
+    budget = 4.0
+    start = time.perf_counter()
+    sol = solve(dag, limit, method="auto", config=FAST, time_budget_s=budget)
+    assert sol.feasible
+    assert solve_module.MIN_STAGE_S <= seen["milp_s"] <= max(solve_module.MIN_STAGE_S,
+                                                              solve_module.EXACT_SHARE * budget)
+    end = time.perf_counter()  # (the solver's own clock starts after `start`, before `end`)
+    assert start < seen["deadline_s"] <= max(end + budget, end + solve_module.MIN_STAGE_S)
+    assert seen["deadline_s"] - start <= budget + (end - start)
+    with pytest.raises(ValueError, match="time_budget_s"):
+        solve(dag, limit, method="auto", time_budget_s=0)
+    p = discrete_problem(dag)
+    fits = solve(dag, limit, method="milp").choice
+    assert list(local_search(p, fits, limit, deadline_s=time.perf_counter() - 1.0)) == list(fits)
 
 
 def test_solve_reports_infeasible_with_the_smallest_memory_plan():

@@ -89,6 +89,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     from planner.usage import one_line
 
     # what the plan file holds must read back (plan_file.py): counts within its integer range
+    if not args.time_budget >= 0:
+        raise ValueError(f"--time-budget must be a non-negative number of seconds, got {args.time_budget}")
     if not args.milp_time_limit >= 0:
         raise ValueError(f"--milp-time-limit must be a non-negative number of seconds, got {args.milp_time_limit}")
     if args.seed < 0:
@@ -116,6 +118,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             optimizer=args.optimizer, allow_cross_node_model_axis=args.allow_cross_node_model_axis,
             calibration=calibration, allow_other_hardware=args.allow_other_hardware, callback=callback,
             platform=args.platform, milp_time_limit_s=args.milp_time_limit if args.milp_time_limit > 0 else None,
+            time_budget_s=args.time_budget if args.time_budget > 0 else None,
             levers=args.levers,
         )
     except InfeasibleMemoryError as e:
@@ -138,7 +141,7 @@ def add_plan_commands(sub: Any) -> None:
     """Register ``plan`` on an argparse subparsers object."""
     from costmodels import LEVER_CHOICES
     from planner._compact import COMPACT_ABOVE
-    from search import METHODS
+    from search import METHODS, TIME_BUDGET_S
 
     pl = sub.add_parser(
         "plan", help=COMMAND_HELP["plan"],
@@ -162,6 +165,10 @@ def add_plan_commands(sub: Any) -> None:
     pl.add_argument("--calibration", metavar="FILE", help="measured per-layer times (shardplan profile)")
     pl.add_argument("--allow-other-hardware", action="store_true",
                     help="use a calibration measured on other hardware than --hardware")
+    pl.add_argument("--time-budget", type=float, default=TIME_BUDGET_S, metavar="S",
+                    help="with --method auto: where the exact solvers prove nothing in their share, stop the "
+                         "local search after about S seconds per mesh-shape search with the plan it has; "
+                         f"0 = no budget (default {TIME_BUDGET_S:g})")
     pl.add_argument("--milp-time-limit", type=float, default=120.0, metavar="S",
                     help="with --method milp (or where auto runs it): stop after S seconds per mesh shape with the "
                          "best plan found and report its optimality gap; 0 = no limit (default 120)")
