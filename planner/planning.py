@@ -22,8 +22,6 @@ import time as _time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 from costmodels import (
     CostSettings,
     Hardware,
@@ -39,6 +37,7 @@ from costmodels.strategies import AXIS_NAMES
 from planner._format import format_bytes_up
 from planner._version import __version__
 from planner.evaluation import evaluate, evaluation_of, positive_int, remat_runs_offered, resolve_batch
+from planner.infeasible import FLOAT32_ROUNDING, InfeasibleMemoryError, infeasible_message
 from planner.ir.graph import LayerGraph
 from planner.plan_inputs import (
     MEMORY_MARGIN,
@@ -50,14 +49,12 @@ from planner.plan_inputs import (
 from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION  # the file format
 from planner.plans.record import MeshResult, Plan
 from planner.plans.specs import layer_specs
-from planner.schedule_fit import choice_peak, fit_schedule
+from planner.schedule_fit import fit_schedule
 from search import (
     TIME_BUDGET_S,
     GradientConfig,
     SearchEvent,
     Solution,
-    discrete_problem,
-    run_terms,
     solve_many,
 )
 
@@ -76,104 +73,12 @@ __all__ = [
 ]
 
 
-class InfeasibleMemoryError(ValueError):
-    """No plan on any mesh fits the memory limit. ``required_bytes`` is the
-    smallest limit under which some plan fits."""
-
-    def __init__(self, message: str, required_bytes: float) -> None:
-        super().__init__(message)
-        self.required_bytes = required_bytes
-
-
 MILP_TIME_LIMIT_S = 120.0  # per mesh shape: the MILP stops there with its best plan and its gap
-
-
-def _advice(P: int, batch: int, batch_is_global: bool, devices_per_node: int | None) -> str:
-    """What else would make a plan fit (see :func:`_infeasible_message`)."""
-    # a model axis of up to devices_per_node devices is allowed (None: any, across nodes)
-    wider = devices_per_node is None or devices_per_node > P
-    if batch_is_global:
-        return (f"use more devices (the global batch of {batch} then splits into fewer samples per device) "
-                "or a smaller batch")
-    per_device = batch // P if P else batch
-    node = "" if devices_per_node is None else f" (up to {devices_per_node} in a node)"
-    more = (f", or more devices for a wider model axis{node}" if wider else
-            "; more devices would not help: with the per-device batch fixed each device keeps as many samples")
-    return f"use a smaller per-device batch (now {per_device}){more}"
 
 
 # Plans whose predicted times differ by less than this share are equally fast (the simpler is
 # returned): the exact solvers certify to a relative gap of 1e-7 (search.milp's mip_rel_gap).
 TIE_RTOL = 1e-6
-
-# Relative slack between two float32 sums of the same per-layer bytes in different orders:
-# float32's unit roundoff (6e-8) times the number of terms of a 1,000-layer model
-# (Higham, "Accuracy and Stability of Numerical Algorithms", §4.2: |error| <= (n - 1) u sum|x|).
-FLOAT32_ROUNDING = 1e-5
-
-
-def _infeasible_message(graph: LayerGraph, P: int, limit: float, tables, meshes, solutions, margin: float = 0.0,
-                        inputs: float = 0.0, *, batch: int = 0, batch_is_global: bool = True,
-                        devices_per_node: int | None = None) -> tuple[str, float]:
-    """The message and the smallest limit under which some plan fits: the
-    smallest memory any plan needs plus the ``inputs`` bytes, plus the share
-    ``margin`` of that limit kept free for the platform. Each mesh's
-    smallest plan is the search's: a :class:`search.Solution` that does not
-    fit is the smallest-memory plan found (proven smallest where its
-    ``min_memory_bytes`` is set), so nothing is searched again and the
-    message says what the search found. Its advice is what
-    would help: more devices only where the global ``batch`` is fixed (each
-    then holds fewer samples) or the model axis could still grow inside a
-    node of ``devices_per_node``; with the per-device batch fixed, more
-    devices bring more samples, not room. On a ``cpu`` table a plan's memory
-    is also what XLA:CPU's schedule holds (:mod:`planner.schedule_fit`): each
-    mesh's smallest plan needs the larger of the two."""
-    choices = [np.asarray(s.choice, dtype=np.int64) for s in solutions]
-    peaks = [choice_peak(t, c) for t, c in zip(tables, choices, strict=True)]  # None: no schedule
-    needs = [max(s.memory_bytes, pk or 0.0) for s, pk in zip(solutions, peaks, strict=True)]
-    k = int(np.argmin(needs))
-    p, choice = discrete_problem(tables[k]), choices[k]
-    rows = np.arange(p.num_layers)
-    persistent = p.persistent_bytes[rows, choice]
-    state = p.optimizer_bytes[rows, choice]  # the optimizer step holds the whole state
-    # runs of recomputed layers: the checkpoints they free, and their recomputed activations at each step
-    (credit,), (transient,) = run_terms(p, choice[None])
-    ws = p.workspace_bytes[rows, choice] + transient
-    w = int(np.argmax(ws))
-    kept_total = float(persistent.sum() - credit)
-    # the phase that needs the most (search.problem: the backward pass or the optimizer step)
-    if kept_total + float(ws[w]) >= float(state.sum()):
-        top = np.argsort(-persistent, kind="stable")[:3]
-        parts = ", ".join(f"{graph.names[i]} {format_bytes_up(persistent[i])}" for i in top)
-        freed = f", less {format_bytes_up(float(credit))} of checkpoints inside runs of recomputed layers" \
-            if credit > 0 else ""
-        held = (f"at its peak, in the backward pass, {format_bytes_up(kept_total)} are weights, gradients, "
-                f"optimizer state and activations kept for the backward pass (largest: {parts}{freed}) and "
-                f"{format_bytes_up(ws[w])} the largest transient workspace (at {graph.names[w]})")
-    else:
-        top = np.argsort(-state, kind="stable")[:3]
-        parts = ", ".join(f"{graph.names[i]} {format_bytes_up(state[i])}" for i in top)
-        held = (f"at its peak, the optimizer step, {format_bytes_up(float(state.sum()))} are weights, gradients, "
-                f"optimizer state and the optimizer's update (largest: {parts})")
-    if peaks[k] is not None and peaks[k] > solutions[k].memory_bytes:
-        held += (f"; XLA:CPU's schedule holds more, {format_bytes_up(peaks[k])} at its peak (its kernel copies, "
-                 "max-pool buffers and gradient all-reduce: costmodels.xla_cpu)")
-    d, m = meshes[k]
-    # planning at exactly this limit must fit after the margin and the rounding slack are taken off again
-    required = (needs[k] + inputs) / (1.0 - margin) / (1.0 - FLOAT32_ROUNDING) * (1.0 + 1e-9)
-    need = format_bytes_up(required)
-    kept = (f": {format_bytes_up(needs[k])} for the plan, {format_bytes_up(inputs)} for the input batch and "
-            f"{margin:.0%} of the limit kept free for the platform's compiler (MEMORY_MARGIN)") if margin or inputs else ""
-    proven = all(s.min_memory_bytes is not None for s in solutions)
-    smallest = (f"the smallest memory limit any plan needs is {need}" if proven else
-                f"the smallest memory limit the search found a plan for is {need} (not proven smallest: the search "
-                "over runs of recomputed layers stopped at its time limit)")
-    message = (
-        f"no plan of {graph.model_name} on {P} devices fits {format_bytes_up(limit)} per device: {smallest} "
-        f"({required:,.0f} bytes, on mesh {d}x{m}){kept}; of the plan's memory, "
-        f"{held}; raise the memory limit to at least {need}, {_advice(P, batch, batch_is_global, devices_per_node)}"
-    )
-    return message, required
 
 
 def plan(
@@ -240,23 +145,11 @@ def plan(
     if not (isinstance(simplicity_tolerance, (int, float)) and 0 <= simplicity_tolerance < 1):
         raise ValueError(f"simplicity_tolerance must be a fraction in [0, 1), e.g. 0.01, got {simplicity_tolerance!r}")
     start = _time.perf_counter()
-    if isinstance(model, str):
-        from planner.models.zoo import get_model
-
-        graph = get_model(model)
-    elif isinstance(model, LayerGraph):
-        graph = model
-    else:
-        raise ValueError(f"model must be a built-in model name or a LayerGraph, got {type(model).__name__}")
+    graph = _graph_of(model)
     hw = load_hardware(hardware)
     P = positive_int(devices, "devices")
     B = resolve_batch(P, batch, batch_per_device)
-    limit = hw.device.memory_bytes if memory_limit is None else parse_memory_limit(memory_limit)
-    if limit > hw.device.memory_bytes:  # a plan "fitting" memory the device does not have is no answer
-        raise ValueError(
-            f"memory limit {format_bytes_up(limit)} is more than a {hw.name} device has "
-            f"({format_bytes_up(hw.device.memory_bytes)}); give at most that, or a hardware file with the right "
-            "memory_bytes")
+    limit = _memory_limit_bytes(memory_limit, hw)
     platform = platform_of(platform, hw)
     # Kept free: the platform's share of the limit, and the input batch (float32
     # images or int32 token ids, int32 labels, split over all P devices, as
@@ -276,13 +169,7 @@ def plan(
     cal = calibration_arrays(calibration, graph) if calibration is not None else None
     if callback is not None:
         callback(SearchEvent("tables", f"{graph.model_name}: {len(meshes)} mesh shape(s) on {P} devices, batch {B}"))
-    tables = []
-    for d, m in meshes:
-        t = cost_table(graph.arrays, hwa, float(B), float(d), float(m), settings, cal)
-        if B % (d * m):  # data parallelism (under every lever) needs whole samples on every device
-            data = slice(int(Strategy.DATA) * K, (int(Strategy.DATA) + 1) * K)
-            t = t._replace(feasible=t.feasible.at[:, data].set(t.feasible[:, data] & (t.layer_mask[:, None] <= 0)))
-        tables.append(t)
+    tables = _cost_tables(graph, hwa, B, meshes, settings, cal, K)
     # (at least 1 byte: a limit the margin eats whole fits nothing, and says so below). The
     # search sums memory in float32 in its own order; the plan's reported memory is another
     # float32 sum: FLOAT32_ROUNDING keeps the two on the same side of the limit.
@@ -293,41 +180,25 @@ def plan(
     solutions = fit_schedule(tables, solutions, budget, lambda t, b: solve_many(
         [t], b, method, seed, callback, config=config, milp_time_limit_s=milp_time_limit_s,
         time_budget_s=time_budget_s)[0], callback)
-    results = tuple(
-        MeshResult(mesh, s.feasible, s.time_s if s.feasible else None, s.memory_bytes, s.min_memory_bytes,
-                   s.method, s.optimality_gap)
-        for mesh, s in zip(meshes, solutions, strict=True)
-    )
+    results = tuple(MeshResult(mesh, s.feasible, s.time_s if s.feasible else None, s.memory_bytes,
+                               s.min_memory_bytes, s.method, s.optimality_gap)
+                    for mesh, s in zip(meshes, solutions, strict=True))
     fitting = [i for i, s in enumerate(solutions) if s.feasible]
     if not fitting:
-        message, required = _infeasible_message(graph, P, limit, tables, meshes, solutions,
+        message, required = infeasible_message(graph, P, limit, tables, meshes, solutions,
                                                 MEMORY_MARGIN[platform], inputs, batch=B,
                                                 batch_is_global=batch is not None,
                                                 devices_per_node=None if allow_cross_node_model_axis
                                                 else hw.devices_per_node)
         raise InfeasibleMemoryError(message, required)
     fastest = min(fitting, key=lambda i: (solutions[i].time_s, i))
-    dp_time = dp_memory = speedup = base = None
-    if B % P == 0:
-        if (P, 1) in meshes:  # its table is built: evaluate on it
-            base = evaluation_of(graph, hw, P, (P, 1), B, settings, tables[meshes.index((P, 1))],
-                                 strategy=Strategy.DATA)
-        else:
-            base = evaluate(graph, hw, P, mesh=(P, 1), strategy="data", batch=B, dtype=dtype, optimizer=optimizer,
-                            calibration=calibration, allow_other_hardware=allow_other_hardware)
+    dp_time = dp_memory = speedup = None
+    base = _data_parallel(graph, hw, P, B, meshes, tables, settings, calibration, allow_other_hardware)
+    if base is not None:
         dp_time, dp_memory = base.iteration_s, base.memory_bytes_per_device
-    # the candidates: (time, simplicity, mesh index or None for pure data parallelism)
-    def off_data(sol: Solution) -> int:  # layers of the graph not on plain data parallelism (no lever)
-        return sum(c != int(Strategy.DATA) * K for c in list(sol.choice)[: graph.num_layers])
-
-    candidates = [(solutions[i].time_s, (off_data(solutions[i]), meshes[i][1]), i) for i in fitting]
-    if base is not None and dp_memory <= budget:
-        candidates.append((dp_time, (0, 1), None))
-    top = min(candidates, key=lambda c: (c[0], c[1]))  # the fastest (the simpler of equals)
+    top, simple = _fastest_and_simplest(graph, solutions, meshes, fitting, K, base if base is not None and
+                                        dp_memory <= budget else None, simplicity_tolerance)
     fastest_s = top[0]
-    # Times within TIE_RTOL are equal: the MILP certifies its plan to a relative gap of 1e-7.
-    simple = min((c for c in candidates if c[0] <= fastest_s * (1.0 + max(simplicity_tolerance, TIE_RTOL))),
-                 key=lambda c: (c[1], c[0]))
     if simple[2] is None:  # pure data parallelism, as evaluated above
         (d, m), ev, sol = (P, 1), base, solutions[fastest]
         strategies = ("data",) * graph.num_layers
@@ -348,27 +219,81 @@ def plan(
     if dp_time is not None and ev.iteration_s > 0:
         speedup = dp_time / ev.iteration_s
     return Plan(
-        evaluation=ev,
-        axis_names=AXIS_NAMES,
-        memory_limit_bytes=limit,
-        data_parallel_iteration_s=dp_time,
-        data_parallel_memory_bytes=dp_memory,
-        speedup_over_data_parallel=speedup,
-        method=sol.method,
-        seed=seed,
-        seconds=_time.perf_counter() - start,
-        optimality_gap=gap,
-        meshes=results,
-        graph_fingerprint=graph.fingerprint,
-        input_shape=tuple(graph.input_shape),
-        layer_specs=layer_specs(graph, strategies, ev.zero_stages),
-        hardware_spec=hw,
-        package_version=__version__,
-        history=history,
-        memory_margin_bytes=margin,
-        platform=platform,
-        fastest_iteration_s=fastest_s if preferred else None,
-        on_unsupported=graph.on_unsupported,
-        fastest_mesh=fastest_mesh,
-        levers=levers,
+        evaluation=ev, axis_names=AXIS_NAMES, memory_limit_bytes=limit, data_parallel_iteration_s=dp_time,
+        data_parallel_memory_bytes=dp_memory, speedup_over_data_parallel=speedup, method=sol.method, seed=seed,
+        seconds=_time.perf_counter() - start, optimality_gap=gap, meshes=results, graph_fingerprint=graph.fingerprint,
+        input_shape=tuple(graph.input_shape), layer_specs=layer_specs(graph, strategies, ev.zero_stages),
+        hardware_spec=hw, package_version=__version__, history=history, memory_margin_bytes=margin,
+        platform=platform, fastest_iteration_s=fastest_s if preferred else None, on_unsupported=graph.on_unsupported,
+        fastest_mesh=fastest_mesh, levers=levers,
     )
+
+
+def _graph_of(model: str | LayerGraph) -> LayerGraph:
+    """The layer graph of a zoo name or a :class:`LayerGraph`."""
+    if isinstance(model, str):
+        from planner.models.zoo import get_model
+
+        return get_model(model)
+    if isinstance(model, LayerGraph):
+        return model
+    raise ValueError(f"model must be a built-in model name or a LayerGraph, got {type(model).__name__}")
+
+
+def _memory_limit_bytes(memory_limit: float | int | str | None, hw: Hardware) -> float:
+    """The limit per device in bytes (parsed once: ``16GiB``, a number of
+    bytes, or None for the device's memory), at most what a device has."""
+    limit = hw.device.memory_bytes if memory_limit is None else parse_memory_limit(memory_limit)
+    if limit > hw.device.memory_bytes:  # a plan "fitting" memory the device does not have is no answer
+        raise ValueError(
+            f"memory limit {format_bytes_up(limit)} is more than a {hw.name} device has "
+            f"({format_bytes_up(hw.device.memory_bytes)}); give at most that, or a hardware file with the right "
+            "memory_bytes")
+    return limit
+
+
+def _cost_tables(graph: LayerGraph, hwa, batch: int, meshes: list[tuple[int, int]], settings: CostSettings, cal,
+                 menu_size: int) -> list:
+    """One cost table per mesh shape; data parallelism (under every lever)
+    ruled out where the batch does not split into whole samples per device."""
+    tables = []
+    for d, m in meshes:
+        t = cost_table(graph.arrays, hwa, float(batch), float(d), float(m), settings, cal)
+        if batch % (d * m):
+            data = slice(int(Strategy.DATA) * menu_size, (int(Strategy.DATA) + 1) * menu_size)
+            t = t._replace(feasible=t.feasible.at[:, data].set(t.feasible[:, data] & (t.layer_mask[:, None] <= 0)))
+        tables.append(t)
+    return tables
+
+
+def _data_parallel(graph: LayerGraph, hw: Hardware, P: int, batch: int, meshes, tables, settings: CostSettings,
+                   calibration: Calibration | None, allow_other_hardware: bool):
+    """Pure data parallelism's :class:`Evaluation` (the baseline every plan is
+    compared with), on its mesh's table where it was built; None where the
+    batch does not split over the ``P`` devices."""
+    if batch % P:
+        return None
+    if (P, 1) in meshes:  # its table is built: evaluate on it
+        return evaluation_of(graph, hw, P, (P, 1), batch, settings, tables[meshes.index((P, 1))],
+                             strategy=Strategy.DATA)
+    return evaluate(graph, hw, P, mesh=(P, 1), strategy="data", batch=batch, dtype=settings.dtype,
+                    optimizer=settings.optimizer, calibration=calibration, allow_other_hardware=allow_other_hardware)
+
+
+def _fastest_and_simplest(graph: LayerGraph, solutions: list[Solution], meshes, fitting: list[int], menu_size: int,
+                          data_parallel, simplicity_tolerance: float) -> tuple[tuple, tuple]:
+    """The fastest candidate and the simplest within ``simplicity_tolerance``
+    of it, each ``(time, (layers off data parallelism, model axis), mesh
+    index or None for pure data parallelism)``: the best plan of each mesh
+    that fits, and ``data_parallel`` (an Evaluation, where it fits)."""
+    def off_data(sol: Solution) -> int:  # layers of the graph not on plain data parallelism (no lever)
+        return sum(c != int(Strategy.DATA) * menu_size for c in list(sol.choice)[: graph.num_layers])
+
+    candidates = [(solutions[i].time_s, (off_data(solutions[i]), meshes[i][1]), i) for i in fitting]
+    if data_parallel is not None:
+        candidates.append((data_parallel.iteration_s, (0, 1), None))
+    top = min(candidates, key=lambda c: (c[0], c[1]))  # the fastest (the simpler of equals)
+    # Times within TIE_RTOL are equal: the MILP certifies its plan to a relative gap of 1e-7.
+    simple = min((c for c in candidates if c[0] <= top[0] * (1.0 + max(simplicity_tolerance, TIE_RTOL))),
+                 key=lambda c: (c[1], c[0]))
+    return top, simple
