@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 
 import flax
 import flax.linen as nn
-import numpy as np
 import jax
+import numpy as np
 from flax import nnx
 from flax.linen.dtypes import promote_dtype
 from flax.nnx import bridge
@@ -47,11 +47,10 @@ from planner.plans.specs import (
 from planner.runtime.calls import (
     constrain,
     constrain_heads,
-    fanned_out,
     looks_up_positions,
     pin_cotangent,
-    projected_to_heads,
 )
+from planner.runtime.head_calls import fanned_out, projected_to_heads
 
 __all__ = ["LinenModel", "as_nnx", "constrained_linen_calls"]
 
@@ -220,8 +219,8 @@ def _plain(dense: nn.Module) -> bool:
 
 def _projected(dense: nn.DenseGeneral, copies: Any, mesh: Mesh) -> Any:
     """A multi-head attention's query, key or value ``DenseGeneral`` on the
-    :func:`~planner.runtime.calls.fanned_out` copies of its input, each
-    device its heads (:func:`~planner.runtime.calls.projected_to_heads`)."""
+    :func:`~planner.runtime.head_calls.fanned_out` copies of its input, each
+    device its heads (:func:`~planner.runtime.head_calls.projected_to_heads`)."""
     kernel = dense.get_variable("params", "kernel")
     bias = dense.get_variable("params", "bias") if dense.use_bias else None
     return projected_to_heads(copies, kernel, bias, mesh, lambda t: tuple(promote_dtype(*t, dtype=dense.dtype)),
