@@ -21,8 +21,7 @@ could not run in :attr:`LayerCost.substitution_reason`
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -49,16 +48,16 @@ from costmodels import (
 )
 from costmodels.calibration import Calibration, calibration_arrays, check_hardware
 from costmodels.evaluate import reshard_per_edge
-from costmodels.layers import ATTENTION_KINDS, CHANNELWISE_KINDS, key_value_heads, tied_output
+from costmodels.layers import ATTENTION_KINDS
 from costmodels.levers import levers_per_strategy, menu_of, with_lever
-from planner.ir.graph import LayerGraph, LayerKind
-from planner.plan_inputs import platform_of
+from planner.ir.graph import LayerGraph
+from planner.plan_inputs import platform_of, resolve_batch, resolve_mesh
 from planner.schedule_fit import choice_peak
+from planner.unavailable import lever_unavailable_reason, unavailable_reason
 
 __all__ = [
-    "evaluation_of",
-    "LayerCost", "Evaluation", "lever_unavailable_reason", "option_label", "plan_levers", "resolve_batch",
-    "remat_runs_offered", "resolve_mesh", "uniform_choice", "unavailable_reason", "substitution_notes", "evaluate",
+    "evaluation_of", "LayerCost", "Evaluation", "option_label", "plan_levers", "remat_runs_offered", "uniform_choice",
+    "evaluate",
 ]
 
 
@@ -154,46 +153,6 @@ def option_label(row: LayerCost | Mapping[str, Any]) -> str:
                                              bool(row.get("joins", False))))
 
 
-def resolve_batch(devices: int, batch: int | None, batch_per_device: int | None) -> int:
-    """The global batch from ``batch`` or ``batch_per_device`` (exactly one, or
-    neither for 32 per device)."""
-    if batch is not None and batch_per_device is not None:
-        raise ValueError("give either batch or batch_per_device, not both")
-    if batch is None:
-        b = 32 if batch_per_device is None else batch_per_device
-        return positive_int(b, "batch per device") * positive_int(devices, "devices")
-    return positive_int(batch, "batch")
-
-
-def positive_int(x: Any, what: str) -> int:
-    """``x`` as a positive whole number (an integer, or a float with an integer
-    value such as ``256.0``); anything else, bools and NaN included, is an error."""
-    ok = isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
-    if not (ok and math.isfinite(x) and float(x).is_integer() and x >= 1):
-        raise ValueError(f"{what} must be a positive integer, got {x!r}")
-    return int(x)
-
-
-def resolve_mesh(devices: int, mesh: tuple[int, int] | None, hardware: Hardware) -> tuple[int, int]:
-    """``mesh`` checked against ``devices``; by default the model axis is one
-    node (``min(devices, devices_per_node)``), SplitBrain's groups."""
-    devices = positive_int(devices, "devices")
-    if mesh is None:
-        m = min(devices, hardware.devices_per_node)
-        if devices % m:
-            m = 1
-        return devices // m, m
-    if not (isinstance(mesh, (tuple, list)) and len(mesh) == 2):
-        raise ValueError(f"mesh must be a (data, model) pair of positive integers, got {mesh!r}")
-    try:
-        d, m = (positive_int(x, "mesh axis") for x in mesh)
-    except ValueError:
-        raise ValueError(f"mesh {mesh[0]}x{mesh[1]} needs positive integer axes; give D x M = {devices}") from None
-    if d * m != devices:
-        raise ValueError(f"mesh {d}x{m} has {d * m} devices, but {devices} were asked for; give D x M = {devices}")
-    return d, m
-
-
 def uniform_choice(feasible: np.ndarray, strategy: str | Strategy) -> np.ndarray:
     """Every layer on ``strategy`` where it can run it, else ``replicated``
     (:func:`evaluate` marks those layers: ``LayerCost.requested_strategy``),
@@ -202,91 +161,6 @@ def uniform_choice(feasible: np.ndarray, strategy: str | Strategy) -> np.ndarray
     feasible = np.asarray(feasible)
     K = levers_per_strategy(feasible.shape[1])
     return np.where(feasible[:, int(s) * K], int(s) * K, int(Strategy.REPLICATED) * K)
-
-
-def _fmt(x: Any) -> str:
-    return f"{float(x):g}"
-
-
-def unavailable_reason(graph: LayerGraph, i: int, strategy: str | Strategy, batch: float, d: int, m: int) -> str:
-    """Why layer ``i`` of ``graph`` cannot run ``strategy`` with a global
-    ``batch`` on a ``d x m`` mesh, in one clause: the rule of
-    :func:`costmodels.strategy_mask` that excludes it ("" when none does)."""
-    s = parse_strategy(strategy) if isinstance(strategy, str) else Strategy(strategy)
-    a = graph.arrays
-    kind = graph.kind_names[i]
-    code = int(a.kind[i])
-    param = code in (LayerKind.CONV, LayerKind.DENSE, LayerKind.EMBED)
-    channelwise = code in CHANNELWISE_KINDS
-    cin, cout, groups = float(a.in_channels[i]), float(a.out_channels[i]), int(a.groups[i])
-    n = graph.num_layers
-    tied = np.asarray(tied_output(np.asarray(a.kind)[:n], np.asarray(a.params)[:n]))  # [n] (strategy_mask's rule)
-    if s in (Strategy.FILTER, Strategy.CHANNEL) and tied.any() and (code == LayerKind.EMBED or tied[i]):
-        return (f"{s.name.lower()} does not split a tied embedding table (the lookup and the output layer share it, "
-                "and one layout for both is not modelled)")
-    if s is not Strategy.DATA and (batch < d or batch % d):
-        return f"{s.name.lower()} needs the batch {_fmt(batch)} to split over the {d} data-parallel groups"
-    if s is Strategy.DATA:
-        if code == LayerKind.OTHER:
-            return f"data does not apply to {kind} layers (no per-sample model)"
-        if batch < d * m or batch % (d * m):
-            return f"data needs the batch {_fmt(batch)} to split over {d * m} devices"
-    elif s is Strategy.FILTER:
-        if code == LayerKind.NORM:
-            return "filter does not split a norm's channels (its statistics run over all of them)"
-        if not (param or channelwise):
-            return f"filter does not apply to {kind} layers (no channels to split)"
-        if param and groups != 1:
-            return f"filter does not split grouped convolutions ({groups} groups)"
-        if cout % m:
-            return f"filter needs the model axis ({m}) to divide the {_fmt(cout)} output channels"
-        if code in ATTENTION_KINDS and groups % m:
-            return f"filter needs the model axis ({m}) to divide the {groups} heads"
-        kv = round(key_value_heads(cin, cout, groups)) if code in ATTENTION_KINDS else 0
-        if code in ATTENTION_KINDS and kv % m:
-            return (f"filter needs the model axis ({m}) to divide the {kv} key-value heads (grouped-query "
-                    "attention; replicating them over the model axis is not modelled)")
-    elif s is Strategy.CHANNEL:
-        if code == LayerKind.EMBED and m > 1:
-            return "channel does not split an embedding's input (one channel of token ids)"
-        if not param:
-            return f"channel needs a conv or dense layer (a contraction over channels), not {kind}"
-        if groups != 1:
-            return f"channel does not split grouped convolutions ({groups} groups)"
-        if cin % m:
-            return f"channel needs the model axis ({m}) to divide the {_fmt(cin)} input channels"
-    elif s is Strategy.SPATIAL:
-        if not (param or channelwise or code in (LayerKind.CONCAT, LayerKind.NORM)):
-            return f"spatial does not apply to {kind} layers"
-        if int(a.spatial_rank[i]) < 1:
-            return f"spatial needs a spatial dim to split; {kind} layers have none"
-        rows_in, rows_out = float(a.in_spatial[i][0]), float(a.out_spatial[i][0])
-        need = 2 * m if m > 1 else 1  # two rows per shard (XLA SPMD partitioner, measured: docs/validation.md)
-        if rows_in < need or rows_out < need:
-            return f"spatial needs >= 2 rows per shard ({need} rows in and out on a model axis of {m})"
-        if code == LayerKind.ELEMENTWISE and rows_in != rows_out:
-            return f"spatial does not split a layer that adds positions ({_fmt(rows_in)} in, {_fmt(rows_out)} out)"
-    return ""
-
-
-def substitution_notes(layers: Iterable[LayerCost | Mapping[str, Any]], shown: int = 3) -> list[str]:
-    """Footnotes for the layers (:class:`LayerCost` or their JSON rows)
-    costed under another strategy than requested, one line per requested
-    strategy and reason: ``* requested spatial (features/4, ...); cannot run
-    here: <reason>``. Tables mark those rows' strategy with ``*``."""
-    groups: dict[tuple[str, str], list[str]] = {}
-    for r in layers:
-        get = r.get if isinstance(r, Mapping) else lambda k, default=None, r=r: getattr(r, k, default)
-        strategy = get("strategy")
-        asked = get("requested_strategy") or strategy
-        if asked != strategy:
-            why = get("substitution_reason") or "the cost model excludes it on this mesh and batch"
-            groups.setdefault((asked, why), []).append(get("name"))
-    lines = []
-    for (asked, why), names in groups.items():
-        more = f" and {len(names) - shown} more" if len(names) > shown else ""
-        lines.append(f"* requested {asked} ({', '.join(names[:shown])}{more}); cannot run here: {why}")
-    return lines
 
 
 def _strategy(strategy: Any) -> Strategy:
@@ -358,22 +232,6 @@ def remat_runs_offered(graph: LayerGraph, levers: str) -> bool:
     transformer only the attention alone recomputes (its own export)."""
     kinds = np.asarray(graph.arrays.kind)[: graph.num_layers]
     return any(lever.remat for lever in lever_menu(levers)) and not np.isin(kinds, ATTENTION_KINDS).any()
-
-
-def lever_unavailable_reason(lever: Lever) -> str:
-    """Why a layer that runs a strategy cannot take ``lever`` with it (the masks of
-    :mod:`costmodels.levers`, in words)."""
-    why = []
-    if lever.zero_stage:
-        why.append("ZeRO needs a layer with parameters (not attention, nor a tied embedding or output layer), "
-                   "a data-parallel group of more than one device and the group dividing the output channels "
-                   "each device holds")
-    if lever.remat:
-        why.append("recomputing is offered where a layer saves activations (on a model with attention layers, "
-                   "only where it saves more than its input)")
-    if lever.joins:
-        why.append("joining the run before a layer needs a producer that can recompute")
-    return "; or ".join(why)
 
 
 def evaluate(

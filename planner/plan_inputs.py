@@ -1,18 +1,22 @@
 """What a plan is asked for, checked: a memory limit (the one size parser,
 :func:`parse_memory_limit`), the share of it kept free per XLA platform
-(:data:`MEMORY_MARGIN`), and the mesh shapes ``d x m`` of ``P`` devices a
-search tries (:func:`mesh_shapes`)."""
+(:data:`MEMORY_MARGIN`), the mesh shapes ``d x m`` of ``P`` devices a
+search tries (:func:`mesh_shapes`), the device count, the global batch and
+a mesh given by hand (:func:`positive_int`, :func:`resolve_batch`,
+:func:`resolve_mesh`)."""
 
 from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import numpy as np
 
 from costmodels import Hardware
 
-__all__ = ["MEMORY_MARGIN", "memory_margin_bytes", "mesh_shapes", "parse_memory_limit", "platform_of"]
+__all__ = ["MEMORY_MARGIN", "memory_margin_bytes", "mesh_shapes", "parse_memory_limit", "platform_of", "positive_int",
+           "resolve_batch", "resolve_mesh"]
 
 
 # The share of a memory limit the search keeps free, per XLA platform: what
@@ -124,3 +128,43 @@ def mesh_shapes(devices: int, batch: int, devices_per_node: int, allow_cross_nod
             " or allow a cross-node model axis"
         )
     return shapes
+
+
+def resolve_batch(devices: int, batch: int | None, batch_per_device: int | None) -> int:
+    """The global batch from ``batch`` or ``batch_per_device`` (exactly one, or
+    neither for 32 per device)."""
+    if batch is not None and batch_per_device is not None:
+        raise ValueError("give either batch or batch_per_device, not both")
+    if batch is None:
+        b = 32 if batch_per_device is None else batch_per_device
+        return positive_int(b, "batch per device") * positive_int(devices, "devices")
+    return positive_int(batch, "batch")
+
+
+def positive_int(x: Any, what: str) -> int:
+    """``x`` as a positive whole number (an integer, or a float with an integer
+    value such as ``256.0``); anything else, bools and NaN included, is an error."""
+    ok = isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+    if not (ok and math.isfinite(x) and float(x).is_integer() and x >= 1):
+        raise ValueError(f"{what} must be a positive integer, got {x!r}")
+    return int(x)
+
+
+def resolve_mesh(devices: int, mesh: tuple[int, int] | None, hardware: Hardware) -> tuple[int, int]:
+    """``mesh`` checked against ``devices``; by default the model axis is one
+    node (``min(devices, devices_per_node)``), SplitBrain's groups."""
+    devices = positive_int(devices, "devices")
+    if mesh is None:
+        m = min(devices, hardware.devices_per_node)
+        if devices % m:
+            m = 1
+        return devices // m, m
+    if not (isinstance(mesh, (tuple, list)) and len(mesh) == 2):
+        raise ValueError(f"mesh must be a (data, model) pair of positive integers, got {mesh!r}")
+    try:
+        d, m = (positive_int(x, "mesh axis") for x in mesh)
+    except ValueError:
+        raise ValueError(f"mesh {mesh[0]}x{mesh[1]} needs positive integer axes; give D x M = {devices}") from None
+    if d * m != devices:
+        raise ValueError(f"mesh {d}x{m} has {d * m} devices, but {devices} were asked for; give D x M = {devices}")
+    return d, m

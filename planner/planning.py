@@ -36,7 +36,7 @@ from costmodels.calibration import Calibration, calibration_arrays, check_hardwa
 from costmodels.strategies import AXIS_NAMES
 from planner._format import format_bytes_up
 from planner._version import __version__
-from planner.evaluation import evaluate, evaluation_of, positive_int, remat_runs_offered, resolve_batch
+from planner.evaluation import evaluate, evaluation_of, remat_runs_offered
 from planner.infeasible import FLOAT32_ROUNDING, InfeasibleMemoryError, infeasible_message
 from planner.ir.graph import LayerGraph
 from planner.plan_inputs import (
@@ -45,6 +45,8 @@ from planner.plan_inputs import (
     mesh_shapes,
     parse_memory_limit,
     platform_of,
+    positive_int,
+    resolve_batch,
 )
 from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION  # the file format
 from planner.plans.record import MeshResult, Plan

@@ -165,7 +165,7 @@ def test_every_infeasible_strategy_has_a_reason():
     import numpy as np
 
     from costmodels import cost_table, hardware_arrays
-    from planner.evaluation import unavailable_reason
+    from planner.unavailable import unavailable_reason
 
     hw = hardware_arrays(load_hardware("dgx-a100"))
     for model, batch, d, m in (("resnet50", 64, 2, 4), ("vgg16-cifar10", 64, 1, 8), ("alexnet", 32, 4, 2)):

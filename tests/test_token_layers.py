@@ -14,7 +14,7 @@ from flax import nnx
 from costmodels import LayerKind, Strategy
 from costmodels.strategies import strategy_mask
 from planner import GraphBuilder, extract
-from planner.evaluation import unavailable_reason
+from planner.unavailable import unavailable_reason
 
 
 def test_norm_counts_by_hand():

@@ -14,7 +14,7 @@ from costmodels import CostSettings, cost_table, hardware_arrays, load_hardware
 from costmodels.collective_list import plan_collectives
 from costmodels.strategies import Strategy, strategy_mask
 from planner.cli import main
-from planner.evaluation import unavailable_reason
+from planner.unavailable import unavailable_reason
 from planner.ir import flops as F
 from planner.ir.builder import GraphBuilder
 from planner.models.transformer import TransformerConfig, build_transformer

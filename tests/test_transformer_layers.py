@@ -12,7 +12,7 @@ from costmodels import CostSettings, cost_table, hardware_arrays, load_hardware
 from costmodels.collective_list import auxiliary_collectives, plan_collectives
 from costmodels.layers import token_lookups
 from costmodels.strategies import Strategy, strategy_mask
-from planner.evaluation import unavailable_reason
+from planner.unavailable import unavailable_reason
 from planner.ir import flops as F
 from planner.ir.builder import GraphBuilder
 

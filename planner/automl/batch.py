@@ -33,7 +33,7 @@ from costmodels import (
     one_hot,
 )
 from costmodels.strategies import NUM_STRATEGIES
-from planner.evaluation import resolve_batch
+from planner.plan_inputs import resolve_batch
 from planner.ir.graph import VECTOR_FIELDS, LayerArrays, LayerGraph, bucket_size
 from planner.planning import InfeasibleMemoryError, mesh_shapes, parse_memory_limit
 from search.elimination import (

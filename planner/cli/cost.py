@@ -254,7 +254,8 @@ def layer_cost_table(title: str, layers: list[dict[str, Any]], *, full: bool = T
 
     from planner._compact import group_rows, label_group, plain_cost_rows
     from planner._format import format_bytes
-    from planner.evaluation import option_label, substitution_notes
+    from planner.evaluation import option_label
+    from planner.unavailable import substitution_notes
 
     names = [r["name"] for r in layers]
     if full:

@@ -75,6 +75,6 @@ def plan_summary(plan: Any, full: bool = False) -> str:
     def line(row: tuple[str, ...]) -> str:
         return "  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths))).rstrip()
 
-    from planner.evaluation import substitution_notes
+    from planner.unavailable import substitution_notes
 
     return "\n".join([header, line(cols), *(line(r) for r in rows), *footer, *substitution_notes(plan.layers)])
