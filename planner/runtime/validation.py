@@ -52,7 +52,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
@@ -75,14 +74,14 @@ from costmodels.collective_list import (
     plan_collectives,
     sharded_parameters,
 )
-from costmodels.strategies import AXIS_NAMES, DATA_AXIS, MODEL_AXIS
+from costmodels.strategies import AXIS_NAMES
 from costmodels.table import OPTIMIZER_SLOTS
 from planner.models.extraction import extract
 from planner.planning import Plan
 from planner.plans.specs import zero_group_axes
 from planner.runtime.export import lower_training
 from planner.runtime.layouts import local_gradient_layers, scatter_layouts
-from planner.runtime.hlo import parse_collectives
+from planner.runtime.collective_rows import CollectiveRow, close_to, compare_collectives
 from planner.runtime.linen import as_nnx
 from planner.runtime.sharding import (
     example_input,
@@ -104,18 +103,6 @@ class MemoryRow:
     compiled_bytes: float  # per device
     rtol: float  # allowed |compiled - predicted| / predicted (0: exact)
     ok: bool
-    note: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class CollectiveRow:
-    kind: str  # all-reduce | all-gather | reduce-scatter | all-to-all | collective-permute
-    axes: tuple[str, ...]  # mesh axes (size-1 axes dropped); ("?",) when the groups match no axes
-    predicted_bytes: float  # per device, summed over the step
-    compiled_bytes: float  # per device, summed over the compiled program
-    count: int  # compiled ops in this row
-    ok: bool
-    crosses_processes: bool  # some compiled group spans devices of more than one process
     note: str = ""
 
 
@@ -192,22 +179,9 @@ def default_optimizer(name: str) -> optax.GradientTransformation:
     raise ValueError(f"unknown optimizer {name!r}; choose from sgd, momentum, adam")
 
 
-def _close(predicted: float, compiled: float, rtol: float) -> bool:
-    if predicted == 0:
-        return compiled == 0
-    return abs(compiled - predicted) <= rtol * abs(predicted)
-
-
 def _shard_bytes(leaf: Any, sharding: Any) -> float:
     itemsize = leaf.dtype.itemsize  # numpy dtypes and typed PRNG keys (a bridged linen model's RNG state) alike
     return float(math.prod(sharding.shard_shape(tuple(leaf.shape))) * itemsize)
-
-
-def _drop_unit_axes(axes: tuple[str, ...] | None, sizes: Mapping[str, int]) -> tuple[str, ...]:
-    if axes is None:
-        return ("?",)
-    kept = tuple(a for a in axes if sizes[a] > 1)
-    return kept
 
 
 def validate(
@@ -309,7 +283,7 @@ def _memory_rows(graph: Any, plan: Plan, compiled: Any, abstract: Any, x: Any, r
     got_total = arg + float(ma.output_size_in_bytes) - float(ma.alias_size_in_bytes) + float(ma.temp_size_in_bytes)
 
     def row(name: str, p: float, g: float, tol: float, note: str = "") -> MemoryRow:
-        return MemoryRow(name, p, g, tol, _close(p, g, tol), note)
+        return MemoryRow(name, p, g, tol, close_to(p, g, tol), note)
 
     rows = (
         row("parameters", params, got_params, 0.0),
@@ -361,49 +335,17 @@ def collective_rows(model: nnx.Module, plan: Plan, hlo_text: str, *, mesh: Mesh 
 
 def _collective_rows(graph: Any, plan: Plan, hlo: str, mesh: Mesh, platform: str, rtol: float
                      ) -> tuple[CollectiveRow, ...]:
+    """:func:`compare_collectives` of what ``plan`` predicts for ``graph`` and what ``hlo`` holds."""
     d, m = plan.mesh
-    sizes = dict(mesh.shape)
     choice = _choice(graph, plan)
     settings = CostSettings(dtype=plan.dtype, optimizer=plan.optimizer)
     records = plan_collectives(graph, choice, plan.batch, d, m, settings, _levers(graph, plan)) + auxiliary_collectives(
         graph, choice, plan.batch, d, m, settings)
     # the export reduce-scatters these channel layers' outputs and these ZeRO layers' weight gradients itself
     # (a reduce-scatter on every platform)
-    scattered = scatter_layouts(graph, plan.strategies, m, plan.zero_stages)
-    local_grads = local_gradient_layers(graph, plan.strategies, plan.zero_stages)
-    predicted: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
-    notes: dict[tuple[str, tuple[str, ...]], str] = {}
-    for r in records:
-        axes = _drop_unit_axes(r.axes, sizes)
-        if not axes:
-            continue
-        kind, nbytes = r.kind, r.bytes_per_device
-        if platform == "cpu" and kind == "reduce-scatter" and not (
-                (r.phase == "forward" and r.where.split(" -> ")[0] in scattered)
-                or (r.phase == "gradient" and r.where in local_grads)):
-            ranks = math.prod(sizes[a] for a in axes)
-            kind, nbytes = "all-reduce", nbytes * ranks
-            notes[(kind, axes)] = f"includes reduce-scatters lowered by XLA:CPU as all-reduce + slice (x{ranks})"
-        predicted[(kind, axes)] += nbytes
-    device_process = np.array([dev.process_index for dev in mesh.devices.flat])
-    compiled: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
-    counts: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
-    crosses: dict[tuple[str, tuple[str, ...]], bool] = defaultdict(bool)
-    for c in parse_collectives(hlo, tuple(mesh.devices.shape), tuple(mesh.axis_names)):
-        axes = _drop_unit_axes(c.axes, sizes)
-        if not axes:
-            continue
-        key = (c.kind, axes)
-        compiled[key] += c.bytes_per_device
-        counts[key] += 1
-        crosses[key] |= any(len({int(device_process[i]) for i in g}) > 1 for g in c.groups)
-    _hierarchical(predicted, compiled, notes, rtol)
-    rows = []
-    for key in sorted(set(predicted) | set(compiled)):
-        p, g = predicted.get(key, 0.0), compiled.get(key, 0.0)
-        rows.append(CollectiveRow(key[0], key[1], p, g, counts.get(key, 0), _close(p, g, rtol),
-                                  crosses.get(key, False), notes.get(key, "")))
-    return tuple(rows)
+    exported = (frozenset(scatter_layouts(graph, plan.strategies, m, plan.zero_stages)),
+                frozenset(local_gradient_layers(graph, plan.strategies, plan.zero_stages)))
+    return compare_collectives(records, hlo, mesh, platform, rtol, exported)
 
 
 def fixed_plan(
@@ -455,21 +397,3 @@ def fixed_plan(
         package_version=__version__, on_unsupported=graph.on_unsupported,
         levers=plan_levers(mapping) if strategies is not None else "none", platform=platform,
     )
-
-
-def _hierarchical(predicted: dict, compiled: dict, notes: dict, rtol: float) -> None:
-    """XLA may reduce over ``("data", "model")`` in two steps, over ``model``
-    then over ``data`` (measured under the spatial strategy). When the
-    compiled program lacks exactly such a share of the predicted two-axis
-    all-reduce and has it as extra on both single axes, move the prediction."""
-    both, mod, dat = ("all-reduce", AXIS_NAMES), ("all-reduce", (MODEL_AXIS,)), ("all-reduce", (DATA_AXIS,))
-    missing = predicted.get(both, 0.0) - compiled.get(both, 0.0)
-    extra_m = compiled.get(mod, 0.0) - predicted.get(mod, 0.0)
-    extra_d = compiled.get(dat, 0.0) - predicted.get(dat, 0.0)
-    if missing > 0 and _close(missing, extra_m, rtol) and _close(missing, extra_d, rtol):
-        predicted[both] -= missing
-        predicted[mod] = predicted.get(mod, 0.0) + missing
-        predicted[dat] = predicted.get(dat, 0.0) + missing
-        note = f"includes {missing:,.0f} B of a (data, model) all-reduce compiled as model then data"
-        for key in (both, mod, dat):
-            notes[key] = "; ".join(x for x in (notes.get(key, ""), note) if x)
