@@ -197,7 +197,6 @@ def plan_many(
     returns the simplest plan within 1% of the fastest instead)."""
     import time as _time
 
-    from planner.models.zoo import get_model
     from planner.planning import plan
 
     start = _time.perf_counter()
@@ -207,31 +206,7 @@ def plan_many(
     if not (isinstance(chunk, (int, np.integer)) and not isinstance(chunk, bool) and chunk >= 1):
         raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
     settings = CostSettings(dtype=dtype, optimizer=optimizer)
-    graphs, hw_of, batches, limits, meshes = [], [], [], [], []
-    loaded: dict[Any, int] = {}  # hardware key -> index into hws
-    hws: list[Hardware] = []
-    shapes: dict[tuple, list[tuple[int, int]]] = {}
-    for c in configs:
-        if not isinstance(c, PlanConfig):
-            raise ValueError(f"configs must be PlanConfig objects, got {type(c).__name__}")  # noqa: TRY004
-        g = get_model(c.model) if isinstance(c.model, str) else c.model
-        if not isinstance(g, LayerGraph):
-            raise ValueError(  # noqa: TRY004
-                f"model must be a built-in model name or a LayerGraph, got {type(c.model).__name__}")
-        key = id(c.hardware) if isinstance(c.hardware, Hardware) else str(c.hardware)
-        if key not in loaded:
-            loaded[key] = len(hws)
-            hws.append(load_hardware(c.hardware))
-        hw = hws[loaded[key]]
-        B = resolve_batch(c.devices, c.batch, c.batch_per_device)
-        graphs.append(g)
-        hw_of.append(loaded[key])
-        batches.append(B)
-        limits.append(hw.device.memory_bytes if c.memory_limit is None else parse_memory_limit(c.memory_limit))
-        mkey = (c.devices, B, hw.devices_per_node)
-        if mkey not in shapes:
-            shapes[mkey] = mesh_shapes(int(c.devices), B, hw.devices_per_node, allow_cross_node_model_axis)
-        meshes.append(shapes[mkey])
+    graphs, hws, hw_of, batches, limits, meshes = _resolved(configs, allow_cross_node_model_axis)
     N = len(configs)
     n_layers = np.array([g.num_layers for g in graphs])
     n_edges = np.array([g.num_edges for g in graphs])
@@ -241,24 +216,7 @@ def plan_many(
     E = _round_up(n_edges.max())
     M = max(len(m) for m in meshes)
 
-    # one DP schedule per graph structure (configurations of one template share it)
-    group = np.full(N, -1)  # [N] index into scheds, -1: too wide for the DP (planner.plan plans it)
-    keys: dict[Any, int] = {}
-    scheds: list[DPSchedule | None] = []
-    for i, g in enumerate(graphs):
-        k = _structure_key(g, int(n_edges[i]))
-        if k not in keys:
-            keys[k] = len(scheds)
-            try:
-                scheds.append(dp_schedule(g))
-            except ValueError:
-                scheds.append(None)
-        group[i] = keys[k] if scheds[keys[k]] is not None else -1
-    real = [s for s in scheds if s is not None]
-    K = max([len(s.slots) for s in real] + [1])
-    inputs = max([s.in_edge.shape[1] for s in real] + [1])
-    steps = _round_up(max([s.layer.shape[0] for s in real] + [1]))
-    padded = [pad_schedule(s, K, inputs, steps) if s is not None else None for s in scheds]
+    group, padded = _schedules(graphs, n_edges)
 
     P = min(bucket_size(N), int(chunk))  # configurations per compiled call
     hw_table = _stack([jax.tree.map(np.asarray, hardware_arrays(h, dtype)) for h in hws])  # [H, ...]
@@ -321,3 +279,62 @@ def plan_many(
         memory_limit_bytes=lim, feasible=feasible, certified=certified, fallback=used_fallback,
         choice=out_choice, seconds=_time.perf_counter() - start,
     )
+
+
+def _resolved(configs: Sequence[PlanConfig], allow_cross_node_model_axis: bool) -> tuple:
+    """Each configuration's graph, the distinct hardware (loaded once) and its
+    index, the global batch, the memory limit in bytes and the mesh shapes:
+    ``(graphs, hws, hw_of, batches, limits, meshes)``."""
+    from planner.models.zoo import get_model
+
+    graphs, hw_of, batches, limits, meshes = [], [], [], [], []
+    loaded: dict[Any, int] = {}  # hardware key -> index into hws
+    hws: list[Hardware] = []
+    shapes: dict[tuple, list[tuple[int, int]]] = {}
+    for c in configs:
+        if not isinstance(c, PlanConfig):
+            raise ValueError(f"configs must be PlanConfig objects, got {type(c).__name__}")  # noqa: TRY004
+        g = get_model(c.model) if isinstance(c.model, str) else c.model
+        if not isinstance(g, LayerGraph):
+            raise ValueError(  # noqa: TRY004
+                f"model must be a built-in model name or a LayerGraph, got {type(c.model).__name__}")
+        key = id(c.hardware) if isinstance(c.hardware, Hardware) else str(c.hardware)
+        if key not in loaded:
+            loaded[key] = len(hws)
+            hws.append(load_hardware(c.hardware))
+        hw = hws[loaded[key]]
+        B = resolve_batch(c.devices, c.batch, c.batch_per_device)
+        graphs.append(g)
+        hw_of.append(loaded[key])
+        batches.append(B)
+        limits.append(hw.device.memory_bytes if c.memory_limit is None else parse_memory_limit(c.memory_limit))
+        mkey = (c.devices, B, hw.devices_per_node)
+        if mkey not in shapes:
+            shapes[mkey] = mesh_shapes(int(c.devices), B, hw.devices_per_node, allow_cross_node_model_axis)
+        meshes.append(shapes[mkey])
+    return graphs, hws, hw_of, batches, limits, meshes
+
+
+def _schedules(graphs: list[LayerGraph], n_edges: np.ndarray) -> tuple[np.ndarray, list]:
+    """One DP schedule per graph structure (configurations of one template
+    share it), padded to common sizes: each configuration's schedule index
+    ``[N]`` (-1: too wide for the DP, :func:`planner.plan` plans it) and the
+    padded schedules (None for those)."""
+    group = np.full(len(graphs), -1)  # [N] index into scheds, -1: too wide for the DP (planner.plan plans it)
+    keys: dict[Any, int] = {}
+    scheds: list[DPSchedule | None] = []
+    for i, g in enumerate(graphs):
+        k = _structure_key(g, int(n_edges[i]))
+        if k not in keys:
+            keys[k] = len(scheds)
+            try:
+                scheds.append(dp_schedule(g))
+            except ValueError:
+                scheds.append(None)
+        group[i] = keys[k] if scheds[keys[k]] is not None else -1
+    real = [s for s in scheds if s is not None]
+    K = max([len(s.slots) for s in real] + [1])
+    inputs = max([s.in_edge.shape[1] for s in real] + [1])
+    steps = _round_up(max([s.layer.shape[0] for s in real] + [1]))
+    padded = [pad_schedule(s, K, inputs, steps) if s is not None else None for s in scheds]
+    return group, padded

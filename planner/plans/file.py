@@ -129,61 +129,10 @@ def plan_fields(data: Any) -> dict[str, Any]:
     if version > PLAN_VERSION:
         raise ValueError(f"plan version {version} is newer than this shardplan understands ({PLAN_VERSION}); upgrade shardplan")
 
-    layers, specs = [], []
-    for i, row in enumerate(r.items("layers")):
-        lr = _Reader(row, f"plan.layers[{i}]")
-        strategy = lr.string("strategy")
-        if strategy not in STRATEGY_NAMES:
-            raise ValueError(f"plan.layers[{i}].strategy {strategy!r} is not one of {', '.join(STRATEGY_NAMES)}")
-        # Optional (files before them read unchanged): the strategy asked for, where
-        # another was costed, and why (planner.evaluate; absent: the one costed).
-        requested = row.get("requested_strategy", strategy)
-        if requested not in STRATEGY_NAMES:
-            raise ValueError(f"plan.layers[{i}].requested_strategy {requested!r} is not one of "
-                             f"{', '.join(STRATEGY_NAMES)}")
-        reason = row.get("substitution_reason")
-        if reason is not None and not isinstance(reason, str):
-            raise ValueError(f"plan.layers[{i}].substitution_reason must be a string or null, got {reason!r}")
-        zero_stage, remat, joins = 0, False, False
-        if version >= 4:
-            joins = lr.boolean("joins")
-            if joins and not lr.boolean("remat"):
-                raise ValueError(f"plan.layers[{i}] joins a run of recomputed layers but does not recompute "
-                                 "(remat false)")
-        if version >= 3:
-            zero_stage = lr.integer("zero_stage")
-            if zero_stage > 3:
-                raise ValueError(f"plan.layers[{i}].zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
-            remat = lr.boolean("remat")
-        layers.append(LayerCost(
-            name=lr.string("name"), kind=lr.string("kind"), strategy=strategy,
-            compute_s=lr.number("compute_s"), comm_s=lr.number("comm_s"), reshard_s=lr.number("reshard_s"),
-            memory_bytes=lr.number("memory_bytes"), requested_strategy=requested, substitution_reason=reason,
-            zero_stage=zero_stage, remat=remat, joins=joins,
-        ))
-        if version >= 2:
-            specs.append(_layer_specs(lr, i, layers[-1].name))
+    layers, specs = _layer_rows(r, version)
     if not layers:
         raise ValueError("plan.layers must not be empty")
-    collectives = []
-    for i, row in enumerate(r.items("collectives")):
-        cr = _Reader(row, f"plan.collectives[{i}]")
-        axes = cr.get("axes")
-        if not (isinstance(axes, list) and all(isinstance(a, str) for a in axes)):
-            raise ValueError(f"plan.collectives[{i}].axes must be a list of axis names")
-        collectives.append(CollectiveRecord(
-            kind=cr.string("kind"), axes=tuple(axes), phase=cr.string("phase"), where=cr.string("where"),
-            bytes_per_device=cr.number("bytes_per_device"),
-        ))
-    meshes = []
-    for i, row in enumerate(r.items("meshes")):
-        mr = _Reader(row, f"plan.meshes[{i}]")
-        meshes.append(dict(
-            mesh=mr.ints("mesh", 2), feasible=mr.boolean("feasible"), iteration_s=mr.number("iteration_s", optional=True),
-            memory_bytes_per_device=mr.number("memory_bytes_per_device"),
-            min_memory_bytes=mr.number("min_memory_bytes", optional=version >= 4), method=mr.string("method"),
-            optimality_gap=mr.number("optimality_gap", optional=True),
-        ))
+    collectives, meshes = _collective_rows(r), _mesh_rows(r, version)
     mesh = r.ints("mesh", 2)
     devices = r.integer("devices", 1)
     if mesh[0] * mesh[1] != devices:
@@ -250,3 +199,72 @@ def plan_fields(data: Any) -> dict[str, Any]:
         fields["package_version"] = "unknown (plan file version 1)"
         fields["history"] = ()
     return fields
+
+
+def _layer_rows(r: _Reader, version: int) -> tuple[list[LayerCost], list]:
+    """The plan file's layer rows as :class:`LayerCost` and, from version 2,
+    their specs; the fields each version added read where present."""
+    layers, specs = [], []
+    for i, row in enumerate(r.items("layers")):
+        lr = _Reader(row, f"plan.layers[{i}]")
+        strategy = lr.string("strategy")
+        if strategy not in STRATEGY_NAMES:
+            raise ValueError(f"plan.layers[{i}].strategy {strategy!r} is not one of {', '.join(STRATEGY_NAMES)}")
+        # Optional (files before them read unchanged): the strategy asked for, where
+        # another was costed, and why (planner.evaluate; absent: the one costed).
+        requested = row.get("requested_strategy", strategy)
+        if requested not in STRATEGY_NAMES:
+            raise ValueError(f"plan.layers[{i}].requested_strategy {requested!r} is not one of "
+                             f"{', '.join(STRATEGY_NAMES)}")
+        reason = row.get("substitution_reason")
+        if reason is not None and not isinstance(reason, str):
+            raise ValueError(f"plan.layers[{i}].substitution_reason must be a string or null, got {reason!r}")
+        zero_stage, remat, joins = 0, False, False
+        if version >= 4:
+            joins = lr.boolean("joins")
+            if joins and not lr.boolean("remat"):
+                raise ValueError(f"plan.layers[{i}] joins a run of recomputed layers but does not recompute "
+                                 "(remat false)")
+        if version >= 3:
+            zero_stage = lr.integer("zero_stage")
+            if zero_stage > 3:
+                raise ValueError(f"plan.layers[{i}].zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+            remat = lr.boolean("remat")
+        layers.append(LayerCost(
+            name=lr.string("name"), kind=lr.string("kind"), strategy=strategy,
+            compute_s=lr.number("compute_s"), comm_s=lr.number("comm_s"), reshard_s=lr.number("reshard_s"),
+            memory_bytes=lr.number("memory_bytes"), requested_strategy=requested, substitution_reason=reason,
+            zero_stage=zero_stage, remat=remat, joins=joins,
+        ))
+        if version >= 2:
+            specs.append(_layer_specs(lr, i, layers[-1].name))
+    return layers, specs
+
+
+def _collective_rows(r: _Reader) -> list[CollectiveRecord]:
+    """The plan file's predicted collectives."""
+    collectives = []
+    for i, row in enumerate(r.items("collectives")):
+        cr = _Reader(row, f"plan.collectives[{i}]")
+        axes = cr.get("axes")
+        if not (isinstance(axes, list) and all(isinstance(a, str) for a in axes)):
+            raise ValueError(f"plan.collectives[{i}].axes must be a list of axis names")
+        collectives.append(CollectiveRecord(
+            kind=cr.string("kind"), axes=tuple(axes), phase=cr.string("phase"), where=cr.string("where"),
+            bytes_per_device=cr.number("bytes_per_device"),
+        ))
+    return collectives
+
+
+def _mesh_rows(r: _Reader, version: int) -> list[dict[str, Any]]:
+    """The plan file's mesh results, as dicts of ``MeshResult`` fields."""
+    meshes = []
+    for i, row in enumerate(r.items("meshes")):
+        mr = _Reader(row, f"plan.meshes[{i}]")
+        meshes.append(dict(
+            mesh=mr.ints("mesh", 2), feasible=mr.boolean("feasible"), iteration_s=mr.number("iteration_s", optional=True),
+            memory_bytes_per_device=mr.number("memory_bytes_per_device"),
+            min_memory_bytes=mr.number("min_memory_bytes", optional=version >= 4), method=mr.string("method"),
+            optimality_gap=mr.number("optimality_gap", optional=True),
+        ))
+    return meshes
