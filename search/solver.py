@@ -224,8 +224,14 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
     # the smallest memory of every table left: the MILP's where plans may hold runs, within the
     # MILP's time limit (auto and gradient: auto's; not proven then, MinimumMemory.exact)
     smallest_limit = milp_time_limit_s if method == "milp" else stage_s(len(tables))
-    mins: list[MinimumMemory | None] = [None if out[i] is not None else smallest_memory(p, smallest_limit)
-                                        for i, p in enumerate(problems)]
+    mins: list[MinimumMemory | None] = []
+    slow = set()  # tables whose smallest memory took its whole time limit unproven (the MILP is slow there)
+    for i, p in enumerate(problems):
+        t = _time.perf_counter()
+        mins.append(None if out[i] is not None else smallest_memory(p, smallest_limit))
+        if mins[i] is not None and not mins[i].exact and smallest_limit is not None \
+                and _time.perf_counter() - t >= smallest_limit:
+            slow.add(i)
     # a plan that fits, or the proof that none does, with more time where neither came
     retry = SMALLEST_RETRY_TIME_LIMIT_S if milp_time_limit_s is None else min(milp_time_limit_s,
                                                                               SMALLEST_RETRY_TIME_LIMIT_S)
@@ -251,9 +257,9 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
     plan_of = {i: ("dp" if chains[i] else "milp") if method == "auto" else method for i in todo}
     unproven = {}  # auto: (method, result) of the exact solver where it did not prove its plan optimal in time
     if deadline is not None:
-        # under the budget, a table whose smallest memory the MILP did not settle in its time goes to the
-        # gradient search at once: the fastest plan is a larger MILP still, and the time is the local search's
-        for i in [i for i in todo if plan_of[i] == "milp" and mins[i] is not None and not mins[i].exact]:
+        # under the budget, a table whose smallest memory the MILP did not settle in its whole time goes to
+        # the gradient search at once: the fastest plan is a larger MILP still, and the time is the local search's
+        for i in [i for i in todo if plan_of[i] == "milp" and i in slow]:
             plan_of[i] = "gradient"
             _emit(callback, "milp", f"table {i}: the MILP did not settle the smallest memory in {smallest_limit:g} s; "
                   "the gradient search plans it within the time budget", i)

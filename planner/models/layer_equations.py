@@ -24,7 +24,7 @@ from flax import nnx
 
 from planner.ir.builder import GraphBuilder
 from planner.models._jaxpr_walk import _Walker
-from planner.models.extraction import (
+from planner.models._tracing import (
     _PATH_ATTR,
     _CallTracker,
     _graph_input_shape,
