@@ -383,6 +383,7 @@ def test_plan_many_equals_plan_one_by_one_and_compiles_once():
     assert cache() == after and again.certified.all()
 
 
+@pytest.mark.slow
 def test_plan_many_reports_uncertified_rows_without_fallback():
     out = plan_many([PlanConfig("vgg16-cifar10", 8, "abci-v100", memory_limit="100MB", batch=64)], fallback=False)
     assert not out.certified[0] and not out.feasible[0] and np.isnan(out.iteration_s[0])

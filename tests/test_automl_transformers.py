@@ -19,6 +19,7 @@ GPT = planner.TransformerConfig.gpt(128, 2, 4, tokens=64, vocab=512)
 LLAMA = planner.TransformerConfig.llama(128, 2, 8, hidden=352, tokens=64, vocab=512, kv_heads=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", [GPT, LLAMA], ids=["gpt", "llama"])
 @pytest.mark.parametrize("width, hidden, tokens", [(1.0, 1.0, 1.0), (1.5, 1.25, 1.0), (0.5, 2.0, 2.0)])
 def test_transformer_parametric_is_the_builder_at_other_sizes(config, width, hidden, tokens):

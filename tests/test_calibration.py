@@ -53,6 +53,7 @@ def _cal(*points, hardware="abci-v100"):
     return Calibration(hardware=hardware, dtype="float32", points=tuple(points), device_name="Tesla V100")
 
 
+@pytest.mark.slow
 def test_exact_shard_shared_by_every_layer_of_the_shape():
     """Batch 8 on a 1 x 2 mesh: data shard b = 4 (whole layer), filter b = 8,
     f = 4; spatial b = 8, 4 output rows reading 4 + 2 = 6 input rows. The
@@ -111,6 +112,7 @@ def test_latency_plus_throughput_fit_by_hand():
     assert float((f(4.01) - f(3.99)) / 0.02) == pytest.approx(4 / 7, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_gradients_are_finite_with_a_calibration():
     """Rows without points (relu, conv c, padding) must not poison the
     hardware gradient through the unused fit."""
@@ -193,6 +195,7 @@ def test_version_1_and_2_files_read_as_before():
     assert v1.version == 1 and v2.version == 2
 
 
+@pytest.mark.slow
 def test_other_hardware_is_refused_unless_allowed(tmp_path, capsys):
     g = _twin()
     cal = _cal(_point("data", 8, 8, 8, 1e-3), hardware="h200")

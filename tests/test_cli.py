@@ -218,6 +218,7 @@ def test_python_dash_m(tmp_path):
     assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_plan_header_says_when_pure_data_parallelism_does_not_fit(capsys, monkeypatch):
     """Under a limit below what pure data parallelism needs, the speed-up in the
     header is against a plan that could not run, and the header says so with

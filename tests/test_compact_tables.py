@@ -101,6 +101,7 @@ def resnet50_plan(tmp_path_factory):
     return ANSI.sub("", buf.getvalue()), json.loads(path.read_text()), path
 
 
+@pytest.mark.slow
 def test_plan_table_of_resnet50_is_grouped_and_sums_match_the_json(resnet50_plan):
     out, plan, _ = resnet50_plan
     layers = plan["layers"]
@@ -140,6 +141,7 @@ def test_layers_off_data_parallelism_or_resharding_always_show(tmp_path, monkeyp
     assert any(r["strategy"] == "data" and r["reshard_s"] > 0 for r in data["layers"])  # the test sees both kinds
 
 
+@pytest.mark.slow
 def test_evaluate_strategy_groups_on_that_strategy(monkeypatch, capsys):
     argv = ("evaluate", "resnet152", "--devices", "8", "--mesh", "1x8", "--strategy", "filter", "--hardware",
             "dgx-a100")
@@ -150,6 +152,7 @@ def test_evaluate_strategy_groups_on_that_strategy(monkeypatch, capsys):
     assert any(r["reshard_s"] > 0 for r in data["layers"])  # hidden resharding: under 1% of the iteration each
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [
     ("evaluate", "vgg16", "--devices", "8", "--strategy", "data"),
     ("evaluate", "alexnet", "--devices", "8", "--mesh", "4x2", "--strategy", "filter"),

@@ -145,6 +145,7 @@ def test_bfloat16_moves_half_the_bytes():
     assert float(t16.compute_s[ident, 0]) == pytest.approx(float(t32.compute_s[ident, 0]) / 2, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_gradients_match_finite_differences():
     """d time / d (FLOPs, bytes, saturation, exponent, launch) of one kernel, and of
     the whole table's total w.r.t. the hardware arrays."""

@@ -267,6 +267,7 @@ def test_halo_of_first_and_later_layers_by_hand():
 # -- the one-hot identity against an independent evaluator -------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "model, hw, batch, d, m, dtype, optimizer",
     [

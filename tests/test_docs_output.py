@@ -270,6 +270,7 @@ def _scratch_repo(tmp_path: Path) -> Path:
     return tmp_path / "main"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", _transcripts(), ids=lambda b: f"{b.page}:{b.line}")
 def test_transcript_is_current_output(block, tmp_path, monkeypatch, capsys):
     from planner.cli import main

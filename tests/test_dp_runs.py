@@ -262,6 +262,7 @@ MILP_CASES = [(100 + s, 16, RICH) for s in range(4)] + [(s, 20, dict(state_most=
                                                         for s in (103, 105, 117)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed, n, kw", MILP_CASES)
 def test_label_searches_match_the_milp(seed, n, kw):
     """The label searches give the MILP's answers (another exact solver)
@@ -506,6 +507,7 @@ def test_a_dp_cut_short_keeps_a_valid_bound_that_rises_with_its_labels(seed):
     assert checked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_searches_cut_by_their_own_budget_halve_their_step_and_the_dp_stays_exact(seed, monkeypatch):
     """With every search above the first step held to one label (each is

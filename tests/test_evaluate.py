@@ -159,6 +159,7 @@ def test_no_mark_where_the_strategy_runs():
     assert by["fc"].substitution_reason == "filter needs the model axis (4) to divide the 10 output channels"
 
 
+@pytest.mark.slow
 def test_every_infeasible_strategy_has_a_reason():
     # The words follow strategy_mask's rules: wherever the mask excludes a strategy,
     # unavailable_reason names a rule (not the fallback), and where it allows one, none.
@@ -240,6 +241,7 @@ def test_evaluate_plan_uses_the_plans_own_settings(capsys, tmp_path):
         assert again[key] == made[key], key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, message", [
     (["--mesh", "8x1"], "--mesh 8x1 contradicts the plan's mesh"),
     (["--devices", "4"], "--devices 4 contradicts the plan's devices 8"),

@@ -649,6 +649,7 @@ ZOO = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ZOO)
 def test_extract_matches_zoo(name):
     flax_zoo = pytest.importorskip("planner.models.flax_zoo")

@@ -50,6 +50,7 @@ def dag_table(seed: int, skip_reshard: bool):
     return t
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_dp_over_runs_with_skip_edges_matches_brute_force(seed):
     """Skip edges that reshard nothing: solve_dp takes the graph (solve's DP
@@ -64,6 +65,7 @@ def test_dp_over_runs_with_skip_edges_matches_brute_force(seed):
     assert_dp_matches_brute_force(p, full, 5)
 
 
+@pytest.mark.slow
 def test_skip_credits_change_the_answer():
     """The test above can fail: without the skip edges' credits, the
     smallest memory or the fastest plan at its limits moves on several of
@@ -80,6 +82,7 @@ def test_skip_credits_change_the_answer():
     assert moved >= 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_dp_over_runs_with_skip_edges_that_reshard_matches_brute_force(seed):
     """Skip edges that reshard (hops): solve_dp takes the graph itself (its
@@ -111,6 +114,7 @@ def test_too_many_hops_open_at_once_are_no_run_chain():
         solve_dp(p, 1e9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_folded_resharding_bounds_the_fastest_plan(seed):
     """Skip edges that reshard: on layer_order_chain's lower and upper
@@ -134,6 +138,7 @@ def test_folded_resharding_bounds_the_fastest_plan(seed):
         assert brute.time_s <= plan_time(p, b.choice) * (1 + 1e-9) <= b.time_s * (1 + 2e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_smallest_memory_of_a_graph_whose_skip_edges_reshard(seed, monkeypatch):
     """smallest_memory takes a graph whose skip edges reshard by the label
@@ -194,6 +199,7 @@ def test_layer_order_chain_rejects_what_it_cannot_fold():
         layer_order_chain(back, "lower")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_skip_to_go_is_the_least_kept_bytes_with_its_first_option(seed):
     """skip_to_go at position 0, plus the first layer's bytes: for each
@@ -218,6 +224,7 @@ def test_skip_to_go_is_the_least_kept_bytes_with_its_first_option(seed):
         assert np.any(earned[starts] < least * (1 - 1e-9))
 
 
+@pytest.mark.slow
 def test_dp_over_runs_without_the_skip_states_is_still_exact(monkeypatch):
     """Past MOST_OPEN_STATES open skip edges skip_to_go declines (None), and
     past MOST_BUCKET_OPEN_STATES skip_moves does for the Lagrangian's
@@ -267,6 +274,7 @@ def test_skip_added_is_what_the_skip_edges_credits_leave_unearned(seed):
     assert chain + added == pytest.approx(kept, rel=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_bucketed_viterbi_with_skip_states_is_the_least_priced_plan(seed):
     """bucket_viterbi with skip_moves' states, where buckets round nothing:

@@ -238,6 +238,7 @@ def test_remat_by_hand():
 # -- the one-hot identity and the plain-Python reference under levers -----------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,hw_name,batch,mesh,dtype", [
     ("resnet50", "dgx-a100", 512, (16, 4), "float32"),  # convs, batch norms, residual adds
     ("vit-tiny", "dgx-a100", 64, (4, 2), "float32"),  # attention (remat), layer norms
@@ -461,6 +462,7 @@ def test_plan_with_levers_fits_where_no_lever_free_plan_does():
         assert [g[3] for g in got] == pytest.approx([w[3] for w in want], rel=1e-6), name
 
 
+@pytest.mark.slow
 def test_zero_stages_2_and_3_fit_their_prediction_on_xla_cpu(devices):
     """VGG16-CIFAR-10 at batch 16 on 4x2, every layer data under ZeRO stage
     2, then 3: XLA's compiled total (the oracle) is within 10% of the

@@ -209,6 +209,7 @@ def test_plan_predictions_equal_evaluate():
     assert np.isclose(p.speedup_over_data_parallel, p.data_parallel_iteration_s / p.iteration_s)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, hardware, devices", [
     ("vgg16-cifar10", "dgx-a100", 8), ("resnet50", "dgx-a100", 8), ("vgg16", "h200", 16)])
 def test_a_plan_at_the_suggested_limit_fits_it(model, hardware, devices):

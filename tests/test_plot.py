@@ -68,6 +68,7 @@ def test_strategy_colors_cover_every_strategy_once():
     assert len(set(STRATEGY_COLORS.values())) == len(STRATEGY_NAMES)
 
 
+@pytest.mark.slow
 def test_time_bars_are_the_plans_seconds(plan):
     mpl = _mpl()
     from matplotlib.figure import Figure
@@ -232,6 +233,7 @@ def _overlapping_labels(ax):
     return [(a, b) for a, b in itertools.pairwise(boxes) if a.x1 > b.x0 + 0.5]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("copies", [6, 16])  # 198 and 528 layers
 def test_deep_plan_plot_is_bounded_and_its_labels_do_not_overlap(plan, copies):
     _mpl()

@@ -21,6 +21,7 @@ def _cases():
         yield f"dag{seed}", discrete_problem(dag_table(seed, skip_reshard=True))  # skip edges reshard
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,p", list(_cases()))
 def test_relevel_is_the_fastest_plan_with_the_same_strategies(name, p):
     """From random plans at limits from below the smallest memory to above

@@ -74,6 +74,7 @@ def _block_runs(names):
     return [[n for n in names if n.startswith(b)] for b in blocks]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["data", "filter"])
 def test_runs_train_as_kept_and_xla_recomputes_them(devices, strategy):
     batch = 32
@@ -107,6 +108,7 @@ def test_runs_train_as_kept_and_xla_recomputes_them(devices, strategy):
     assert temp["runs"] < temp["kept"]
 
 
+@pytest.mark.slow
 def test_run_gradients_equal_the_kept_gradients():
     model = TinyCNN(nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(2), (8, 16, 16, 3))
@@ -151,6 +153,7 @@ def _run_options(names, runs):
     return options
 
 
+@pytest.mark.slow
 def test_shard_applies_a_plans_runs_with_the_kept_losses(devices):
     """A plan's runs (LayerCost.remat / joins, in layer order: Plan.recompute_runs)
     go to the export as recompute_runs; planner.shard trains the run plan with

@@ -34,6 +34,7 @@ def _fc_pair():
     return b.build()
 
 
+@pytest.mark.slow
 def test_filter_then_replicated_gathers_the_activation_by_hand():
     # fc0 filter (output split by features), fc1 replicated: the group's 8 samples x 64
     # features are all-gathered forward, 1 x (alpha + 8*64*4/2 B / bw) over m = 2; fc1's

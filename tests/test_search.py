@@ -65,6 +65,7 @@ layer_counts = st.integers(1, 6)
 # -- the exact solvers agree with brute force ---------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(seed=problem_seeds, n=layer_counts, shuffle=st.booleans(), scale=st.sampled_from([1.0, 0.5]))
 def test_dp_milp_and_brute_force_agree_on_chains(seed, n, shuffle, scale):
@@ -281,6 +282,7 @@ def test_minimum_memory_when_the_phases_disagree():
 # -- the gradient + discrete search ----------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(seed=problem_seeds, n=layer_counts, chain=st.booleans(), gumbel=st.booleans())
 def test_gradient_search_fits_whenever_a_plan_fits_and_never_beats_brute_force(seed, n, chain, gumbel):
@@ -463,6 +465,7 @@ def _chain_graph(n_convs: int, width: int, name: str):
     return b.build()
 
 
+@pytest.mark.slow
 def test_gradient_search_compiles_once_per_bucket():
     hw = hardware_arrays(load_hardware("dgx-a100"))
     a, b, c = _chain_graph(5, 16, "a"), _chain_graph(6, 32, "b"), _chain_graph(9, 16, "c")

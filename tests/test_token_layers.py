@@ -138,6 +138,7 @@ def test_a_model_with_a_norm_trains_sharded_with_the_unsharded_loss(devices, str
     assert all(r.ok for r in report.collectives), [r for r in report.collectives if not r.ok]
 
 
+@pytest.mark.slow
 def test_parametric_graphs_cost_norms_as_the_builder_does():
     """A norm after a widened dense layer is costed at its new width, not as
     nothing: the parametric arrays at width 2 are the builder's at 64."""

@@ -28,6 +28,7 @@ def test_layers_of_the_zoo_transformers(capsys, name, params):
     assert {"attention" if name == "vit-b16" else "causal_attention", "norm", "dense"} <= kinds
 
 
+@pytest.mark.slow
 def test_plan_and_evaluate_gpt2_small(capsys, tmp_path):
     out = tmp_path / "gpt2.json"
     plan = _json(capsys, "plan", "gpt2-small", "--devices", "8", "--hardware", "dgx-a100", "--batch", "8",

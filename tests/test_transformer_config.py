@@ -74,6 +74,7 @@ def test_config_file_round_trip_and_refusals():
         TransformerConfig.llama(40, 1, 8, hidden=64, tokens=8, vocab=10)
 
 
+@pytest.mark.slow
 def test_a_config_file_is_a_model_for_layers_plan_and_evaluate(capsys, tmp_path):
     path = tmp_path / "llama.json"
     cfg = TransformerConfig.llama(256, 2, 8, hidden=688, tokens=128, vocab=1000, kv_heads=2)

@@ -153,6 +153,7 @@ def test_flax_multi_head_attention_trains_sharded(devices):
     assert row.compiled_bytes == row.predicted_bytes
 
 
+@pytest.mark.slow
 def test_a_recomputed_attention_trains_with_the_unsharded_losses(devices):
     """nnx.MultiHeadAttention's attention planned ``filter+remat`` (its heads
     split over the model axis): planner.shard
@@ -202,6 +203,7 @@ class _MHAStack(nnx.Module):
         return self.head(x.mean(axis=1))
 
 
+@pytest.mark.slow
 def test_recomputed_attentions_free_what_the_plan_says_on_xla_cpu(devices):
     """Three attentions over 128 tokens, heads split over the model axis
     (2x4), kept and recomputed: XLA's compiled memory (the oracle) drops by

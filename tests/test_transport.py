@@ -186,6 +186,7 @@ def test_shard_compute_fixed_cost_and_ideal_split():
     assert oracle(g, hw(), [2], ["filter"], batch_per_device=8).row("filter", 2).compute_s == pytest.approx(want)
 
 
+@pytest.mark.slow
 def test_shard_compute_follows_the_kernel_model():
     """With a kernel block of 64-wide tiles (and memory too fast to matter), a
     64 -> 64 conv split by filter over 2 runs its forward and backward-weight

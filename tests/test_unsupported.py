@@ -78,6 +78,7 @@ def test_the_graph_records_replicated_stand_ins(tokens):
     assert cnn.on_unsupported == "error" and "on_unsupported" not in cnn.to_dict()
 
 
+@pytest.mark.slow
 def test_plan_validate_and_shard_accept_the_model_as_planned(tokens, tmp_path, capsys, devices):
     assert main(["layers", "tokens_factory_mod:make", "--json"]) == 2
     assert "--on-unsupported replicate" in capsys.readouterr().err
@@ -124,6 +125,7 @@ def test_the_oracle_takes_the_option_too(tokens, capsys):
     assert rows and all(r["devices"] == 4 for r in rows)
 
 
+@pytest.mark.slow
 def test_a_plan_is_independent_of_the_example_batch(tokens, devices):
     """The replicated stand-ins extract alike at any batch (same
     fingerprint), so a plan made from a batch-2 example is accepted by

@@ -93,6 +93,7 @@ def test_unknown_model_is_rejected_with_the_list():
 # -- parameter counts ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
 def test_params_equal_published_counts(name):
     assert get_model(name).total("params") == PUBLISHED_PARAMS[name]
@@ -161,6 +162,7 @@ def _xla_forward_flops(name: str, batch: int) -> tuple[float, float]:
 # ResNet-152 is ResNet-50's bottleneck blocks, more of them (its compiled count measured +3.3%);
 # compiling the LARGE models' forwards would take minutes of the suite. Their published parameter
 # counts are checked above, and ResNet-152's extracted Flax graph against the zoo's in tests/test_extract.py.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in EXPECTED_NAMES if n not in LARGE])
 def test_forward_flops_match_xla(name):
     batch = 2
