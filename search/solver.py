@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time as _time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -264,106 +265,136 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
             _emit(callback, "milp", f"table {i}: the MILP did not settle the smallest memory in {smallest_limit:g} s; "
                   "the gradient search plans it within the time budget", i)
 
-    # -- exact solvers ------------------------------------------------------------------
-    exact = [i for i in todo if plan_of[i] in ("dp", "milp")]
-    for n_done, i in enumerate(exact):
-        t = _time.perf_counter()
-        p = problems[i]
-        auto_limit = stage_s(len(exact) - n_done)
-        if plan_of[i] == "dp":
-            # auto: the completion over runs within the MILP's time limit (runs need it most)
-            r = solve_dp(p, limits[i], time_limit_s=auto_limit if method == "auto" and runs[i] else None,
-                         smallest=mins[i])
-            # (not feasible: proven where its bound is infinite; else the smallest memory was not proven)
-            if method == "auto" and not r.exact and (r.feasible or np.isfinite(r.lower_bound_s)):
-                unproven[i], plan_of[i], seconds[i] = (plan_of[i], r), "gradient", _time.perf_counter() - t
-                _emit(callback, "dp", f"table {i}: the DP did not prove an optimum within its label budget or "
-                      f"{auto_limit:g} s; the gradient search joins in", i)
-                continue
-        else:
-            r = solve_milp(p, limits[i], time_limit_s=auto_limit if method == "auto" else milp_time_limit_s,
-                           smallest=mins[i])
-            if method == "auto" and not r.exact:
-                unproven[i], plan_of[i], seconds[i] = (plan_of[i], r), "gradient", _time.perf_counter() - t
-                _emit(callback, "milp", f"table {i}: the MILP did not prove an optimum in {auto_limit:g} s; "
-                      "the gradient search joins in", i)
-                continue
-        choice, time_s, mem = r.choice, r.time_s, r.memory_bytes
-        if r.feasible:
-            choice = drop_idle_levers(p, r.choice, limits[i])
-            time_s, mem = plan_time(p, choice), plan_memory(p, choice)
-        seconds[i] = _time.perf_counter() - t
-        out[i] = Solution(
-            choice=tuple(int(s) for s in option_ids[i][choice]), time_s=time_s, memory_bytes=mem,
-            memory_limit_bytes=limits[i], feasible=bool(r.feasible), min_memory_bytes=_proven(mins[i]),
-            method=plan_of[i], seed=seed, lower_bound_s=r.lower_bound_s, optimality_gap=_gap(time_s, r.lower_bound_s),
-            seconds=seconds[i], history=(HistoryEntry(plan_of[i], r.time_s, r.memory_bytes, bool(r.feasible)),),
-            num_options=tables[i].feasible.shape[-1],
-        )
-        _emit(callback, plan_of[i], f"{plan_of[i]} done in {seconds[i]:.3f} s", i, time_s)
-
-    # -- gradient search, all remaining tables in one call ---------------------------------
+    ctx = _Search(tables, compact, problems, option_ids, limits, mins, out, seconds, seed, callback)
+    _exact_stage(ctx, [i for i in todo if plan_of[i] in ("dp", "milp")], plan_of, unproven, runs, method,
+                 milp_time_limit_s, stage_s)
     grad_idx = [i for i in todo if plan_of[i] == "gradient"]
     if grad_idx:
-        t = _time.perf_counter()
-        K = len(grad_idx)
-        # All tables go in (those that need no gradient search inactive), padded to a
-        # power of two: the compiled shape depends only on the batch, not on which fit.
-        Kp = 1 << (len(tables) - 1).bit_length()
-        order = grad_idx + [i for i in range(len(tables)) if i not in grad_idx]
-        order += [grad_idx[0]] * (Kp - len(order))
-        lims = jnp.asarray([limits[i] if np.isfinite(limits[i]) else np.inf for i in order], jnp.float32)
-        active = jnp.asarray([k < K for k in range(Kp)])
-        key = jax.random.key(seed)
-        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.asarray(order))
-        res = relaxed_search(_stack([tables[i] for i in order]), lims, keys, config, active)
-        res = jax.tree.map(np.asarray, res)
-        share = (_time.perf_counter() - t) / K
-        _emit(callback, "gradient", f"gradient search on {K} table(s) in {share * K:.3f} s")
-        for k, i in enumerate(grad_idx):
-            t = _time.perf_counter()
-            p, lim = problems[i], limits[i]
-            n = p.num_layers
-            column = np.full(tables[i].feasible.shape[-1], -1, dtype=np.int64)  # table option -> compact column
-            column[option_ids[i]] = np.arange(option_ids[i].size)
-            # the rounding picks options the table can run; a duplicate maps to the option kept for it
-            rounded = column[np.take_along_axis(compact[i].representative, res.choice[k][:, :n].T, axis=1).T]
-            if (rounded < 0).any():
-                raise RuntimeError("the gradient search rounded a layer to an option it cannot run")
-            cands = np.concatenate([rounded, heuristic_plans(p, mins[i])], axis=0)
-            mine = None if deadline is None else t + max(MIN_STAGE_S, (deadline - t) / (K - k))  # its share
-            ref = refine(p, cands, lim, smallest=mins[i], relevel_time_limit_s=stage_s(1),
-                         starts=lagrangian_plans(p, lim, deadline_s=mine), deadline_s=mine)
-            fits_relaxed = res.memory_bytes[k] <= lim
-            r_best = int(np.argmin(np.where(fits_relaxed, res.time_s[k], np.inf))) if fits_relaxed.any() else \
-                int(np.argmin(res.memory_bytes[k]))
-            history = [HistoryEntry("relaxed", float(a), float(b), bool(b <= lim))
-                       for a, b in zip(res.trace_time_s[k][:, r_best], res.trace_memory_bytes[k][:, r_best], strict=True)]
-            history += [
-                HistoryEntry("rounded", _finite(ref.rounded_time_s), None, bool(np.isfinite(ref.rounded_time_s))),
-                HistoryEntry("repaired", _finite(ref.repaired_time_s), None, bool(np.isfinite(ref.repaired_time_s))),
-                HistoryEntry("local_search", ref.time_s, ref.memory_bytes, ref.feasible),
-            ]
-            choice, time_s, mem, bound, used = ref.choice, ref.time_s, ref.memory_bytes, None, "gradient"
-            if i in unproven:  # auto: the MILP's incumbent and bound beside the gradient search's plan
-                exact_method, m = unproven[i]
-                history.append(HistoryEntry(exact_method, m.time_s, m.memory_bytes, m.feasible))
-                bound = m.lower_bound_s
-                if m.feasible and (mem > lim or m.time_s < time_s):  # it fits; the gradient's plan is slower or not
-                    choice, time_s, mem, used = m.choice, m.time_s, m.memory_bytes, exact_method
-            if mem <= lim:
-                choice = drop_idle_levers(p, choice, lim)
-                time_s, mem = plan_time(p, choice), plan_memory(p, choice)
-            seconds[i] += share + _time.perf_counter() - t  # (+ the auto MILP's time)
-            out[i] = Solution(
-                choice=tuple(int(s) for s in option_ids[i][choice]), time_s=float(time_s), memory_bytes=float(mem),
-                memory_limit_bytes=lim, feasible=bool(mem <= lim), min_memory_bytes=_proven(mins[i]),
-                method=used, seed=seed, lower_bound_s=bound, optimality_gap=_gap(time_s, bound),
-                seconds=seconds[i], history=tuple(history), num_options=tables[i].feasible.shape[-1],
-            )
-            _emit(callback, "refine", f"table {i}: {time_s * 1e3:.3f} ms/iteration", i, float(time_s))
+        _gradient_stage(ctx, grad_idx, unproven, config, deadline, stage_s)
     if deadline is not None and grad_idx and _time.perf_counter() > deadline:
         _emit(callback, "budget", f"time budget of {time_budget_s:g} s spent: the local search stopped where it was "
               "(time_budget_s=None, CLI --time-budget 0: search to the end)")
     _emit(callback, "done", f"searched in {_time.perf_counter() - start:.3f} s")
     return [s for s in out if s is not None]
+
+
+class _Search(NamedTuple):
+    """One :func:`solve_many` call's tables and what its stages fill in, per table."""
+
+    tables: Sequence  # the cost tables
+    compact: list  # [k] CompactProblem: each table without the options no layer runs
+    problems: list[DiscreteProblem]  # [k] the compact problems the solvers search
+    option_ids: list[np.ndarray]  # [k] compact column -> table option
+    limits: list[float]  # [k] bytes per device
+    mins: list[MinimumMemory | None]  # [k] the smallest memory found (None: not needed)
+    out: list[Solution | None]  # [k] filled by the stages
+    seconds: list[float]  # [k] time spent per table
+    seed: int
+    callback: Callback
+
+
+def _exact_stage(ctx: _Search, exact: list[int], plan_of: dict[int, str], unproven: dict, runs: list[bool],
+                 method: str, milp_time_limit_s: float | None, stage_s: Callable[[int], float]) -> None:
+    """The exact solvers (``dp`` or ``milp``) on the tables ``exact``; under
+    ``auto`` a table they do not prove goes to the gradient search
+    (``plan_of``), its incumbent and bound kept in ``unproven``."""
+    for n_done, i in enumerate(exact):
+        t = _time.perf_counter()
+        p = ctx.problems[i]
+        auto_limit = stage_s(len(exact) - n_done)
+        if plan_of[i] == "dp":
+            # auto: the completion over runs within the MILP's time limit (runs need it most)
+            r = solve_dp(p, ctx.limits[i], time_limit_s=auto_limit if method == "auto" and runs[i] else None,
+                         smallest=ctx.mins[i])
+            # (not feasible: proven where its bound is infinite; else the smallest memory was not proven)
+            if method == "auto" and not r.exact and (r.feasible or np.isfinite(r.lower_bound_s)):
+                unproven[i], plan_of[i], ctx.seconds[i] = (plan_of[i], r), "gradient", _time.perf_counter() - t
+                _emit(ctx.callback, "dp", f"table {i}: the DP did not prove an optimum within its label budget or "
+                      f"{auto_limit:g} s; the gradient search joins in", i)
+                continue
+        else:
+            r = solve_milp(p, ctx.limits[i], time_limit_s=auto_limit if method == "auto" else milp_time_limit_s,
+                           smallest=ctx.mins[i])
+            if method == "auto" and not r.exact:
+                unproven[i], plan_of[i], ctx.seconds[i] = (plan_of[i], r), "gradient", _time.perf_counter() - t
+                _emit(ctx.callback, "milp", f"table {i}: the MILP did not prove an optimum in {auto_limit:g} s; "
+                      "the gradient search joins in", i)
+                continue
+        choice, time_s, mem = r.choice, r.time_s, r.memory_bytes
+        if r.feasible:
+            choice = drop_idle_levers(p, r.choice, ctx.limits[i])
+            time_s, mem = plan_time(p, choice), plan_memory(p, choice)
+        ctx.seconds[i] = _time.perf_counter() - t
+        ctx.out[i] = Solution(
+            choice=tuple(int(s) for s in ctx.option_ids[i][choice]), time_s=time_s, memory_bytes=mem,
+            memory_limit_bytes=ctx.limits[i], feasible=bool(r.feasible), min_memory_bytes=_proven(ctx.mins[i]),
+            method=plan_of[i], seed=ctx.seed, lower_bound_s=r.lower_bound_s, optimality_gap=_gap(time_s, r.lower_bound_s),
+            seconds=ctx.seconds[i], history=(HistoryEntry(plan_of[i], r.time_s, r.memory_bytes, bool(r.feasible)),),
+            num_options=ctx.tables[i].feasible.shape[-1],
+        )
+        _emit(ctx.callback, plan_of[i], f"{plan_of[i]} done in {ctx.seconds[i]:.3f} s", i, time_s)
+
+
+def _gradient_stage(ctx: _Search, grad_idx: list[int], unproven: dict, config: GradientConfig,
+                    deadline: float | None, stage_s: Callable[[int], float]) -> None:
+    """The gradient search on the tables ``grad_idx``, all in one vmapped
+    call, then each rounded plan refined (within its share of the budget
+    left before ``deadline``), beside the exact solver's incumbent where
+    ``auto`` tried one (``unproven``)."""
+    t = _time.perf_counter()
+    K = len(grad_idx)
+    # All tables go in (those that need no gradient search inactive), padded to a
+    # power of two: the compiled shape depends only on the batch, not on which fit.
+    Kp = 1 << (len(ctx.tables) - 1).bit_length()
+    order = grad_idx + [i for i in range(len(ctx.tables)) if i not in grad_idx]
+    order += [grad_idx[0]] * (Kp - len(order))
+    lims = jnp.asarray([ctx.limits[i] if np.isfinite(ctx.limits[i]) else np.inf for i in order], jnp.float32)
+    active = jnp.asarray([k < K for k in range(Kp)])
+    key = jax.random.key(ctx.seed)
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.asarray(order))
+    res = relaxed_search(_stack([ctx.tables[i] for i in order]), lims, keys, config, active)
+    res = jax.tree.map(np.asarray, res)
+    share = (_time.perf_counter() - t) / K
+    _emit(ctx.callback, "gradient", f"gradient search on {K} table(s) in {share * K:.3f} s")
+    for k, i in enumerate(grad_idx):
+        t = _time.perf_counter()
+        p, lim = ctx.problems[i], ctx.limits[i]
+        n = p.num_layers
+        column = np.full(ctx.tables[i].feasible.shape[-1], -1, dtype=np.int64)  # table option -> compact column
+        column[ctx.option_ids[i]] = np.arange(ctx.option_ids[i].size)
+        # the rounding picks options the table can run; a duplicate maps to the option kept for it
+        rounded = column[np.take_along_axis(ctx.compact[i].representative, res.choice[k][:, :n].T, axis=1).T]
+        if (rounded < 0).any():
+            raise RuntimeError("the gradient search rounded a layer to an option it cannot run")
+        cands = np.concatenate([rounded, heuristic_plans(p, ctx.mins[i])], axis=0)
+        mine = None if deadline is None else t + max(MIN_STAGE_S, (deadline - t) / (K - k))  # its share
+        ref = refine(p, cands, lim, smallest=ctx.mins[i], relevel_time_limit_s=stage_s(1),
+                     starts=lagrangian_plans(p, lim, deadline_s=mine), deadline_s=mine)
+        fits_relaxed = res.memory_bytes[k] <= lim
+        r_best = int(np.argmin(np.where(fits_relaxed, res.time_s[k], np.inf))) if fits_relaxed.any() else \
+            int(np.argmin(res.memory_bytes[k]))
+        history = [HistoryEntry("relaxed", float(a), float(b), bool(b <= lim))
+                   for a, b in zip(res.trace_time_s[k][:, r_best], res.trace_memory_bytes[k][:, r_best], strict=True)]
+        history += [
+            HistoryEntry("rounded", _finite(ref.rounded_time_s), None, bool(np.isfinite(ref.rounded_time_s))),
+            HistoryEntry("repaired", _finite(ref.repaired_time_s), None, bool(np.isfinite(ref.repaired_time_s))),
+            HistoryEntry("local_search", ref.time_s, ref.memory_bytes, ref.feasible),
+        ]
+        choice, time_s, mem, bound, used = ref.choice, ref.time_s, ref.memory_bytes, None, "gradient"
+        if i in unproven:  # auto: the MILP's incumbent and bound beside the gradient search's plan
+            exact_method, m = unproven[i]
+            history.append(HistoryEntry(exact_method, m.time_s, m.memory_bytes, m.feasible))
+            bound = m.lower_bound_s
+            if m.feasible and (mem > lim or m.time_s < time_s):  # it fits; the gradient's plan is slower or not
+                choice, time_s, mem, used = m.choice, m.time_s, m.memory_bytes, exact_method
+        if mem <= lim:
+            choice = drop_idle_levers(p, choice, lim)
+            time_s, mem = plan_time(p, choice), plan_memory(p, choice)
+        ctx.seconds[i] += share + _time.perf_counter() - t  # (+ the auto MILP's time)
+        ctx.out[i] = Solution(
+            choice=tuple(int(s) for s in ctx.option_ids[i][choice]), time_s=float(time_s), memory_bytes=float(mem),
+            memory_limit_bytes=lim, feasible=bool(mem <= lim), min_memory_bytes=_proven(ctx.mins[i]),
+            method=used, seed=ctx.seed, lower_bound_s=bound, optimality_gap=_gap(time_s, bound),
+            seconds=ctx.seconds[i], history=tuple(history), num_options=ctx.tables[i].feasible.shape[-1],
+        )
+        _emit(ctx.callback, "refine", f"table {i}: {time_s * 1e3:.3f} ms/iteration", i, float(time_s))
