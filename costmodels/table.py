@@ -198,21 +198,9 @@ def cost_table(
     backward = compute * bwd_share
 
     # -- gradient all-reduce (ParaDL §4.3, §4.8), in buckets -------------------
-    P = d * m
-    per_node_data_axis = jnp.maximum(1.0, jnp.floor(dpn / m))
-    ranks = jnp.stack([P, d, d, P, d])  # [S] who holds replicas of the same weights
-    ranks_per_node = jnp.stack(
-        [jnp.minimum(P, dpn), per_node_data_axis, per_node_data_axis, jnp.minimum(P, dpn), per_node_data_axis]
-    )
-    bucket = settings.gradient_bucket_bytes
-    bucket_s = allreduce_s(net, ranks, ranks_per_node, bucket)  # [S]
-    # Each device reduces its own shard. An output layer tied to an embedding holds no
-    # parameters but reduces its own gradient of the whole table, apart from the lookup's
-    # (XLA, measured on a tied decoder: docs/transformers.md).
     tied = tied_output(kind, params)[:, None]  # [L, 1]
-    table_el = f32(a.in_channels) * f32(a.out_channels)  # [L]
-    grad_bytes = settings.gradient_bytes_per_param * jnp.where(tied, table_el[:, None], local_params)
-    grad_sync = bucket_s[None, :] * grad_bytes / bucket
+    ranks, ranks_per_node, grad_sync = _gradient_sync(net, a, d, m, local_params, tied, settings)
+    bucket = settings.gradient_bucket_bytes
 
     src = jnp.asarray(a.edge_src).astype(jnp.int32)
     dst = jnp.asarray(a.edge_dst).astype(jnp.int32)
@@ -237,19 +225,9 @@ def cost_table(
 
     # -- memory levers (costmodels/levers.py): ZeRO over the weights' replica group, remat --
     group = ranks  # [S] ZeRO's data-parallel group: the ranks of the gradient all-reduce
-    out_local = f32(a.out_channels)[:, None] / jnp.where(strat == Strategy.FILTER, m, 1.0)  # [L, S]
-    holds_state = ((kind == LayerKind.CONV) | (kind == LayerKind.DENSE) | (kind == LayerKind.EMBED)
-                   | (kind == LayerKind.BATCH_NORM) | (kind == LayerKind.NORM)) & (params > 0)
-    shares_table = jnp.any(tied[:, 0] & (real > 0)) & (kind == LayerKind.EMBED)  # the table a tied output reads
-    zero_ok = (holds_state & ~shares_table)[:, None] & (group[None, :] > 1) & (jnp.mod(out_local, group[None, :]) == 0)
     input_bytes = delta * group_batch * in_el[:, None] / layout_split(in_lay, m)  # [L, S] what recomputing keeps
-    # recomputing one layer frees memory where it saves more than its input; in runs
-    # (remat_runs), on every layer: a run crosses the layers that save nothing too (an
-    # add, a flatten), and their inputs inside it need no checkpoint either
-    recomputable = (activation >= 0.0) if settings.remat_runs else (activation > input_bytes)  # [L, S]
-    # a run of recomputing layers can reach a layer from a producer that can recompute
-    can_recompute = jnp.any(feasible & recomputable, axis=-1) & (real > 0)  # [L]
-    joinable = jnp.zeros(L, bool).at[dst].max(can_recompute[src] & (emask > 0))
+    zero_ok, recomputable, joinable = _lever_masks(a, kind, params, real, tied, group, m, feasible, activation,
+                                                   input_bytes, src, dst, emask, settings.remat_runs)
     inputs = LeverInputs(
         feasible=feasible, compute_s=compute, backward_s=backward, grad_sync_s=grad_sync, halo_s=halo,
         forward_halo_s=forward_halo, output_s=output, params=local_params,
@@ -265,13 +243,8 @@ def cost_table(
                      update_bytes=settings.update_bytes_per_param, bucket_bytes=bucket)
 
     # -- XLA:CPU's own buffers (costmodels/xla_cpu.py); levers leave them alone
-    activation_out, workspace_out, xla_cpu = lc.activation_bytes, lc.workspace_bytes, None
-    if settings.platform == "cpu":
-        extra_activation, extra_workspace, xla_cpu = xla_cpu_buffers(
-            a, lay, local_params, group_batch, d, m, delta, settings.gradient_bytes_per_param)
-        K = lc.activation_bytes.shape[-1] // S
-        activation_out = activation_out + jnp.repeat(extra_activation, K, axis=-1)  # option s K + k: strategy s
-        workspace_out = workspace_out + jnp.repeat(extra_workspace, K, axis=-1)
+    activation_out, workspace_out, xla_cpu = _with_xla_cpu(lc, a, lay, local_params, group_batch, d, m, delta,
+                                                           settings)
 
     # each in-edge's part of its destination's input (a concatenation's inputs differ in size)
     sent = out_el[src] * emask  # [E]
@@ -280,25 +253,72 @@ def cost_table(
     keep = real[:, None]
     return CostTable(
         feasible=lc.feasible | (real == 0)[:, None],  # padding rows allow every option (they cost nothing)
-        compute_s=lc.compute_s * keep,
-        backward_compute_s=lc.backward_compute_s * keep,
-        grad_sync_s=lc.grad_sync_s * keep,
-        weight_gather_s=lc.weight_gather_s * keep,
-        halo_s=lc.halo_s * keep,
-        output_s=lc.output_s,
-        state_bytes=lc.state_bytes * keep,
-        update_bytes=lc.update_bytes * keep,
-        activation_bytes=activation_out * keep,
-        workspace_bytes=workspace_out * keep,
-        recompute_bytes=lc.recompute_bytes * keep,
-        checkpoint_bytes=lc.checkpoint_bytes * keep,
-        reshard_s=reshard,
-        layer_mask=real,
-        edge_src=src,
-        edge_dst=dst,
-        edge_mask=emask,
-        edge_input_share=input_share,
-        gradient_overlap=hw.gradient_overlap,
-        memory_capacity_bytes=hw.memory_bytes,
-        xla_cpu=xla_cpu,
+        compute_s=lc.compute_s * keep, backward_compute_s=lc.backward_compute_s * keep,
+        grad_sync_s=lc.grad_sync_s * keep, weight_gather_s=lc.weight_gather_s * keep, halo_s=lc.halo_s * keep,
+        output_s=lc.output_s, state_bytes=lc.state_bytes * keep, update_bytes=lc.update_bytes * keep,
+        activation_bytes=activation_out * keep, workspace_bytes=workspace_out * keep,
+        recompute_bytes=lc.recompute_bytes * keep, checkpoint_bytes=lc.checkpoint_bytes * keep,
+        reshard_s=reshard, layer_mask=real, edge_src=src, edge_dst=dst, edge_mask=emask,
+        edge_input_share=input_share, gradient_overlap=hw.gradient_overlap,
+        memory_capacity_bytes=hw.memory_bytes, xla_cpu=xla_cpu,
     )
+
+
+def _gradient_sync(net, a, d, m, local_params, tied, settings: CostSettings):
+    """Per strategy, the ranks holding replicas of the same weights ``[S]``
+    and how many of them share a node ``[S]``, and each layer's gradient
+    all-reduce time ``[L, S]`` seconds in buckets of
+    ``settings.gradient_bucket_bytes`` (ParaDL §4.3, §4.8). Each device
+    reduces its own shard; an output layer tied to an embedding (``tied``
+    ``[L, 1]``) holds no parameters but reduces its own gradient of the whole
+    table, apart from the lookup's (XLA, measured on a tied decoder:
+    docs/transformers.md)."""
+    P = d * m
+    dpn = net.devices_per_node
+    per_node_data_axis = jnp.maximum(1.0, jnp.floor(dpn / m))
+    ranks = jnp.stack([P, d, d, P, d])  # [S] who holds replicas of the same weights
+    ranks_per_node = jnp.stack(
+        [jnp.minimum(P, dpn), per_node_data_axis, per_node_data_axis, jnp.minimum(P, dpn), per_node_data_axis]
+    )
+    bucket = settings.gradient_bucket_bytes
+    bucket_s = allreduce_s(net, ranks, ranks_per_node, bucket)  # [S]
+    table_el = jnp.asarray(a.in_channels, jnp.float32) * jnp.asarray(a.out_channels, jnp.float32)  # [L]
+    grad_bytes = settings.gradient_bytes_per_param * jnp.where(tied, table_el[:, None], local_params)
+    return ranks, ranks_per_node, bucket_s[None, :] * grad_bytes / bucket
+
+
+def _lever_masks(a, kind, params, real, tied, group, m, feasible, activation, input_bytes, src, dst, emask,
+                 remat_runs: bool):
+    """Where the memory levers apply (costmodels/levers.py): ZeRO ``[L, S]``
+    on a layer holding weights or optimizer state (not the table a tied
+    output reads) over a data-parallel ``group`` of more than one device
+    that divides the output channels it holds; recomputing ``[L, S]`` where
+    a layer saves more than its input (in runs, ``remat_runs``, on every
+    layer: a run crosses the layers that save nothing too, an add, a
+    flatten, and their inputs inside it need no checkpoint either); joining
+    a run ``[L]`` where a producer can recompute."""
+    S = len(Strategy)
+    strat = jnp.arange(S)[None, :]
+    out_local = jnp.asarray(a.out_channels, jnp.float32)[:, None] / jnp.where(strat == Strategy.FILTER, m, 1.0)
+    holds_state = ((kind == LayerKind.CONV) | (kind == LayerKind.DENSE) | (kind == LayerKind.EMBED)
+                   | (kind == LayerKind.BATCH_NORM) | (kind == LayerKind.NORM)) & (params > 0)
+    shares_table = jnp.any(tied[:, 0] & (real > 0)) & (kind == LayerKind.EMBED)  # the table a tied output reads
+    zero_ok = (holds_state & ~shares_table)[:, None] & (group[None, :] > 1) & (jnp.mod(out_local, group[None, :]) == 0)
+    recomputable = (activation >= 0.0) if remat_runs else (activation > input_bytes)  # [L, S]
+    can_recompute = jnp.any(feasible & recomputable, axis=-1) & (real > 0)  # [L]
+    joinable = jnp.zeros(kind.shape[0], bool).at[dst].max(can_recompute[src] & (emask > 0))
+    return zero_ok, recomputable, joinable
+
+
+def _with_xla_cpu(lc, a, lay, local_params, group_batch, d, m, delta, settings: CostSettings):
+    """The options' activation and workspace bytes ``[L, O]`` with XLA:CPU's
+    own buffers added where the platform is ``cpu`` (costmodels/xla_cpu.py;
+    the same under every lever), and those buffers (None elsewhere)."""
+    if settings.platform != "cpu":
+        return lc.activation_bytes, lc.workspace_bytes, None
+    extra_activation, extra_workspace, xla_cpu = xla_cpu_buffers(
+        a, lay, local_params, group_batch, d, m, delta, settings.gradient_bytes_per_param)
+    K = lc.activation_bytes.shape[-1] // len(Strategy)
+    # option s K + k: strategy s
+    return (lc.activation_bytes + jnp.repeat(extra_activation, K, axis=-1),
+            lc.workspace_bytes + jnp.repeat(extra_workspace, K, axis=-1), xla_cpu)
