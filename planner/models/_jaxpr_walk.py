@@ -1,12 +1,14 @@
 """The jaxpr walk behind :func:`planner.extract` (one algorithm, kept whole: a
 single pass over the equations whose regions, chains and layer rules share
-the walker's state, about 620 lines; its primitive tables are in
+the walker's state; its primitive tables are in
 :mod:`planner.models._primitives`, its transformer rules in
 :mod:`planner.models._transformer_walk`): turns a traced
 forward pass, whose equations carry module-path markers in their name
 stacks, into layers added through :class:`~planner.ir.builder.GraphBuilder`
 (jax-notes.md §1). Private: the documented behaviour is in
 :mod:`planner.models.extraction`."""
+
+# long module: one pass over the equations whose regions, chains and layer rules share the walker's state
 
 from __future__ import annotations
 
