@@ -278,4 +278,4 @@ def test_public_functions_stay_functions_after_their_modules_load():
         value = getattr(planner, name)  # every public name resolves
         assert not isinstance(value, type(planner)), f"planner.{name} is shadowed by a module of that name"
     assert callable(planner.evaluate) and callable(planner.plan) and callable(planner.oracle)
-    assert set(planner._NEED_FLAX) <= set(planner.__all__)
+    assert set(planner._LAZY) <= set(planner.__all__)
