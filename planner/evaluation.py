@@ -28,29 +28,36 @@ from typing import Any
 import numpy as np
 
 from costmodels import (
+    ATTENTION_KINDS,
+    CHANNELWISE_KINDS,
     LEVER_CHOICES,
     STRATEGY_NAMES,
+    Calibration,
     CollectiveRecord,
     CostSettings,
     Hardware,
     Lever,
     Strategy,
+    calibration_arrays,
+    check_hardware,
     cost_table,
     hardware_arrays,
     iteration_time,
+    key_value_heads,
     lever_menu,
+    levers_per_strategy,
     memory_per_device,
     menu_covering,
+    menu_of,
     one_hot,
     option_index,
     parse_option,
     parse_strategy,
     plan_collectives,
+    reshard_per_edge,
+    tied_output,
+    with_lever,
 )
-from costmodels.calibration import Calibration, calibration_arrays, check_hardware
-from costmodels.evaluate import reshard_per_edge
-from costmodels.layers import ATTENTION_KINDS, CHANNELWISE_KINDS, key_value_heads, tied_output
-from costmodels.levers import levers_per_strategy, menu_of, with_lever
 from planner.ir.graph import LayerGraph, LayerKind
 from planner.plan_inputs import platform_of
 from planner.schedule_fit import choice_peak

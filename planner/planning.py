@@ -25,17 +25,19 @@ from pathlib import Path
 import numpy as np
 
 from costmodels import (
+    AXIS_NAMES,
+    Calibration,
     CostSettings,
     Hardware,
     Strategy,
+    calibration_arrays,
+    check_hardware,
     cost_table,
     hardware_arrays,
     lever_menu,
     load_hardware,
     option_name,
 )
-from costmodels.calibration import Calibration, calibration_arrays, check_hardware
-from costmodels.strategies import AXIS_NAMES
 from planner._format import format_bytes_up
 from planner._version import __version__
 from planner.evaluation import evaluate, evaluation_of, positive_int, remat_runs_offered, resolve_batch
@@ -51,14 +53,7 @@ from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION  # the file format
 from planner.plans.record import MeshResult, Plan
 from planner.plans.specs import layer_specs
 from planner.schedule_fit import choice_peak, fit_schedule
-from search import (
-    GradientConfig,
-    SearchEvent,
-    Solution,
-    discrete_problem,
-    run_terms,
-    solve_many,
-)
+from search import GradientConfig, SearchEvent, Solution, discrete_problem, run_terms, solve_many
 
 __all__ = [
     "PLAN_SCHEMA",
@@ -102,7 +97,7 @@ def _advice(P: int, batch: int, batch_is_global: bool, devices_per_node: int | N
 
 
 # Plans whose predicted times differ by less than this share are equally fast (the simpler is
-# returned): the exact solvers certify to a relative gap of 1e-7 (search.milp's mip_rel_gap).
+# returned): the exact solvers certify to a relative gap of 1e-7 (search.exact.milp's mip_rel_gap).
 TIE_RTOL = 1e-6
 
 # Relative slack between two float32 sums of the same per-layer bytes in different orders:
