@@ -26,7 +26,7 @@ instances of the kinds it names (``tight,levers-only``, say). With ``--remat-run
 ``--levers remat|all``) every layer that saves activations may recompute,
 alone or in a run with the layers before it (``remat+join``,
 ``CostSettings.remat_runs``); the DP then searches the runs on chains
-(``search.dp_runs``) beside the MILP. On graphs with branches the smallest
+(``search.exact.dp_runs``) beside the MILP. On graphs with branches the smallest
 memory comes from the same labels over the layer-order problem
 (``search.smallest_memory``: within ``--milp-time-limit``, then the MILP
 within its own), but only the MILP searches the fastest plan with runs. Where
@@ -36,7 +36,7 @@ be claimed, so there is none), the exact solvers take that answer instead
 of searching it again, and rows the MILP did not prove say so. There, on a
 graph with branches and runs, the DP also searches the graph in layer order
 (``search.solve_dp``, its labels paying each skip edge's resharding; where
-``search.run_chain`` declines the graph, the layer-order problem with the
+``search.exact.runs`` declines the graph, the layer-order problem with the
 skip edges' resharding at its least, ``search.layer_order_chain(p,
 "lower")``), within ``--dp-time-limit`` per mesh (default: the MILP's), below
 the fastest plan known on any mesh: its lower bound holds
@@ -75,16 +75,17 @@ from search import (  # noqa: E402
     chain_order,
     compact_options,
     discrete_problem,
+    layer_order_chain,
     minimum_memory,
+    plan_memory,
+    plan_time,
     smallest_memory,
     solve_dp,
     solve_many,
     solve_milp,
 )
-from search.dp import dp_solves  # noqa: E402
-from search.layer_chain import layer_order_chain  # noqa: E402
-from search.problem import has_runs, plan_memory, plan_time  # noqa: E402
-from search.run_chain import run_chain  # noqa: E402
+from search.exact import dp_solves, run_chain  # noqa: E402
+from search.problem import has_runs  # noqa: E402
 
 MODELS = ("vgg16", "resnet50", "resnet152", "alexnet", "cosmoflow-256", "chain1000", "vit-b16", "gpt2-small")
 DEVICES = (8, 64, 256, 1024)
@@ -174,7 +175,7 @@ def with_layer_order_bounds(problems, milp, limit, time_limit_s, smallest, upper
     """On a graph with branches whose plans hold runs, where the MILP
     proved no optimum on some mesh: per mesh, the DP over the graph in
     layer order (``search.solve_dp``: exact where it completes), or, where
-    ``search.run_chain`` declines the graph, over the layer-order problem
+    ``search.exact.runs`` declines the graph, over the layer-order problem
     with skip edges' resharding at its least (``search.layer_order_chain(p,
     "lower")``, no slower than the graph and exactly as large), within
     ``time_limit_s``, with the MILP's plan to beat (``incumbent``). Its

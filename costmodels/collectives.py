@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from costmodels.hardware import Hardware
 
 __all__ = [
+    "MAX_TIERS",
     "Network",
     "network_arrays",
     "tier_of",

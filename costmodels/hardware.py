@@ -35,6 +35,7 @@ __all__ = [
     "Hardware",
     "HARDWARE_SCHEMA",
     "HARDWARE_VERSION",
+    "OP_CLASSES",
     "preset_names",
     "load_hardware",
     "hardware_from_dict",

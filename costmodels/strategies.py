@@ -58,6 +58,7 @@ __all__ = [
     "AXIS_NAMES",
     "DATA_AXIS",
     "MODEL_AXIS",
+    "NUM_STRATEGIES",
     "Strategy",
     "Layout",
     "STRATEGY_NAMES",

@@ -12,7 +12,7 @@ contention, the cheaper of the flat ring and the hierarchical all-reduce,
 compute divided by the split (:data:`IDEAL`).
 
 The formulas here are plain alpha-beta arithmetic on floats (numpy
-broadcasts through them); the oracle (:mod:`costmodels.oracle_cost`) picks
+broadcasts through them); the oracle (:mod:`costmodels.oracle._cost`) picks
 the tier and passes its latency and bandwidth. Sources: ParaDL §3.1 (ring
 formulas), §3.2 (host staging without GPUDirect, ABCI's 1:3 spine
 over-subscription), §4.8 (ChainerMN's hierarchical all-reduce: reduce to a

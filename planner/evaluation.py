@@ -27,29 +27,33 @@ from typing import Any
 import numpy as np
 
 from costmodels import (
+    ATTENTION_KINDS,
     LEVER_CHOICES,
     STRATEGY_NAMES,
+    Calibration,
     CollectiveRecord,
     CostSettings,
     Hardware,
     Lever,
     Strategy,
+    calibration_arrays,
+    check_hardware,
     cost_table,
     hardware_arrays,
     iteration_time,
     lever_menu,
+    levers_per_strategy,
     memory_per_device,
     menu_covering,
+    menu_of,
     one_hot,
     option_index,
     parse_option,
     parse_strategy,
     plan_collectives,
+    reshard_per_edge,
+    with_lever,
 )
-from costmodels.calibration import Calibration, calibration_arrays, check_hardware
-from costmodels.evaluate import reshard_per_edge
-from costmodels.layers import ATTENTION_KINDS
-from costmodels.levers import levers_per_strategy, menu_of, with_lever
 from planner.ir.graph import LayerGraph
 from planner.plan_inputs import platform_of, resolve_batch, resolve_mesh
 from planner.schedule_fit import choice_peak

@@ -23,17 +23,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from costmodels import (
+    AXIS_NAMES,
+    Calibration,
     CostSettings,
     Hardware,
     Strategy,
+    calibration_arrays,
+    check_hardware,
     cost_table,
     hardware_arrays,
     lever_menu,
     load_hardware,
     option_name,
 )
-from costmodels.calibration import Calibration, calibration_arrays, check_hardware
-from costmodels.strategies import AXIS_NAMES
 from planner._format import format_bytes_up
 from planner._version import __version__
 from planner.evaluation import evaluate, evaluation_of, remat_runs_offered
@@ -52,13 +54,7 @@ from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION  # the file format
 from planner.plans.record import MeshResult, Plan
 from planner.plans.specs import layer_specs
 from planner.schedule_fit import fit_schedule
-from search import (
-    TIME_BUDGET_S,
-    GradientConfig,
-    SearchEvent,
-    Solution,
-    solve_many,
-)
+from search import TIME_BUDGET_S, GradientConfig, SearchEvent, Solution, solve_many
 
 __all__ = [
     "PLAN_SCHEMA",
@@ -79,7 +75,7 @@ MILP_TIME_LIMIT_S = 120.0  # per mesh shape: the MILP stops there with its best 
 
 
 # Plans whose predicted times differ by less than this share are equally fast (the simpler is
-# returned): the exact solvers certify to a relative gap of 1e-7 (search.milp's mip_rel_gap).
+# returned): the exact solvers certify to a relative gap of 1e-7 (search.exact.milp's mip_rel_gap).
 TIE_RTOL = 1e-6
 
 

@@ -27,8 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from costmodels.files import write_atomic
-from costmodels.strategies import STRATEGY_NAMES
+from costmodels import STRATEGY_NAMES, write_atomic
 
 __all__ = ["MAX_WIDTH_IN", "STRATEGY_COLORS", "layer_label_step", "plot_history", "plot_plan", "plot_plan_memory",
            "plot_plan_time"]

@@ -22,8 +22,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from costmodels import CostTable, one_hot, scheduled_memory_per_device
-from costmodels.levers import menu_of
+from costmodels import CostTable, menu_of, one_hot, scheduled_memory_per_device
 from search import (
     AUTO_MILP_TIME_LIMIT_S,
     SearchEvent,

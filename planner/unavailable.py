@@ -10,8 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from costmodels import Lever, Strategy, parse_strategy
-from costmodels.layers import ATTENTION_KINDS, CHANNELWISE_KINDS, key_value_heads, tied_output
+from costmodels import (
+    ATTENTION_KINDS,
+    CHANNELWISE_KINDS,
+    Lever,
+    Strategy,
+    key_value_heads,
+    parse_strategy,
+    tied_output,
+)
 from planner.ir.graph import LayerGraph, LayerKind
 
 __all__ = ["lever_unavailable_reason", "substitution_notes", "unavailable_reason"]

@@ -40,8 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from costmodels.layers import LayerTable
-from costmodels.strategies import NUM_STRATEGIES as S
+from costmodels import NUM_STRATEGIES as S, LayerTable
 
 __all__ = [
     "INFEASIBLE_S",

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from costmodels.levers import Lever, menu_of
-from costmodels.strategies import NUM_STRATEGIES, STRATEGY_NAMES
+from costmodels import NUM_STRATEGIES, STRATEGY_NAMES, Lever, menu_of
 
 __all__ = ["HistoryEntry", "SearchEvent", "Solution"]
 

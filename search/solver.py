@@ -5,9 +5,9 @@ Methods:
 * ``"gradient"``: the relaxed gradient search (:mod:`search.gradient`),
   whose rounded restarts, together with three simple plans (data parallel
   where possible, each layer's fastest strategy, the smallest-memory plan),
-  are repaired and improved by local search (:mod:`search.refine`);
-* ``"dp"``: the exact dynamic programme, chain graphs only (:mod:`search.dp`);
-* ``"milp"``: the exact MILP, any DAG (:mod:`search.milp`);
+  are repaired and improved by local search (:mod:`search.local.refinement`);
+* ``"dp"``: the exact dynamic programme, chain graphs only (:mod:`search.exact.dp`);
+* ``"milp"``: the exact MILP, any DAG (:mod:`search.exact.milp`);
 * ``"auto"``: the fastest method that certifies the optimum: ``dp`` on
   chains; otherwise the MILP, stopped after :data:`AUTO_MILP_TIME_LIMIT_S`
   per table (or the caller's shorter limit). A table it does not solve to
@@ -15,7 +15,7 @@ Methods:
   two plans is kept, with the MILP's bound; likewise where the DP does not
   prove its plan. On a table with runs of recomputed layers, ``auto`` (and
   ``dp``) first take the fastest plan without runs where it fits, which is
-  then the fastest of all (:func:`search.problem.recomputing_saves_no_time`);
+  then the fastest of all (:func:`search.options.recomputing_saves_no_time`);
   else ``auto`` runs the DP over runs on chains in layer order, its
   completion within the same time limit, and the MILP elsewhere. (The MILP certifies ResNet-50
   and ResNet-152 on 1,024 GPUs in well under a second per mesh, faster than
@@ -36,24 +36,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from costmodels.strategies import Strategy
-from search.dp import dp_solves, solve_dp
+from costmodels import Strategy
+from search.exact import MinimumMemory, dp_solves, lagrangian_plans, smallest_memory, solve_dp, solve_milp
 from search.gradient import GradientConfig, relaxed_search
-from search.lagrangian import lagrangian_plans
-from search.milp import smallest_memory, solve_milp
-from search.problem import (
-    DiscreteProblem,
-    MinimumMemory,
-    compact_options,
-    discrete_problem,
-    has_runs,
-    plain_options,
-    plan_memory,
-    plan_time,
-    recomputing_saves_no_time,
-    without_recomputing,
-)
-from search.refine import drop_idle_levers, refine
+from search.local import drop_idle_levers, refine
+from search.options import compact_options, plain_options, recomputing_saves_no_time, without_recomputing
+from search.problem import DiscreteProblem, discrete_problem, has_runs, plan_memory, plan_time
 from search.solution import HistoryEntry, SearchEvent, Solution
 
 __all__ = ["AUTO_MILP_TIME_LIMIT_S", "METHODS", "SMALLEST_RETRY_TIME_LIMIT_S", "TIME_BUDGET_S", "solve", "solve_many",
@@ -78,7 +66,7 @@ Callback = Callable[[SearchEvent], None] | None
 
 def retry_smallest(p: DiscreteProblem, found: MinimumMemory, limit_bytes: float,
                    time_limit_s: float = SMALLEST_RETRY_TIME_LIMIT_S) -> MinimumMemory | None:
-    """Where ``found`` (:func:`search.milp.smallest_memory` within a shorter
+    """Where ``found`` (:func:`search.exact.milp.smallest_memory` within a shorter
     time) neither fits ``limit_bytes`` nor is proven smallest, the better of
     it and the same search within ``time_limit_s``: a plan that fits, or the
     proof that none does, with more time. None where ``found`` settles it."""
@@ -133,7 +121,7 @@ def _fastest_without_runs(p: DiscreteProblem, limit: float, chain: bool, time_li
                           option_ids: np.ndarray, seed: int, num_options: int) -> Solution | None:
     """``auto`` on a problem with runs of recomputing layers: recomputing
     (alone or in runs) lowers memory and never time
-    (:func:`search.problem.recomputing_saves_no_time`), so the fastest plan
+    (:func:`search.options.recomputing_saves_no_time`), so the fastest plan
     without it, found exactly by the DP (chains) or the MILP, is the fastest
     of all where it fits: no MILP over runs is needed, nor the smallest
     memory, which only such an MILP gives (``min_memory_bytes`` is then

@@ -13,7 +13,7 @@ from flax import nnx
 from costmodels import CostTable
 from costmodels.strategies import NUM_STRATEGIES as S
 from planner.ir.builder import GraphBuilder
-from search.problem import minimum_memory
+from search.exact import minimum_memory
 
 TINY_CNN_BATCH = 16  # the tiny CNN's global batch; input 16x16x3
 

@@ -105,7 +105,7 @@ def test_search_quality_layer_order_bounds_hold_on_the_graph():
     from test_dp_runs import rich_table
 
     from search import discrete_problem, solve_brute
-    from search.milp import MILPResult
+    from search.exact import MILPResult
     from search.problem import has_runs, plan_memories, plan_memory, plan_time, plan_times
 
     n = 5

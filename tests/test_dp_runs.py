@@ -1,5 +1,5 @@
-"""The DP over runs of recomputing layers (search.dp_runs, search.dp) and
-its Pareto filter (search.pareto), against brute force: every plan of small
+"""The DP over runs of recomputing layers (search.exact.dp_runs, search.exact.dp) and
+its Pareto filter (search.exact.pareto), against brute force: every plan of small
 chains whose 15 options per layer have random times, resharding, state,
 activations, workspaces, recomputed bytes and checkpoints."""
 
@@ -10,14 +10,11 @@ import numpy as np
 import pytest
 from test_remat_runs import CHAIN, hand_table
 
-from search import discrete_problem, pareto, smallest_memory, solve, solve_brute, solve_dp
-from search.brute import solve_brute_limits
-from search.dp import dp_solves, viterbi
-from search.dp_runs import lighter_runs, minimum_memory_runs
-from search.milp import minimum_memory_milp, solve_milp
-from search.pareto import nondominated_rows
+from search import discrete_problem, smallest_memory, solve, solve_brute, solve_dp
+from search.exact import dp_solves, minimum_memory_milp, pareto, run_chain, solve_brute_limits, solve_milp, viterbi
+from search.exact.dp_runs import lighter_runs, minimum_memory_runs
+from search.exact.pareto import nondominated_rows
 from search.problem import has_runs, plan_memory, plan_time
-from search.run_chain import run_chain
 
 
 def rich_table(seed: int, n: int, edges=None, state_most: int = 100, workspace_most: int = 100,
@@ -216,7 +213,7 @@ def test_bucketed_viterbi_is_a_relaxation_exact_where_buckets_are(seed):
     the last bucket never allows a join): its value is the fastest plan whose
     transients keep within the cap, and its path such a plan. In 2 buckets
     it never exceeds that (a relaxation)."""
-    from search.run_chain import all_bucket_moves, bucket_viterbi
+    from search.exact.runs import all_bucket_moves, bucket_viterbi
 
     t = rich_table(seed, 4)
     t = t._replace(recompute_bytes=16.0 * jnp.ceil(t.recompute_bytes / 16.0), workspace_bytes=t.workspace_bytes + 17.0)
@@ -240,7 +237,7 @@ def test_the_dp_intervals_cover_every_plan_that_fits(seed):
     """run_intervals: every plan within the limit has its largest transient
     in some interval [floor, cap] the DP searches, whose lower bound on
     memory it does not beat."""
-    from search.dp_runs import run_intervals
+    from search.exact.dp_runs import run_intervals
 
     p = discrete_problem(rich_table(seed, 4))
     plans, _, memory, peak = _every_plan(p)
@@ -297,7 +294,8 @@ def test_auto_keeps_the_dp_plan_that_fits_over_a_faster_one_that_does_not(monkey
     search's plan breaks the limit, auto returns the DP's plan, which fits,
     although the other is faster."""
     import search.solver as solver_module
-    from search.problem import minimum_memory, without_joins
+    from search.exact import minimum_memory
+    from search.options import without_joins
 
     t = rich_table(5, 5)
     p = discrete_problem(t)
@@ -327,8 +325,9 @@ def test_an_unproven_smallest_memory_above_the_limit_proves_nothing(seed, monkey
     force's fastest plan (no claim of infeasibility); and with its labels
     cut to one, where it finds none, it returns no plan that fits with a
     finite lower bound (not proven infeasible)."""
-    import search.dp as dp_module
-    from search.problem import minimum_memory, without_joins
+    import search.exact.dp as dp_module
+    from search.exact import minimum_memory
+    from search.options import without_joins
 
     monkeypatch.setattr(dp_module, "_ASCENT_STAGES", 0)
     p = discrete_problem(rich_table(seed, 5))
@@ -379,7 +378,7 @@ def test_a_byte_grid_makes_the_label_search_a_relaxation():
     transient lies in the interval and that fits (brute force), nor than
     the exact search's; and somewhere its path breaks the limit (a
     relaxation, not the exact search). By memory it is refused."""
-    from search.dp_runs import run_intervals, search_runs
+    from search.exact.dp_runs import run_intervals, search_runs
 
     broke = 0
     for seed in range(4):
@@ -412,7 +411,7 @@ def test_search_runs_refuses_bounds_to_go_built_for_other_arguments():
     interval and multipliers only: built for another cap, multiplier or
     objective, it raises ValueError instead of pruning with them; built for
     its own, it finds brute force's fastest plan of the interval."""
-    from search.dp_runs import run_intervals, run_pruning, search_runs
+    from search.exact.dp_runs import run_intervals, run_pruning, search_runs
 
     p = discrete_problem(rich_table(3, 5))
     rc = run_chain(p)
@@ -440,7 +439,7 @@ def test_the_dp_stays_exact_on_coarse_byte_grids(seed, monkeypatch):
     """solve_dp with its relaxations on grids of a half and a twentieth of the
     limit (plans that break the limit, bounds from their times): still
     brute force's time, proven, and its plan within the limit."""
-    import search.dp as dp_module
+    import search.exact.dp as dp_module
 
     monkeypatch.setattr(dp_module, "BYTE_GRIDS", (0.5, 0.05))
     p = discrete_problem(rich_table(seed + 10, 5))
@@ -455,7 +454,7 @@ def test_the_dp_below_an_upper_bound_finds_the_faster_plan_or_proves_none(seed):
     False) and a lower bound at least upper_s, also where the smallest plan
     and the Lagrangian's fit (they are slower); a bound that is no time is
     refused."""
-    from search.problem import without_joins
+    from search.options import without_joins
 
     p = discrete_problem(rich_table(seed + 20, 5))
     full = solve_brute(p)
@@ -514,7 +513,7 @@ def test_searches_cut_by_their_own_budget_halve_their_step_and_the_dp_stays_exac
     cut), the completion goes on with smaller steps, and at the first step
     with the labels left: the DP still proves brute force's time at limits
     that need runs, and its searches were cut on the way."""
-    import search.dp as dp
+    import search.exact.dp as dp
 
     monkeypatch.setattr(dp, "_SEARCH_LABELS", 1)
     monkeypatch.setattr(dp, "_SEARCH_GROWTH", 0)

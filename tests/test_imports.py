@@ -135,3 +135,129 @@ def test_import_and_help_load_neither_jax_nor_flax(code):
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1]).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+# -- the faces: planner imports costmodels and search, search imports costmodels, only through __init__ --
+
+
+def inner_imports(path: Path, packages: set[str]) -> list[str]:
+    """The imports in ``path`` that reach past a package of ``packages`` into a
+    module inside it: ``from pkg.mod import x``, ``import pkg.mod`` and ``from
+    pkg import mod`` (``mod`` a module or subpackage of ``pkg``), each as
+    ``line: module``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [f"{node.lineno}: {a.name}" for a in node.names
+                    if a.name.split(".")[0] in packages and "." in a.name]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            top = node.module.split(".")[0]
+            if top not in packages:
+                continue
+            if node.module != top:
+                out.append(f"{node.lineno}: {node.module}")
+            else:
+                out += [f"{node.lineno}: {top}.{a.name}" for a in node.names
+                        if (ROOT / top / a.name).is_dir() or (ROOT / top / f"{a.name}.py").is_file()]
+    return out
+
+
+def test_inner_imports_by_hand(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from costmodels import Strategy, cost_table\nimport search\nfrom search import solve\n"
+                     "from costmodels.table import cost_table\nimport search.solver\nfrom search import exact\n"
+                     "from planner.ir import graph\n"
+                     "def f():\n    from costmodels.oracle import oracle_table\n", encoding="utf-8")
+    assert inner_imports(probe, {"costmodels", "search"}) == [
+        "4: costmodels.table", "5: search.solver", "6: search.exact", "9: costmodels.oracle"]
+    assert inner_imports(probe, {"planner"}) == ["7: planner.ir"]
+
+
+@pytest.mark.parametrize("package, faces", [
+    ("planner", {"costmodels", "search"}),
+    ("search", {"costmodels"}),
+])
+def test_packages_import_the_ones_below_through_their_faces(package, faces):
+    offenders = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        bad = inner_imports(path, faces)
+        if bad:
+            offenders[str(path.relative_to(ROOT))] = bad
+    assert not offenders, f"{package} must import {sorted(faces)} only from their __init__ (__all__): {offenders}"
+
+
+FACES = ("costmodels", "search", "costmodels.calibration", "costmodels.oracle", "search.exact", "search.local",
+         "search.gradient")
+
+
+def _lazy_face(package: str) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """A lazy face's ``__all__``, its ``_LAZY`` map and the module each name's
+    ``TYPE_CHECKING`` import reads it from, read from the source."""
+    tree = ast.parse((ROOT / package / "__init__.py").read_text(encoding="utf-8"))
+    names, lazy, typed = [], {}, {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id == "__all__":
+                names = ast.literal_eval(node.value)
+            elif node.targets[0].id == "_LAZY":
+                lazy = ast.literal_eval(node.value)
+        elif isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            typed = {a.asname or a.name: imp.module for imp in node.body for a in imp.names}
+    return names, lazy, typed
+
+
+@pytest.mark.parametrize("package", ["costmodels", "search"])
+def test_lazy_faces_name_every_public_name_once(package):
+    import importlib
+
+    names, lazy, typed = _lazy_face(package)
+    assert len(names) == len(set(names))
+    assert set(names) == set(lazy), f"__all__ and _LAZY differ: {sorted(set(names) ^ set(lazy))}"
+    assert typed == lazy, f"TYPE_CHECKING imports and _LAZY differ: {sorted(set(typed.items()) ^ set(lazy.items()))}"
+    face = importlib.import_module(package)
+    for name, module in lazy.items():
+        assert getattr(face, name) is getattr(importlib.import_module(module), name), name
+    assert set(names) <= set(dir(face))
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_what_packages_import_from_a_face_is_in_its_all(face):
+    import importlib
+
+    public = set(importlib.import_module(face).__all__)
+    missing = {}
+    for package in ("costmodels", "search", "planner"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and node.module == face and not node.level:
+                    names = {a.name for a in node.names} - public
+                    names = {n for n in names if not (ROOT / face.replace(".", "/") / f"{n}.py").is_file()}
+                    if names:
+                        missing.setdefault(str(path.relative_to(ROOT)), set()).update(names)
+    assert not missing, f"imported from {face} but not in its __all__: {missing}"
+
+
+def test_importing_the_faces_loads_nothing_else():
+    """``import costmodels, search`` loads neither their modules nor JAX,
+    NumPy or SciPy (the names load on first use); a name loads its module."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\nimport costmodels, search\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('costmodels', 'search', 'jax', 'numpy', 'scipy', 'optax')))\n"
+             "search.plan_time\nprint('search.problem' in sys.modules, 'search.solver' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout.strip().splitlines()
+    assert out == ["['costmodels', 'search']", "True False"]
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_no_face_hides_a_module_of_its_own(face):
+    """A public name that is also a module of the package would stand where
+    ``import package.module`` looks for the module."""
+    import importlib
+
+    folder = ROOT / face.replace(".", "/")
+    modules = {p.stem for p in folder.glob("*.py")} | {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
+    assert not set(importlib.import_module(face).__all__) & modules

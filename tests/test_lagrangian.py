@@ -1,4 +1,4 @@
-"""The Lagrangian candidates of the refinement (search.lagrangian) and the
+"""The Lagrangian candidates of the refinement (search.exact.lagrangian) and the
 run sums rounded up that they are searched with, against brute force."""
 
 from __future__ import annotations
@@ -8,11 +8,10 @@ import pytest
 from test_dp_runs import _every_plan, rich_table
 
 from search import discrete_problem, solve_brute
-from search.lagrangian import lagrangian_plans
-from search.milp import smallest_memory
+from search.exact import lagrangian_plans, run_chain, smallest_memory
+from search.exact.runs import all_bucket_moves, bucket_viterbi
+from search.local import refine
 from search.problem import has_runs, plan_memory, plan_time
-from search.refine import refine
-from search.run_chain import all_bucket_moves, bucket_viterbi, run_chain
 
 
 def test_run_sums_rounded_up_restrict_where_rounded_down_relax():
@@ -70,7 +69,7 @@ def test_refine_searches_from_its_starts_besides_its_best_candidates(monkeypatch
     repair keeps it) besides the candidate (the smallest-memory plan), and
     the result is that plan's time; without starts, it starts from the
     candidate alone."""
-    import search.refine as refine_module
+    import search.local.refinement as refine_module
 
     searched = []
     free = refine_module.free_levers

@@ -1,7 +1,7 @@
 """Runs of recomputing layers on graphs with skip edges (residual networks):
 the label search carries the skip edges' checkpoint credits
-(search.run_chain, search.dp_runs), so the DP is exact where skip edges
-reshard nothing, and search.layer_chain's folding of their resharding
+(search.exact.runs, search.exact.dp_runs), so the DP is exact where skip edges
+reshard nothing, and search.exact.layer_chain's folding of their resharding
 bounds the fastest plan from both sides. Oracle: brute force over every
 plan of small random graphs."""
 
@@ -15,21 +15,18 @@ import pytest
 from test_dp_runs import _every_plan, assert_dp_matches_brute_force, rich_table
 
 from search import discrete_problem, smallest_memory, solve_brute, solve_dp
-from search import milp as milp_module
-from search.brute import solve_brute_limits
-from search.dp import dp_solves
-from search.dp_runs import _to_go, minimum_memory_runs
-from search.layer_chain import layer_order_chain
-from search.problem import (
-    has_runs,
+from search.exact import (
+    dp_solves,
+    layer_order_chain,
+    milp as milp_module,
     minimum_memory,
-    plan_memory,
-    plan_time,
-    run_terms,
-    with_strategies_of,
-    without_joins,
+    run_chain,
+    solve_brute_limits,
 )
-from search.run_chain import HOP_BITS, open_skips, run_chain, skip_state, skip_to_go
+from search.exact.dp_runs import _to_go, minimum_memory_runs
+from search.exact.runs import HOP_BITS, open_skips, skip_state, skip_to_go
+from search.options import with_strategies_of, without_joins
+from search.problem import has_runs, plan_memory, plan_time, run_terms
 
 # a downsampling block (1 -> 2 -> 3 -> 5 beside 1 -> 4 -> 5: no edge joins 3 and 4) and a longer skip over it
 EDGES = [(0, 1), (1, 2), (2, 3), (1, 4), (3, 5), (4, 5), (0, 5)]
@@ -230,9 +227,9 @@ def test_dp_over_runs_without_the_skip_states_is_still_exact(monkeypatch):
     past MOST_BUCKET_OPEN_STATES skip_moves does for the Lagrangian's
     Viterbi and the bound to go by time: the DP then takes every skip credit
     as earned there, weaker bounds that hold: brute force's answers still."""
-    import search.dp as dp_module
-    import search.dp_runs as dp_runs_module
-    from search.run_chain import MOST_BUCKET_OPEN_STATES, skip_moves
+    import search.exact.dp as dp_module
+    import search.exact.dp_runs as dp_runs_module
+    from search.exact.runs import MOST_BUCKET_OPEN_STATES, skip_moves
 
     p = discrete_problem(dag_table(0, skip_reshard=True))
     rc = run_chain(p)
@@ -259,7 +256,7 @@ def test_skip_added_is_what_the_skip_edges_credits_leave_unearned(seed):
     """For plans drawn at random: their kept bytes (run_terms' credits, skip
     edges' included) are rc.persistent's (every skip credit taken off) less the
     chain's pair credits plus skip_added's."""
-    from search.run_chain import skip_added, skip_moves
+    from search.exact.runs import skip_added, skip_moves
 
     p = discrete_problem(dag_table(seed, skip_reshard=False))
     rc = run_chain(p)
@@ -285,7 +282,7 @@ def test_bucketed_viterbi_with_skip_states_is_the_least_priced_plan(seed):
     the plans starting with it. Without the skip states (every skip credit
     taken as earned) the value is below it for some price: the states
     matter here."""
-    from search.run_chain import all_bucket_moves, bucket_start, bucket_to_go, bucket_viterbi, skip_moves
+    from search.exact.runs import all_bucket_moves, bucket_start, bucket_to_go, bucket_viterbi, skip_moves
 
     p = discrete_problem(_exact_bucket_table(seed, reshard=False))
     rc = run_chain(p)

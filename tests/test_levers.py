@@ -12,14 +12,7 @@ from builders import chain_edges, dag_edges, limit_between, synthetic_table
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodels import (
-    CostSettings,
-    cost_table,
-    hardware_arrays,
-    iteration_time,
-    load_hardware,
-    memory_per_device,
-)
+from costmodels import CostSettings, cost_table, hardware_arrays, iteration_time, load_hardware, memory_per_device
 from costmodels.evaluate import one_hot
 from costmodels.levers import (
     Lever,
@@ -529,7 +522,7 @@ def test_free_levers_takes_zero2_where_it_ties_plain_data_parallelism():
     plain data parallelism moves to data + ZeRO-2, equal in time and
     smaller; ZeRO-1 and ZeRO-3 add collectives, so it stops there; a plan
     already there stays."""
-    from search.refine import free_levers
+    from search.local import free_levers
 
     g = _dense_graph(256, 4096)
     p = discrete_problem(_table(g, load_hardware("dgx-a100"), 512, 4, 1))
@@ -548,7 +541,7 @@ def test_free_levers_changes_only_zero_stages_and_never_costs_time_or_memory(see
     its tolerance) and needs less memory where it changed anything, and
     from its plan no single change of a ZeRO stage is no slower and
     smaller (brute force over every layer and stage)."""
-    from search.refine import free_levers
+    from search.local import free_levers
 
     n = 6
     rng = np.random.default_rng(seed)

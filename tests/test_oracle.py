@@ -21,15 +21,15 @@ from reference_files import PARADL_MODELS as MODELS  # noqa: E402
 
 from costmodels import hardware_from_dict, load_hardware
 from costmodels.oracle import (
+    StrategyCost,
     bottleneck,
     default_batch_per_device,
     oracle_context,
+    oracle_layers,
     oracle_table,
+    parse_lc,
 )
-from costmodels.oracle_cost import StrategyCost
-from costmodels.oracle_layers import oracle_layers
-from costmodels.oracle_masks import parse_lc
-from costmodels.oracle_pipeline import balanced_stages, boundary_elements
+from costmodels.oracle._pipeline import balanced_stages, boundary_elements
 from planner.cli import main
 from planner.ir.builder import GraphBuilder
 from planner.paradl.report import net_dataset_size, oracle

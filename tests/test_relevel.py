@@ -1,4 +1,4 @@
-"""search.relevel: a plan's levers and runs re-planned exactly with its
+"""search.local.relevel: a plan's levers and runs re-planned exactly with its
 strategies fixed, against brute force over every plan with those
 strategies."""
 
@@ -10,8 +10,9 @@ from test_dp_runs import _every_plan, rich_table
 from test_layer_chain import dag_table
 
 from search import discrete_problem
-from search.problem import _restricted, has_runs, plan_memory, plan_time
-from search.relevel import relevel
+from search.local.relevel import relevel
+from search.options import restricted
+from search.problem import has_runs, plan_memory, plan_time
 
 
 def _cases():
@@ -43,7 +44,7 @@ def test_relevel_is_the_fastest_plan_with_the_same_strategies(name, p):
             got = relevel(p, c, limit)
             assert np.array_equal(p.option_strategy[got], p.option_strategy[c])
             allowed = (p.option_strategy[None, :] == strategies[k][:, None]) & p.feasible
-            if not np.isfinite(want) or not has_runs(_restricted(p, allowed)):  # (no runs: the local moves' part)
+            if not np.isfinite(want) or not has_runs(restricted(p, allowed)):  # (no runs: the local moves' part)
                 assert np.array_equal(got, c)
                 continue
             assert plan_memory(p, got) <= limit
@@ -76,7 +77,7 @@ def test_relevel_takes_the_strategies_of_other_plans_too():
         got = relevel(p, plans[k], limit, others=plans[j][None])
         assert np.all((p.option_strategy[got] == strategies[k]) | (p.option_strategy[got] == strategies[j]))
         both = (p.option_strategy[None, None, :] == strategies[[k, j]][:, :, None]).any(axis=0)  # [n, O]
-        if ok.any() and has_runs(_restricted(p, both & p.feasible)):
+        if ok.any() and has_runs(restricted(p, both & p.feasible)):
             assert plan_memory(p, got) <= limit
             assert plan_time(p, got) == pytest.approx(min(times[ok].min(), times[k] if memories[k] <= limit
                                                           else np.inf), rel=1e-9)

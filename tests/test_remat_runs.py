@@ -14,7 +14,8 @@ from costmodels import CostTable, memory_per_device
 from costmodels.evaluate import one_hot
 from planner import GraphBuilder
 from search import discrete_problem, plan_memory, solve, solve_brute, solve_dp
-from search.problem import compact_options, has_runs, recomputing_saves_no_time, without_joins, without_recomputing
+from search.options import compact_options, recomputing_saves_no_time, without_joins, without_recomputing
+from search.problem import has_runs
 
 # option 0 keeps its activations, 1 recomputes them (remat), 2 recomputes them in the run of the layer
 # before (remat+join); menu "remat": K = 3, O = 15
@@ -256,11 +257,11 @@ def random_run_table(seed: int, n: int) -> CostTable:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_milp_agrees_with_brute_force_on_runs(seed):
-    """The MILP's run rows (search.milp._run_rows) against every plan: the
+    """The MILP's run rows (search.exact.milp._run_rows) against every plan: the
     smallest memory, and the fastest plan under limits from the smallest to
     the largest memory."""
     from search import solve_milp
-    from search.milp import minimum_memory_milp
+    from search.exact import minimum_memory_milp
 
     p = discrete_problem(random_run_table(seed, 5))
     assert has_runs(p)
@@ -372,7 +373,7 @@ def test_an_unproven_smallest_memory_neither_claims_nor_refuses(monkeypatch):
     table infeasible on that bound, and still finds brute force's plan under a
     limit only runs reach."""
     import search.solver as solver_module
-    from search.problem import minimum_memory
+    from search.exact import minimum_memory
 
     t = random_run_table(1, 5)
     p = discrete_problem(t)
@@ -400,8 +401,7 @@ def test_the_gradient_method_searches_longer_for_a_smallest_plan_that_fits(monke
     retry it has no plan that fits to walk to; no retry where the caller's
     limit is no longer than the first."""
     import search.solver as solver_module
-    from search.milp import smallest_memory
-    from search.problem import minimum_memory
+    from search.exact import minimum_memory, smallest_memory
 
     t = random_run_table(1, 5)
     p = discrete_problem(t)
@@ -433,8 +433,7 @@ def test_the_smallest_memory_milp_stops_at_its_time_limit():
     """minimum_memory_milp within a time limit too short to prove anything:
     a plan no larger than the smallest without runs, marked not exact; with
     no limit, brute force's smallest memory, exact."""
-    from search.milp import minimum_memory_milp
-    from search.problem import minimum_memory
+    from search.exact import minimum_memory, minimum_memory_milp
 
     p = discrete_problem(random_run_table(2, 5))
     quick = minimum_memory_milp(p, time_limit_s=1e-6)
@@ -456,7 +455,7 @@ def test_the_infeasible_error_says_what_the_search_found(monkeypatch):
 
     import planner
     import search.solver as solver_module
-    from search.milp import smallest_memory
+    from search.exact import smallest_memory
 
     kw = dict(devices=1, hardware="dgx-a100", batch=4, memory_limit="1kB", levers="remat")
     with pytest.raises(ValueError) as info:

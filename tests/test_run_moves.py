@@ -1,4 +1,4 @@
-"""search.run_moves: the memories of moved plans, computed in the window of
+"""search.local.run_moves: the memories of moved plans, computed in the window of
 layers a move can change, against the whole plans' memories
 (search.problem.plan_memories, which sums every layer)."""
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from search import discrete_problem
-from search.moves import pair_memory_floors, pair_moves, single_moves
+from search.local.moves import pair_memory_floors, pair_moves, single_moves
+from search.local.run_moves import moved_run_memories
 from search.problem import has_runs, plan_memories
-from search.run_moves import moved_run_memories
 from test_remat_runs import hand_table
 
 
@@ -76,7 +76,7 @@ def test_pair_moves_score_memory_only_below_the_time_asked(runs):
     """pair_moves(faster_than=t) leaves the time of every move and the
     memory of each move faster than t as they are without it, and the
     others' memory inf (the local search asks only for improving moves)."""
-    from search.problem import without_joins
+    from search.options import without_joins
 
     rng = np.random.default_rng(3)
     p = skip_problem(3, n=10)
@@ -98,7 +98,7 @@ def test_pair_memory_floors_bound_every_pair_move(seed):
     """pair_memory_floors never exceeds the memory of the plan a pair move
     makes (plan_memories, every layer summed), on chains with skip edges
     whose plans hold runs, and equals it where plans hold none."""
-    from search.problem import without_joins
+    from search.options import without_joins
 
     rng = np.random.default_rng(seed)
     p = skip_problem(seed)
@@ -127,8 +127,8 @@ def test_cheapest_pair_is_the_full_scorings_and_scores_fewer_moves(seed, weaker,
     off: the chunks' order scrambled, so that many are scored); at the
     fastest plan, with the bound itself, it scores fewer moves than
     there are."""
-    import search.refine as refine_module
-    from search.moves import current_state, with_overlap
+    import search.local.refinement as refine_module
+    from search.local.moves import current_state, with_overlap
     from test_dp_runs import rich_table
 
     n = 12
@@ -173,9 +173,9 @@ def test_cheapest_pair_is_the_full_scorings_and_scores_fewer_moves(seed, weaker,
 def test_cheapest_pair_without_runs_is_the_full_scorings():
     """Without runs (every memory a sum) the pair step scores every move at
     once: the same move as the full scoring of pair_moves."""
-    import search.refine as refine_module
-    from search.moves import current_state, with_overlap
-    from search.problem import without_joins
+    import search.local.refinement as refine_module
+    from search.local.moves import current_state, with_overlap
+    from search.options import without_joins
     from test_dp_runs import rich_table
 
     n = 10
@@ -202,7 +202,7 @@ def test_repair_makes_pair_moves_with_runs_only_where_allowed(monkeypatch):
     plan instead, still fitting; with ``max_pair_moves`` it makes at most
     that many. Checked where, unlimited, it makes two or more (found among
     random plans and limits; the search must find one)."""
-    import search.refine as refine_module
+    import search.local.refinement as refine_module
     from search import plan_memory, solve_brute
     from test_remat_runs import random_run_table
 

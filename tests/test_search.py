@@ -51,8 +51,10 @@ from search import (
     solve_dp,
     solve_milp,
 )
-from search.problem import memory_by_workspace_cap, plan_memories
-from search.refine import pair_moves, repair, single_moves
+from search.exact import memory_by_workspace_cap
+from search.local import repair
+from search.local.moves import pair_moves, single_moves
+from search.problem import plan_memories
 
 S = 5
 FAST = GradientConfig(restarts=8, outer_steps=4, inner_steps=10)
@@ -376,7 +378,7 @@ def test_the_walk_moves_the_shortest_prefix_that_fits_after_one_scoring(monkeypa
     to (1, 1, 1) under a limit of 70 moves the two layers cheapest per byte
     saved (a and b: 60 bytes, one move leaves 90) and keeps c, after one
     scoring of the moves (the rest are exact evaluations of prefixes)."""
-    import search.refine as refine_module
+    import search.local.refinement as refine_module
 
     p = discrete_problem(synthetic_table(0, 3, []))
     zeros = np.zeros((3, 2))
@@ -529,7 +531,7 @@ def test_auto_under_a_time_budget_gives_its_stages_their_shares_and_stops_the_lo
     import time
 
     import search.solver as solve_module
-    from search.refine import local_search
+    from search.local.refinement import local_search
 
     dag = synthetic_table(3, 6, dag_edges(6, 3))
     limit = limit_between(discrete_problem(dag), 3)
@@ -613,12 +615,7 @@ def test_segment_candidates_are_scored_exactly(seed, n, overlap, scale):
     """Every re-planned chain segment's time and memory equal a full
     evaluation of the plan it makes (at ``scale`` 0.5 the optimizer phase
     binds in some), and segment moves only improve."""
-    from search.refine import (
-        apply_segment,
-        chain_segments,
-        segment_candidates,
-        segment_moves,
-    )
+    from search.local.segments import apply_segment, chain_segments, segment_candidates, segment_moves
 
     p = discrete_problem(synthetic_table(seed, n, chain_edges(n, seed, True) if seed % 2 else dag_edges(n, seed),
                                          overlap=overlap, activation_scale=scale))
@@ -646,7 +643,9 @@ def test_local_search_trades_one_payer_for_two_gainers():
     gainer needs 160 B), nor one payer for one gainer (+0.5 - 0.3 ms), but
     layer 0's 100 B freed pays for both gainers: (1, 0, 0), 3.5 ms, 120 B,
     which brute force confirms is the optimum."""
-    from search.refine import _swap, current_state, local_search, with_overlap
+    from search.local import local_search
+    from search.local.moves import current_state, with_overlap
+    from search.local.refinement import _swap
 
     n = 3
     base = synthetic_table(0, n, [])

@@ -17,8 +17,8 @@ from reference_files import PARADL_MODELS
 
 from costmodels import hardware_from_dict, load_hardware
 from costmodels.hardware import preset_names
-from costmodels.oracle_cost import env_allgather, env_allreduce, env_p2p
-from costmodels.oracle_layers import oracle_layers
+from costmodels.oracle import oracle_layers
+from costmodels.oracle._cost import env_allgather, env_allreduce, env_p2p
 from costmodels.transport import (
     contended_bandwidth,
     host_staged_allgather_s,
@@ -192,7 +192,7 @@ def test_shard_compute_follows_the_kernel_model():
     64 -> 64 conv split by filter over 2 runs its forward and backward-weight
     GEMMs (N = f = 32, padded to 64) at full cost and its backward-data GEMM
     (N = c = 64) at half: (1 + 1/2 + 1) / 3 of the layer's measured time."""
-    from costmodels.oracle_layers import kernel_model_fraction
+    from costmodels.oracle._layers import kernel_model_fraction
 
     b = GraphBuilder("wide", (64, 16, 16))
     x = b.relu("pre", b.input)

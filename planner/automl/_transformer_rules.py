@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from costmodels.layers import ATTENTION_KINDS
+from costmodels import ATTENTION_KINDS
 from planner.ir import flops as F
 from planner.ir.graph import LayerGraph, LayerKind
 

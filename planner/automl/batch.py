@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from costmodels import (
+    NUM_STRATEGIES,
     STRATEGY_NAMES,
     CostSettings,
     CostTable,
@@ -32,17 +33,10 @@ from costmodels import (
     memory_per_device,
     one_hot,
 )
-from costmodels.strategies import NUM_STRATEGIES
 from planner.plan_inputs import resolve_batch
 from planner.ir.graph import VECTOR_FIELDS, LayerArrays, LayerGraph, bucket_size
 from planner.planning import InfeasibleMemoryError, mesh_shapes, parse_memory_limit
-from search.elimination import (
-    INFEASIBLE_S,
-    DPSchedule,
-    best_plans,
-    dp_schedule,
-    pad_schedule,
-)
+from search import INFEASIBLE_S, DPSchedule, best_plans, dp_schedule, pad_schedule
 
 __all__ = ["PlanBatch", "PlanConfig", "ROW_MULTIPLE", "plan_many"]
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from costmodels import (
+    NUM_STRATEGIES,
     CostSettings,
     Hardware,
     cost_table,
@@ -23,17 +24,11 @@ from costmodels import (
     load_hardware,
     memory_per_device,
     one_hot,
+    strategy_mask,
 )
-from costmodels.strategies import NUM_STRATEGIES, strategy_mask
 from planner.automl.parametric import ArchParams, ParametricGraph
 from planner.planning import mesh_shapes, parse_memory_limit
-from search.elimination import (
-    INFEASIBLE_S,
-    DPSchedule,
-    best_plans,
-    dp_schedule,
-    soft_min_lanes,
-)
+from search import INFEASIBLE_S, DPSchedule, best_plans, dp_schedule, soft_min_lanes
 
 __all__ = ["CostEstimate", "CostFunction", "cost_fn"]
 

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from costmodels.layers import ATTENTION_KINDS
+from costmodels import ATTENTION_KINDS
 from planner.automl._transformer_rules import TransformerStructure, transformer_rules, transformer_structure
 from planner.ir import flops as F
 from planner.ir.graph import LayerArrays, LayerGraph, LayerKind

@@ -41,12 +41,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from costmodels.collectives import MAX_TIERS
-from costmodels.compute import hardware_arrays
-from costmodels.evaluate import iteration_time, one_hot
-from costmodels.hardware import OP_CLASSES, Hardware
-from costmodels.strategies import Strategy, strategy_mask
-from costmodels.table import CostSettings, cost_table
+from costmodels import (
+    MAX_TIERS,
+    OP_CLASSES,
+    CostSettings,
+    Hardware,
+    Strategy,
+    cost_table,
+    hardware_arrays,
+    iteration_time,
+    one_hot,
+    strategy_mask,
+)
 from planner.evaluation import _choice_from_mapping, uniform_choice
 from planner.ir.graph import LayerGraph
 

@@ -50,17 +50,19 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from costmodels.calibration import (
+from costmodels import (
+    MAX_WORK_POINTS,
+    STRATEGY_NAMES,
     Calibration,
     LayerDims,
     OpKey,
     ShapePoint,
     ShardDims,
+    Strategy,
     graph_op_keys,
+    shard_shapes,
+    strategy_mask,
 )
-from costmodels.calibration_file import MAX_POINTS
-from costmodels.shards import shard_shapes
-from costmodels.strategies import STRATEGY_NAMES, Strategy, strategy_mask
 from planner.calibrate.shard_ops import ShardOp, fwd_bwd, make_arguments, shard_op
 from planner.ir.graph import LayerGraph, LayerKind
 
@@ -130,7 +132,7 @@ class Profile:
         own points); and per layer, per work value, the median over every
         strategy's distinct shapes with that work (the work-only points, for
         strategies without their own and for version-1 readers). At most
-        ``MAX_POINTS`` work values each; the largest ones are dropped beyond
+        ``MAX_WORK_POINTS`` work values each; the largest ones are dropped beyond
         that."""
         per: dict[str, dict[float, dict[str, float]]] = {}
         own: dict[str, dict[str, dict[float, dict[str, float]]]] = {}
@@ -139,7 +141,7 @@ class Profile:
             own.setdefault(t.layer, {}).setdefault(t.strategy, {}).setdefault(t.work, {})[t.shape] = t.seconds
 
         def points(by_work: dict[float, dict[str, float]]) -> tuple[tuple[float, float], ...]:
-            return tuple((w, float(statistics.median(by_work[w].values()))) for w in sorted(by_work)[:MAX_POINTS])
+            return tuple((w, float(statistics.median(by_work[w].values()))) for w in sorted(by_work)[:MAX_WORK_POINTS])
 
         layers = {name: points(by_work) for name, by_work in per.items()}
         strategies = {

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from costmodels.strategies import Strategy
+from costmodels import Strategy
 from planner.ir.graph import LayerGraph, LayerKind
 
 __all__ = ["ShardOp", "fwd_bwd", "make_arguments", "shard_op"]

@@ -55,7 +55,7 @@ def _read_plan(path: str, graph: Any) -> tuple[dict[str, str], dict[str, Any]]:
     hardware), those of them it has."""
     from planner.evaluation import option_label
 
-    from costmodels.files import read_json
+    from costmodels import read_json
 
     data = read_json(path, f"plan file ({_PLAN_ACCEPTED})")
     rows = data.get("layers") if isinstance(data, dict) else None

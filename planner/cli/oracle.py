@@ -180,7 +180,7 @@ def plot_report(report: Any, path: str | None = None) -> Any:
     if path is not None:
         import io
 
-        from costmodels.files import write_atomic
+        from costmodels import write_atomic
 
         buf = io.BytesIO()
         fig.savefig(buf, format=os.path.splitext(str(path))[1].lstrip(".").lower() or "png", dpi=120)
@@ -203,7 +203,7 @@ def _run_oracle(args: argparse.Namespace) -> int:
 
     if args.plot:
         _check_matplotlib()
-        from costmodels.files import check_writable
+        from costmodels import check_writable
 
         check_writable(args.plot, "--plot")  # before the oracle runs, not after it
     devices = parse_devices(args.devices)

@@ -82,7 +82,7 @@ def _render(data: dict[str, Any], output: str | None, full: bool = True) -> None
 
 def _run_plan(args: argparse.Namespace) -> int:
     from costmodels import load_calibration, load_hardware
-    from costmodels.files import check_writable
+    from costmodels import check_writable
     from planner.cli.common import PROG
     from planner.models.loading import load_model
     from planner.planning import InfeasibleMemoryError, parse_memory_limit, plan

@@ -40,7 +40,7 @@ def _run_plot(args: argparse.Namespace) -> int:
                          f"{pixels:.0f} megapixels)",
                          "expected e.g. --dpi 300 for print, or a vector format (-o OUT.pdf or OUT.svg)")
     _require_matplotlib()  # before reading anything: the one-line install hint
-    from costmodels.files import check_writable
+    from costmodels import check_writable
 
     check_writable(args.output, "-o")
     plan = Plan.read(args.plan)

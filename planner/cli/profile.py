@@ -97,7 +97,7 @@ def _render(summary: dict[str, Any], output: str) -> None:
 
 def _run_profile(args: argparse.Namespace) -> int:
     from costmodels import load_hardware
-    from costmodels.files import check_writable, write_atomic
+    from costmodels import check_writable, write_atomic
     from planner.calibrate.profile import profile_layers
     from planner.cli.common import dump_json
     from planner.models.loading import load_model

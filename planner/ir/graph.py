@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 # The arrays and kinds are the cost models' contract (costmodels.layers); the graph builds them.
-from costmodels.layers import (  # noqa: F401 (re-exported: the IR's names)
+from costmodels import (  # noqa: F401 (re-exported: the IR's names)
     LAYER_FIELDS,
     MAX_SPATIAL_DIMS,
     MIN_BUCKET,
@@ -215,7 +215,7 @@ class LayerGraph:
 
     @classmethod
     def from_json(cls, text: str, source: str = "layer-graph JSON") -> LayerGraph:
-        from costmodels.files import parse_json
+        from costmodels import parse_json
 
         return cls.from_dict(parse_json(text, source))
 

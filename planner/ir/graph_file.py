@@ -10,13 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodels.layers import (
-    LAYER_FIELDS,
-    MAX_SPATIAL_DIMS,
-    VECTOR_FIELDS,
-    LayerArrays,
-    LayerKind,
-)
+from costmodels import LAYER_FIELDS, MAX_SPATIAL_DIMS, VECTOR_FIELDS, LayerArrays, LayerKind
 
 GRAPH_SCHEMA = "shardplan/layer-graph"
 GRAPH_VERSION = 1

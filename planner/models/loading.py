@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from costmodels.files import read_json
+from costmodels import read_json
 from planner.ir.graph import LayerGraph
 from planner.models.netfile import NET_SUFFIXES, load_net
 from planner.models.transformer import TRANSFORMER_SCHEMA, TransformerConfig, build_transformer, is_transformer_file

@@ -46,10 +46,7 @@ import math
 import os
 from collections.abc import Sequence
 
-from costmodels.layers import (  # ParaDL's layer types (the oracle reads them too)
-    LAYER_TYPES,
-    layer_type,
-)
+from costmodels import LAYER_TYPES, layer_type  # ParaDL's layer types (the oracle reads them too)
 from planner.ir.builder import GraphBuilder
 from planner.ir.graph import LayerGraph, LayerKind
 

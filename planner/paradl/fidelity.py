@@ -31,10 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodels.files import read_json
-from costmodels.hardware import Hardware
-from costmodels.oracle_layers import oracle_layers
-from costmodels.oracle_masks import parse_lc
+from costmodels import Hardware, oracle_layers, parse_lc, read_json
 from planner.models.netfile import load_net
 from planner.paradl.report import oracle
 

@@ -22,22 +22,24 @@ from typing import Any
 
 import numpy as np
 
-from costmodels.calibration import (
+from costmodels import (
+    MASK_FAMILIES,
     Calibration,
+    Hardware,
+    OracleLayers,
+    StrategyCost,
     calibration_arrays,
     check_hardware,
+    lc_family,
     load_calibration,
-)
-from costmodels.hardware import Hardware, load_hardware
-from costmodels.oracle import STRATEGIES, oracle_context, oracle_table, parse_strategies
-from costmodels.oracle_cost import StrategyCost
-from costmodels.oracle_layers import (
-    MASK_FAMILIES,
-    OracleLayers,
+    load_hardware,
+    load_lc,
     oracle_calibration,
+    oracle_context,
     oracle_layers,
+    oracle_table,
+    parse_strategies,
 )
-from costmodels.oracle_masks import lc_family, load_lc
 from planner.ir.graph import LayerGraph
 from planner.models.netfile import NET_SUFFIXES
 
@@ -213,7 +215,7 @@ def oracle(
         dataset_size=dataset_size if dataset_size is not None else size, optimizer=optimizer, calibration=cal,
     )
     rows = oracle_table(
-        ctx, list(devices), parse_strategies(strategies) if strategies else STRATEGIES,
+        ctx, list(devices), parse_strategies(strategies),
         batch_per_device=batch_per_device, batch=batch, segments=segments,
     )
     return OracleReport(

@@ -21,9 +21,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from costmodels import LEVER_CHOICES, STRATEGY_NAMES, CollectiveRecord
-from costmodels.hardware import hardware_from_dict, load_hardware, preset_names
-from costmodels.strategies import AXIS_NAMES
+from costmodels import (
+    AXIS_NAMES,
+    LEVER_CHOICES,
+    STRATEGY_NAMES,
+    CollectiveRecord,
+    hardware_from_dict,
+    load_hardware,
+    preset_names,
+)
 from planner.evaluation import LayerCost
 from planner.ir.graph import check_on_unsupported
 from planner.plans.specs import LayerSpecs, layer_specs_from_kinds

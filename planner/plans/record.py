@@ -10,8 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from costmodels import CollectiveRecord, Hardware
-from costmodels.files import parse_json, read_json, write_atomic
+from costmodels import CollectiveRecord, Hardware, parse_json, read_json, write_atomic
 from planner.evaluation import Evaluation, LayerCost
 from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION, plan_fields  # the file format
 from planner.plans.specs import (

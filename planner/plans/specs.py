@@ -39,13 +39,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax.sharding import PartitionSpec as P
 
-from costmodels.strategies import (
-    AXIS_NAMES,
-    DATA_AXIS,
-    MODEL_AXIS,
-    STRATEGY_NAMES,
-    io_layout_names,
-)
+from costmodels import AXIS_NAMES, DATA_AXIS, MODEL_AXIS, STRATEGY_NAMES, io_layout_names
 from planner.ir.graph import layer_path
 
 __all__ = [

@@ -18,7 +18,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from costmodels.strategies import AXIS_NAMES
+from costmodels import AXIS_NAMES
 from planner.plans.specs import (
     PARAM_GRADIENT_LAYOUTS,
     PARAM_LAYOUTS,

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh
 
-from costmodels.strategies import AXIS_NAMES, DATA_AXIS, MODEL_AXIS
+from costmodels import AXIS_NAMES, DATA_AXIS, MODEL_AXIS
 from planner.runtime.hlo import parse_collectives
 
 __all__ = ["CollectiveRow", "close_to", "compare_collectives"]

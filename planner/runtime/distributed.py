@@ -34,9 +34,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from costmodels.collective_list import CollectiveRecord
-from costmodels.hardware import Hardware
-from costmodels.strategies import AXIS_NAMES, DATA_AXIS, MODEL_AXIS
+from costmodels import AXIS_NAMES, DATA_AXIS, MODEL_AXIS, CollectiveRecord, Hardware
 
 __all__ = [
     "ENV_COORDINATOR",

@@ -22,7 +22,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from costmodels.strategies import AXIS_NAMES
+from costmodels import AXIS_NAMES
 from planner.models.layer_equations import equation_layers, marked_module_calls
 from planner.plans.specs import (
     BATCH_AXES,

@@ -17,7 +17,7 @@ import jax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from costmodels.strategies import AXIS_NAMES
+from costmodels import AXIS_NAMES
 from planner.plans.specs import activation_spec
 
 __all__ = ["fanned_out", "projected_to_heads"]

@@ -34,7 +34,7 @@ from flax.linen.dtypes import promote_dtype
 from flax.nnx import bridge
 from jax.sharding import Mesh
 
-from costmodels.strategies import AXIS_NAMES
+from costmodels import AXIS_NAMES
 from planner.ir.graph import layer_path
 from planner.models.extraction import linen_train_kwargs
 from planner.plans.specs import (

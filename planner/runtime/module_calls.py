@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from costmodels.strategies import AXIS_NAMES
+from costmodels import AXIS_NAMES
 from planner.ir.graph import layer_path
 from planner.plans.specs import (
     CHANNELWISE_GRADIENT_LAYOUTS,

@@ -63,19 +63,17 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from costmodels import (
+    AXIS_NAMES,
+    OPTIMIZER_SLOTS,
     CostSettings,
     Lever,
     Strategy,
+    auxiliary_collectives,
     load_hardware,
     parse_strategy,
-)
-from costmodels.collective_list import (
-    auxiliary_collectives,
     plan_collectives,
     sharded_parameters,
 )
-from costmodels.strategies import AXIS_NAMES
-from costmodels.table import OPTIMIZER_SLOTS
 from planner.models.extraction import extract
 from planner.planning import Plan
 from planner.plans.specs import zero_group_axes

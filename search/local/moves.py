@@ -9,7 +9,7 @@ Where the problem holds runs of recomputing layers
 (:func:`search.problem.has_runs`), whose memory is no such sum, each
 move's memory is the exact memory of the plan it makes, computed in the
 window of layers whose runs the move can change
-(:mod:`search.run_moves`: ``O(run length)`` per move)."""
+(:mod:`search.local.run_moves`: ``O(run length)`` per move)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from search.local.run_moves import moved_run_memories, window_bounds
 from search.problem import DiscreteProblem, has_runs, plan_memory
-from search.run_moves import moved_run_memories, window_bounds
 
 __all__ = ["CurrentState", "MoveScores", "current_state", "pair_memory_floors", "pair_moves", "single_moves",
            "with_overlap"]
@@ -93,7 +93,7 @@ def _moved_memories(p: DiscreteProblem, c: np.ndarray, layers: np.ndarray,
     ``layers`` [K, m] moved to every combination of options (``m`` = 1:
     ``[K, O]``; 2: ``[K, O, O]``; ``inf`` where a layer cannot run the
     option, or where ``scored`` [K, O, ...] is false), each in the window of
-    layers its move can change (:func:`search.run_moves.moved_run_memories`)."""
+    layers its move can change (:func:`search.local.run_moves.moved_run_memories`)."""
     O = p.num_options
     K, m = layers.shape
     grid = np.stack(np.meshgrid(*[np.arange(O)] * m, indexing="ij"), axis=-1).reshape(-1, m)  # [O^m, m]
@@ -145,7 +145,7 @@ def pair_moves(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | None = Non
     only the moves whose time is below it get their memory (the others
     ``inf``), and with ``only`` [e, S, S] (bool) only those it marks: where
     plans hold runs, a memory costs a window of layers
-    (:mod:`search.run_moves`), and the searches need only some."""
+    (:mod:`search.local.run_moves`), and the searches need only some."""
     cur = current_state(p, c) if cur is None else cur
     u, v = p.edge_src, p.edge_dst
     rows = np.arange(p.num_layers)
@@ -189,7 +189,7 @@ def pair_memory_floors(p: DiscreteProblem, c: np.ndarray, cur: CurrentState | No
     """A lower bound ``[e, S, S]`` on each memory of :func:`pair_moves`, at
     ``O(e S^2)`` without windows: exact where plans hold no runs; with runs,
     the optimizer phase exact and the backward phase from
-    :func:`search.run_moves.window_bounds` (the most credit, the peak
+    :func:`search.local.run_moves.window_bounds` (the most credit, the peak
     outside the window or the moved layers' workspaces). A search that
     ranks moves by memory saved scores only the moves this bound cannot
     rule out (``pair_moves(only=)``)."""

@@ -8,8 +8,8 @@ the others (*skip edges*, ``src < dst - 1``) add two terms to a plan: their
 resharding, ``reshard_s[e, c_src, c_dst]``, and their checkpoint credit,
 ``checkpoint_credit[e, c_dst]`` where ``c_src`` recomputes and every layer
 after ``src`` up to ``dst`` joins the run. The exact label search over runs
-(:mod:`search.dp_runs`) carries both (its labels hold the class of each
-open skip edge's source, :func:`search.run_chain.run_chain`), at a cost
+(:mod:`search.exact.dp_runs`) carries both (its labels hold the class of each
+open skip edge's source, :func:`search.exact.runs.run_chain`), at a cost
 that grows with the classes; :func:`layer_order_chain` makes every skip
 edge reshard nothing by folding its resharding into its destination's layer
 time, for the Lagrangian's and relevel's chains:

@@ -26,7 +26,7 @@ each with its reason, are listed in docs/oracle.md; in short:
 * spatial gathers the split layer's output once, forward: the backward
   "scatter" is a local slice of a replicated gradient;
 * compute comes from the graph's FLOP counts (§9.8) or the roofline, a
-  shard costed by :func:`costmodels.oracle_layers.shard_compute_s` (fixed
+  shard costed by :func:`costmodels.oracle._layers.shard_compute_s` (fixed
   cost per pass, narrow-shard efficiency); no ceil(D/p) rounding of
   per-iteration values (§4.3).
 """
@@ -37,7 +37,7 @@ import math
 
 import numpy as np
 
-from costmodels.oracle_cost import (
+from costmodels.oracle._cost import (
     OracleContext,
     StrategyCost,
     cost_row,
@@ -48,7 +48,7 @@ from costmodels.oracle_cost import (
     environment,
     f,
 )
-from costmodels.oracle_layers import shard_compute_s, weight_update_s
+from costmodels.oracle._layers import shard_compute_s, weight_update_s
 
 __all__ = [
     "compute_s", "data", "data_filter", "data_spatial", "filter_or_channel", "halo_rows", "spatial", "spatial_halo_s",
@@ -58,7 +58,7 @@ __all__ = [
 def compute_s(ctx: OracleContext, samples: float, split: np.ndarray | float = 1.0, split_dim: str = "filter") -> float:
     """FW+BW seconds per iteration of one device running ``samples`` samples
     with layers split ``split`` ways along ``split_dim`` (filter, channel,
-    rows): :func:`costmodels.oracle_layers.shard_compute_s`."""
+    rows): :func:`costmodels.oracle._layers.shard_compute_s`."""
     return float(shard_compute_s(ctx.layers, ctx.hardware, ctx.per_sample_s, samples, split, split_dim,
                                  ctx.bytes_per_item, ctx.calibration).sum())
 

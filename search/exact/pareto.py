@@ -1,5 +1,5 @@
-"""Label sets of the DP's label-setting searches (:mod:`search.dp`,
-:mod:`search.dp_runs`): the Pareto filters (which labels no other label
+"""Label sets of the DP's label-setting searches (:mod:`search.exact.dp`,
+:mod:`search.exact.dp_runs`): the Pareto filters (which labels no other label
 matches or beats in every coordinate; smaller is better in all) and the
 path back from a last label."""
 

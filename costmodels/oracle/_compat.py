@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from costmodels.collectives import allgather_s, ring_allreduce_s
-from costmodels.oracle_cost import OracleContext, StrategyCost, Tier, cost_row, f, tier
+from costmodels.oracle._cost import OracleContext, StrategyCost, Tier, cost_row, f, tier
 
 __all__ = ["PARADL_COMPAT", "data", "data_filter", "data_spatial", "filter_or_channel", "host_tier", "spatial"]
 

@@ -1,7 +1,7 @@
 """Gradient search over the relaxed plan.
 
 Each restart holds logits ``[L, S]``; the plan is ``softmax(masked logits /
-temperature)`` (:mod:`search.relax`), costed by
+temperature)`` (:mod:`search.gradient.relax`), costed by
 :func:`costmodels.iteration_time` and :func:`costmodels.memory_per_device`
 (exact at one-hot probabilities). The memory limit enters as an
 augmented-Lagrangian term (Rockafellar 1973; Nocedal and Wright §17.4) on
@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from costmodels.evaluate import iteration_time, memory_per_device
-from search.relax import relaxed_probs, round_probs, temperature_at
+from costmodels import iteration_time, memory_per_device
+from search.gradient.relax import relaxed_probs, round_probs, temperature_at
 
 __all__ = ["GradientConfig", "GradientState", "RelaxedResult", "relaxed_search"]
 

@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from costmodels.calibration_file import MAX_POINTS, Calibration
-from costmodels.calibration_keys import (
+from costmodels.calibration._file import MAX_WORK_POINTS, Calibration
+from costmodels.calibration._keys import (
     LayerDims,
     OpKey,
     Points,
@@ -106,8 +106,8 @@ def calibration_arrays(calibration: Calibration, graph: LayerTable, *, by_layer:
         )
     rows = int(np.shape(graph.arrays.mask)[0])
     S = len(STRATEGY_NAMES)
-    lw, ls, cnt = np.zeros((rows, MAX_POINTS)), np.zeros((rows, MAX_POINTS)), np.zeros(rows)
-    slw, sls, scnt = np.zeros((rows, S, MAX_POINTS)), np.zeros((rows, S, MAX_POINTS)), np.zeros((rows, S))
+    lw, ls, cnt = np.zeros((rows, MAX_WORK_POINTS)), np.zeros((rows, MAX_WORK_POINTS)), np.zeros(rows)
+    slw, sls, scnt = np.zeros((rows, S, MAX_WORK_POINTS)), np.zeros((rows, S, MAX_WORK_POINTS)), np.zeros((rows, S))
     index = {n: i for i, n in enumerate(graph.names)}
     for name, pts in calibration.layers.items():
         i = index[name]
@@ -167,7 +167,7 @@ def _shape_arrays(calibration: Calibration, graph: LayerTable) -> ShapeCalibrati
 def _interp_one(lw, ls, n, x):
     """Piecewise-linear in log-log with end-segment extrapolation; one point set."""
     k = jnp.maximum(n, 1.0).astype(jnp.int32)
-    idx = jnp.clip(jnp.searchsorted(lw[:MAX_POINTS], x), 1, jnp.maximum(k - 1, 1))
+    idx = jnp.clip(jnp.searchsorted(lw[:MAX_WORK_POINTS], x), 1, jnp.maximum(k - 1, 1))
     x0, x1 = lw[idx - 1], lw[idx]
     y0, y1 = ls[idx - 1], ls[idx]
     slope = jnp.where(x1 > x0, (y1 - y0) / jnp.where(x1 > x0, x1 - x0, 1.0), 1.0)

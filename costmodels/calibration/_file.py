@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from costmodels.calibration_keys import (
+from costmodels.calibration._keys import (
     LayerDims,
     OpKey,
     Points,
@@ -27,13 +27,13 @@ from costmodels.files import read_json
 from costmodels.layers import LayerTable
 from costmodels.strategies import STRATEGY_NAMES
 
-__all__ = ["CALIBRATION_SCHEMA", "CALIBRATION_VERSION", "CALIBRATION_VERSIONS", "Calibration", "check_hardware",
-           "load_calibration"]
+__all__ = ["CALIBRATION_SCHEMA", "CALIBRATION_VERSION", "CALIBRATION_VERSIONS", "MAX_WORK_POINTS", "Calibration",
+           "check_hardware", "load_calibration"]
 
 CALIBRATION_SCHEMA = "shardplan/calibration"
 CALIBRATION_VERSION = 3  # written by shardplan profile
 CALIBRATION_VERSIONS = (1, 2, 3)  # read
-MAX_POINTS = 16  # per point list of a version 1/2 file
+MAX_WORK_POINTS = 16  # per point list of a version 1/2 file
 MAX_SHAPE_POINTS = 65536  # points of a version 3 file
 
 
@@ -196,7 +196,7 @@ class Calibration:
         strategies: dict[str, dict[str, Points]] = {}
 
         def points(by_work: dict[float, list[float]]) -> Points:
-            return tuple((w, float(statistics.median(by_work[w]))) for w in sorted(by_work)[:MAX_POINTS])
+            return tuple((w, float(statistics.median(by_work[w]))) for w in sorted(by_work)[:MAX_WORK_POINTS])
 
         for name, key in zip(graph.names, keys, strict=True):
             pts = groups.get(key) if key is not None else None
@@ -237,8 +237,8 @@ def _from_dict_v3(data: dict, source: str) -> Calibration:
 
 def _points(entry: Mapping[str, Any], where: str) -> Points:
     w, s = entry.get("work"), entry.get("seconds")
-    if not (isinstance(w, list) and isinstance(s, list) and len(w) == len(s) and 1 <= len(w) <= MAX_POINTS):
-        raise ValueError(f"{where}: work and seconds must be lists of equal length, 1 to {MAX_POINTS}")
+    if not (isinstance(w, list) and isinstance(s, list) and len(w) == len(s) and 1 <= len(w) <= MAX_WORK_POINTS):
+        raise ValueError(f"{where}: work and seconds must be lists of equal length, 1 to {MAX_WORK_POINTS}")
     pts = []
     for x, y in zip(w, s, strict=True):
         for v, what in ((x, "work"), (y, "seconds")):

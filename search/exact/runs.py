@@ -1,5 +1,5 @@
 """A graph's run terms by position in layer order (:class:`RunChain`), for the DP over runs
-of recomputing layers (:mod:`search.dp_runs`, :func:`search.dp.solve_dp`),
+of recomputing layers (:mod:`search.exact.dp_runs`, :func:`search.exact.dp.solve_dp`),
 and its run sums rounded down into buckets: the moves between them, the
 Viterbi and the bounds to go over (option, bucket) states. A bucketed sum
 never exceeds the true one, so what these allow is a superset of the plans
@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from search.layer_chain import skip_resharding
+from search.exact.layer_chain import skip_resharding
 from search.problem import DiscreteProblem
 
 __all__ = ["BUCKETS", "HOP_BITS", "MAX_OPEN_SKIPS", "MOST_BUCKET_OPEN_STATES", "MOST_OPEN_STATES", "BucketMoves",
@@ -35,14 +35,14 @@ class RunChain(NamedTuple):
     credit: np.ndarray  # [n, O, O] bytes the edge i - 1 -> i frees on (s, t) (search.problem.run_terms)
     # skip edges (src < dst - 1) that can free a checkpoint: their credits, already taken off `persistent` at the
     # destination (a relaxation); a plan earns one only where its source recomputes and the run reaches
-    # the destination, else the label search adds it back (search.dp_runs)
+    # the destination, else the label search adds it back (search.exact.dp_runs)
     skip_src: np.ndarray  # [K] int
     skip_dst: np.ndarray  # [K] int
     skip_credit: np.ndarray  # [K, O] bytes, by the destination's option
     skip_bit: np.ndarray  # [K] int64: the edge's bit in a label's mask of open edges (reused once it closes)
     skip_opens: np.ndarray  # [n, O] int64: the bits of the skip edges each option opens there (it recomputes)
     # skip edges that reshard (hops): their least resharding over the source's options is folded into
-    # `time` at the destination (a relaxation, search.layer_chain.layer_order_chain's "lower"); a label of
+    # `time` at the destination (a relaxation, search.exact.layer_chain.layer_order_chain's "lower"); a label of
     # the search by time carries its source's class in a field of its int64 code and pays the rest there
     hop_src: np.ndarray  # [H] int
     hop_dst: np.ndarray  # [H] int
@@ -82,7 +82,7 @@ def run_chain(p: DiscreteProblem) -> RunChain | None:
             return None
         classes, which = np.unique(p.reshard_s[e][feasible], axis=0, return_inverse=True)  # [C, O(dst)]
         least = skip_resharding(p, e, "lower")
-        time[dst[e]] += least  # (search.layer_chain.layer_order_chain's "lower")
+        time[dst[e]] += least  # (search.exact.layer_chain.layer_order_chain's "lower")
         if classes.shape[0] >= 1 << HOP_BITS:
             return None
         hop_class[h, feasible] = which.reshape(-1)
@@ -228,7 +228,7 @@ def pair_groups(pair: np.ndarray, C: np.ndarray | None = None) -> list[tuple[np.
 def bucket_viterbi(unary, pair, moves: BucketMoves, weighted=None, skips: SkipMoves | None = None, groups=None):
     """Min-sum paths of ``K`` chains over the states (option, bucketed run
     sum) (:func:`bucket_moves`; chain ``k`` at ``moves``' cap ``k``), like
-    :func:`search.dp.viterbi` (``unary [K, n, O]``, ``pair [n, O, O]``,
+    :func:`search.exact.dp.viterbi` (``unary [K, n, O]``, ``pair [n, O, O]``,
     ``weighted = (C, w)``: ``pair + w[k] C`` in chain ``k``). The bucketed
     sums never exceed the true ones, so these are relaxations of the paths
     whose transients keep within each cap. With ``skips``
@@ -338,7 +338,7 @@ class SkipMoves(NamedTuple):
 def skip_moves(rc: RunChain, most_open: int = MOST_OPEN_STATES) -> SkipMoves | None:
     """The :class:`SkipMoves` of ``rc``: a skip edge's credit is earned
     where its source recomputes and every layer after it up to its
-    destination joins the run (:mod:`search.dp_runs`). None where more than
+    destination joins the run (:mod:`search.exact.dp_runs`). None where more than
     ``most_open`` skip edges are open over a position."""
     n, O = rc.time.shape
     opened = open_skips(rc)
@@ -387,7 +387,7 @@ def skip_to_go(rc: RunChain, inside: np.ndarray, unary: np.ndarray, pair: np.nda
     option ``s`` at ``i`` and which of the ``k_i`` skip edges open over
     ``i`` (:func:`open_skips`) are still earning their credits
     (:func:`skip_state`), adding back each credit a continuation does not
-    earn, as the label search does (:mod:`search.dp_runs`): exact in the
+    earn, as the label search does (:mod:`search.exact.dp_runs`): exact in the
     skip edges' credits where ``rc.persistent`` assumes every one earned.
     None where more than ``most_open`` are open over a position. ``skips``:
     :func:`skip_moves` of ``rc``, where the caller has them."""

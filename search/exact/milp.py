@@ -23,6 +23,11 @@ The result is exact up to HiGHS's tolerances: a relative MIP gap of
 feasibility tolerance of about 1e-7 of the limit, which is why the plan is
 re-checked with the exact memory and the limit tightened slightly if it
 does not fit.
+
+The same model minimising memory is the smallest memory of any plan where
+runs of recomputing layers make memory no sum over layers
+(:func:`minimum_memory_milp`); :func:`smallest_memory` answers the smallest
+memory of any problem by whichever exact search suits it, this one last.
 """
 
 from __future__ import annotations
@@ -34,19 +39,12 @@ import numpy as np
 import scipy.sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from search.dp_runs import minimum_memory_runs
-from search.layer_chain import layer_order_chain
-from search.problem import (
-    DiscreteProblem,
-    MinimumMemory,
-    has_runs,
-    minimum_memory,
-    plan_memory,
-    plan_time,
-    with_strategies_of,
-    without_joins,
-)
-from search.run_chain import run_chain
+from search.exact.dp_runs import minimum_memory_runs
+from search.exact.layer_chain import layer_order_chain
+from search.exact.memory import MinimumMemory, minimum_memory
+from search.exact.runs import run_chain
+from search.options import with_strategies_of, without_joins
+from search.problem import DiscreteProblem, has_runs, plan_memory, plan_time
 
 __all__ = ["MILPResult", "minimum_memory_milp", "smallest_memory", "solve_milp"]
 
@@ -261,12 +259,12 @@ def _run_rows(p: DiscreteProblem, add, lo: list, up: list, r: int, xi, vi, ve, v
 
 def smallest_memory(p: DiscreteProblem, time_limit_s: float | None = None) -> MinimumMemory:
     """The exact smallest memory of any plan of any problem: the layer-by-layer
-    search (:func:`search.problem.minimum_memory`); where plans may hold runs
+    search (:func:`search.exact.memory.minimum_memory`); where plans may hold runs
     of recomputing layers (:func:`search.problem.has_runs`) on a graph in
     layer order, the label search over runs
-    (:func:`search.dp_runs.minimum_memory_runs`): on a chain, in full; on a
+    (:func:`search.exact.dp_runs.minimum_memory_runs`): on a chain, in full; on a
     graph with skip edges (a residual network), over
-    :func:`search.layer_chain.layer_order_chain`'s problem, whose plans and
+    :func:`search.exact.layer_chain.layer_order_chain`'s problem, whose plans and
     memory are the graph's, within ``time_limit_s`` (its labels may take
     minutes there); else, or where the label search runs out of labels or
     time, the MILP (:func:`minimum_memory_milp`, within ``time_limit_s`` of
@@ -303,12 +301,12 @@ def smallest_memory(p: DiscreteProblem, time_limit_s: float | None = None) -> Mi
 def minimum_memory_milp(p: DiscreteProblem, time_limit_s: float | None = None,
                         hint: np.ndarray | None = None) -> MinimumMemory:
     """The exact smallest memory of any plan, as a MILP: what
-    :func:`search.problem.minimum_memory` answers for problems with runs of
+    :func:`search.exact.memory.minimum_memory` answers for problems with runs of
     recomputing layers (:func:`search.problem.has_runs`), whose memory its
     layer-by-layer search cannot add up; the same value elsewhere. Stopped
     at ``time_limit_s``, it returns the smaller of its best plan and
     ``hint`` (a plan [n], where the caller has one), else the smallest plan
-    without runs (:func:`search.problem.without_joins`), with
+    without runs (:func:`search.options.without_joins`), with
     ``exact=False``."""
     n = p.num_layers
     if n == 0:

@@ -1,6 +1,6 @@
 """ParaDL's ``.lc`` strategy masks (ParaDL §5): which layers a filter, channel
 or spatial configuration splits, read from a file or defaulted, for the
-oracle's layer table (:mod:`costmodels.oracle_layers`)."""
+oracle's layer table (:mod:`costmodels.oracle._layers`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from costmodels.layers import LayerKind
-from costmodels.oracle_layers import MASK_FAMILIES, OracleLayers
+from costmodels.oracle._layers import MASK_FAMILIES, OracleLayers
 
 __all__ = ["default_masks", "lc_family", "load_lc", "parse_lc", "resolve_masks"]
 

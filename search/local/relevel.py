@@ -2,7 +2,7 @@
 refinement's largest neighbourhood where plans may hold runs of recomputing
 layers.
 
-The local moves of :mod:`search.refine` change one layer, an edge's two
+The local moves of :mod:`search.local.refinement` change one layer, an edge's two
 layers or a chain segment priced layer by layer; none of them moves the
 boundaries of several runs at once, which the fastest plan under a tight
 limit often does (VGG16 on 256 V100s at its levers-only limit: the gradient
@@ -10,13 +10,13 @@ method's plan 3.4% slower than the DP's, with the same strategy on every
 layer). :func:`relevel` keeps each layer to the strategies a few good plans
 give it (the refinement's local optima: mostly one, two on the layers where
 they differ) and lets the exact label search over runs
-(:func:`search.dp.solve_dp`, :mod:`search.dp_runs`) choose everything else:
+(:func:`search.exact.dp.solve_dp`, :mod:`search.exact.dp_runs`) choose everything else:
 which of those strategies, ZeRO stages, keeping or recomputing, where runs
 start and end. A layer then has few options (about 6 of 60 per strategy on
 VGG16), so the search is small.
 
 On a graph with skip edges (a residual network) the search runs over
-:func:`search.layer_chain.layer_order_chain`'s ``"upper"`` problem, whose
+:func:`search.exact.layer_chain.layer_order_chain`'s ``"upper"`` problem, whose
 plans are no faster than on the graph and exactly as large: its plan's time
 there bounds its time on the graph, which is the time compared.
 """
@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from search.dp import solve_dp
-from search.layer_chain import layer_order_chain
-from search.problem import DiscreteProblem, has_runs, plan_memory, plan_time, with_strategies_of
-from search.run_chain import run_chain
+from search.exact import layer_order_chain, run_chain, solve_dp
+from search.options import with_strategies_of
+from search.problem import DiscreteProblem, has_runs, plan_memory, plan_time
 
 __all__ = ["relevel"]
 

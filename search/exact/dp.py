@@ -19,7 +19,7 @@ They are handled in three steps:
    constraints become the additive ``sum A <= M - w`` and ``sum Q <= M``.
    The optimal plan is optimal for the cap equal to its own largest
    workspace, so the best over all caps is the optimum. Caps whose lower
-   bound (:func:`search.problem.memory_by_workspace_cap`: each phase at its
+   bound (:func:`search.exact.memory.memory_by_workspace_cap`: each phase at its
    own per-layer minimum) exceeds the limit are skipped; a cap that passes
    may still hold no plan that keeps both phases.
 2. **Lagrangian ascent** on the two additive constraints, for all caps at
@@ -45,21 +45,21 @@ They are handled in three steps:
    by each phase's least bytes still to add against its budget (``M - w``,
    ``M``) and by the Lagrangian and time-only lower bounds to go, finds the
    optimum of that cap, up to ``max_labels`` labels. When the Lagrangian
-   found no plan, the smallest-memory plan (:func:`search.problem.minimum_memory`)
+   found no plan, the smallest-memory plan (:func:`search.exact.memory.minimum_memory`)
    seeds the search's upper bound, or shows that no plan fits.
 
 Runs of recomputing layers (``remat+join``, :func:`search.problem.has_runs`)
-on a graph in layer order (:mod:`search.dp_runs`; on a graph with branches
+on a graph in layer order (:mod:`search.exact.dp_runs`; on a graph with branches
 the skip edges' least resharding is folded into their destinations for
 steps 1 and 2, and step 3's labels pay the rest): the checkpoint credits
 are pair terms of the backward phase (``weighted=`` of the Viterbis); step
 1's caps become intervals of the largest transient
-(:func:`search.dp_runs.run_intervals`), step 2's Viterbi runs over the
-options and the bucketed run sums (:func:`search.run_chain.bucket_viterbi`, a
+(:func:`search.exact.dp_runs.run_intervals`), step 2's Viterbi runs over the
+options and the bucketed run sums (:func:`search.exact.runs.bucket_viterbi`, a
 relaxation: the bounds hold), plans are checked with their exact memory
 (one broken only by its transients repaired by
-:func:`search.dp_runs.lighter_runs`), the smallest-memory plan seeds the
-upper bound, and step 3 is :func:`search.dp_runs.search_runs`' labels,
+:func:`search.exact.dp_runs.lighter_runs`), the smallest-memory plan seeds the
+upper bound, and step 3 is :func:`search.exact.dp_runs.search_runs`' labels,
 which add each run's sum and the largest transient.
 
 What is exact: with ``gradient_overlap = 0`` (every preset) the result is the
@@ -83,21 +83,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from search.dp_runs import RunPruning, lighter_runs, minimum_memory_runs, run_intervals, run_pruning, search_runs
-from search.pareto import label_path, nondominated
-from search.problem import (
-    DiscreteProblem,
-    MinimumMemory,
-    chain_order,
-    has_runs,
-    memory_by_workspace_cap,
-    minimum_memory,
-    plan_memories,
-    plan_memory,
-    plan_time,
-    plan_times,
-)
-from search.run_chain import (
+from search.exact.dp_runs import RunPruning, lighter_runs, minimum_memory_runs, run_intervals, run_pruning, search_runs
+from search.exact.memory import MinimumMemory, memory_by_workspace_cap, minimum_memory
+from search.exact.pareto import label_path, nondominated
+from search.exact.runs import (
     BUCKETS,
     HOP_BITS,
     MAX_OPEN_SKIPS,
@@ -109,6 +98,7 @@ from search.run_chain import (
     skip_added,
     skip_moves,
 )
+from search.problem import DiscreteProblem, chain_order, has_runs, plan_memories, plan_memory, plan_time, plan_times
 
 __all__ = ["BYTE_GRIDS", "DPResult", "dp_solves", "solve_dp", "viterbi"]
 
@@ -295,7 +285,7 @@ def dp_solves(p: DiscreteProblem) -> bool:
     takes ``p``: a chain graph, and, where plans may hold runs of
     recomputing layers, one in layer order. :func:`solve_dp` itself also
     takes plans with runs on graphs with branches in layer order
-    (:func:`search.run_chain.run_chain`), exactly but at a cost that grows
+    (:func:`search.exact.runs.run_chain`), exactly but at a cost that grows
     with the skip edges' resharding classes."""
     return chain_order(p) is not None and (not has_runs(p) or run_chain(p) is not None)
 
@@ -304,7 +294,7 @@ def _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mults, limit, best
                    deadline):
     """:func:`solve_dp`'s exact completion over runs, best first: the
     interval with the lowest bound is searched below a little more than its
-    bound (:func:`search.dp_runs.search_runs`, relative steps from
+    bound (:func:`search.exact.dp_runs.search_runs`, relative steps from
     ``_FIRST_STEP``, each :math:`\\sqrt 2` times the last; past
     ``_LAST_STEP``, up to the best plan), on the
     coarsest kept-byte grid of :data:`BYTE_GRIDS` it has not outgrown, then
@@ -314,14 +304,14 @@ def _complete_runs(p, ch, rc, order, caps, floors, cap_lower, mults, limit, best
     is the relaxation's fastest: a lower bound on its interval (raised in
     ``cap_lower``), and the interval's fastest where it fits; where it does
     not, the interval moves to the next grid, and
-    :func:`search.dp_runs.lighter_runs` repairs the path for an upper bound,
+    :func:`search.exact.dp_runs.lighter_runs` repairs the path for an upper bound,
     once per plan (``repaired``: the plans repaired already, shared with the
     Lagrangian's). A search above the first step has its own label budget
     (``_SEARCH_LABELS``, or ``_SEARCH_GROWTH`` times its interval's last
     finished search, whichever is more); cut there, it halves its
     interval's step and the completion goes on, and a search that took over
     a quarter of its budget keeps the step as it was. Each interval's bounds
-    to go (:func:`search.dp_runs.run_pruning`) are built once, at its first
+    to go (:func:`search.exact.dp_runs.run_pruning`) are built once, at its first
     search. ``best``: the best plan's time and path, updated; ``mults
     [C, 2]``: each interval's multipliers in seconds per byte.
     Returns ``(labels used, completed)``."""
@@ -395,7 +385,7 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     its bracket; ``time_limit_s`` the Lagrangian ascent after its first
     turn (which always completes: it finds the first plans that fit) and
     the exact completion over runs (where the labels grow most);
-    ``smallest``: the smallest memory (:func:`search.milp.smallest_memory`)
+    ``smallest``: the smallest memory (:func:`search.exact.milp.smallest_memory`)
     where the caller has it; ``incumbent``: a plan (an option per layer) to
     beat where it fits, the search's first upper bound (the exact
     completion searches each interval up to the best plan found, so a good
@@ -409,22 +399,22 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
     or ``incumbent`` is no plan of ``p``,
     ``NotImplementedError`` if plans may hold runs of recomputing layers
     (:func:`search.problem.has_runs`) on a graph that
-    :func:`search.run_chain.run_chain` declines (an edge against the
+    :func:`search.exact.runs.run_chain` declines (an edge against the
     layers' order, which runs follow, or too many skip edges over a layer).
 
-    Runs of recomputing layers (:mod:`search.dp_runs`): their checkpoint
+    Runs of recomputing layers (:mod:`search.exact.dp_runs`): their checkpoint
     credits are pair terms of the backward phase (the Viterbi and the
     Lagrangian bounds carry them; the transients they grow are left out
     there, which only loosens the bounds, and every plan is checked with its
     exact memory), and the exact completion and the smallest memory are
-    :func:`search.dp_runs.search_runs`'s labels, which add the run's sum."""
+    :func:`search.exact.dp_runs.search_runs`'s labels, which add the run's sum."""
     deadline = np.inf if time_limit_s is None else time.perf_counter() + float(time_limit_s)
     rc = run_chain(p) if has_runs(p) else None
     if has_runs(p) and rc is None:
         raise NotImplementedError(
             "the DP searches runs of recomputed layers (remat+join) only in layer order (every edge from an "
             f"earlier layer to a later one), with at most {MAX_OPEN_SKIPS} skip edges that free a checkpoint and "
-            f"{64 // HOP_BITS - 1} that reshard open over any layer (search.run_chain.run_chain); "
+            f"{64 // HOP_BITS - 1} that reshard open over any layer (search.exact.runs.run_chain); "
             "use method='milp' or 'gradient'")
     order = chain_order(p) if rc is None else np.arange(p.num_layers)
     if order is None:
@@ -437,7 +427,7 @@ def solve_dp(p: DiscreteProblem, memory_limit: float = np.inf, *, max_labels: in
         return DPResult(z, 0.0, 0.0, True, 0.0, True, 0, 0)
     ch = _chain(p, order)
     if rc is not None:  # the chain's own pairs, the skip edges' credits taken off and their least resharding
-        # folded into their destinations (search.run_chain: relaxations for the bounds, the labels pay the rest)
+        # folded into their destinations (search.exact.runs: relaxations for the bounds, the labels pay the rest)
         ch = ch._replace(time=rc.time, pair=rc.pair, persistent=np.where(p.feasible, rc.persistent, 0.0))
 
     found: list[MinimumMemory] = [] if smallest is None else [smallest]

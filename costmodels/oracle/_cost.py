@@ -18,7 +18,7 @@ import numpy as np
 from costmodels.calibration import CalibrationArrays
 from costmodels.collectives import allreduce_s, network_arrays, ring_allreduce_s
 from costmodels.hardware import Hardware
-from costmodels.oracle_layers import OracleLayers
+from costmodels.oracle._layers import OracleLayers
 from costmodels.transport import (
     IDEAL,
     Environment,

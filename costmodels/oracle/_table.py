@@ -1,22 +1,10 @@
-"""The ParaDL oracle (ParaDL §3-§4): whole-model costs of the seven
-parallelization strategies on a machine, per iteration, with their limits,
-memory and bottleneck.
-
-:func:`oracle_table` evaluates every (strategy, device count) pair and
-returns :class:`~costmodels.oracle_cost.StrategyCost` rows, each with a
-one-line bottleneck. Two modes:
-
-* default: the TR's models with the original code's bugs fixed
-  (:mod:`costmodels.oracle_default`);
-* ``compat=True`` (``"paradl"``): the original code's outputs, quirks and
-  all (:mod:`costmodels.oracle_compat`), reproducing ParaDL §6 and §7.2.
-
-Batch convention (ParaDL's ``--cBon``): ``batch_per_device`` b is the number
-of samples every device works on per iteration, on its share of the model
-or image. Data parallelism runs B = b·p; filter, channel, spatial and
-pipeline share one batch B = b among all p devices; the hybrids run b per
-node-sized group, B = b·p1. A fixed global ``batch`` B instead gives
-b = B / (data-parallel replicas).
+"""The ParaDL oracle's table (ParaDL §3-§4): every parallelization strategy at
+every device count (:func:`oracle_table`), each row with the one-line
+bottleneck that bounds it, from the evaluation context
+(:func:`oracle_context`) and the formulas of the mode it asks for
+(:mod:`costmodels.oracle._default`, or :mod:`costmodels.oracle._compat` with
+``compat=True``; pipeline parallelism in :mod:`costmodels.oracle._pipeline`).
+:mod:`costmodels.oracle` describes the modes and the batch convention.
 """
 
 from __future__ import annotations
@@ -27,14 +15,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from costmodels import oracle_compat, oracle_default
 from costmodels.calibration import CalibrationArrays
 from costmodels.hardware import Hardware
-from costmodels.oracle_compat import PARADL_COMPAT
-from costmodels.oracle_cost import COMM_KINDS, COMM_LABELS, OracleContext, StrategyCost
-from costmodels.oracle_layers import OracleLayers, per_sample_compute_s
-from costmodels.oracle_masks import resolve_masks
-from costmodels.oracle_pipeline import pipeline
+from costmodels.oracle import _compat, _default
+from costmodels.oracle._compat import PARADL_COMPAT
+from costmodels.oracle._cost import COMM_KINDS, COMM_LABELS, OracleContext, StrategyCost
+from costmodels.oracle._layers import OracleLayers, per_sample_compute_s
+from costmodels.oracle._masks import resolve_masks
+from costmodels.oracle._pipeline import pipeline
 from costmodels.table import OPTIMIZER_SLOTS
 
 __all__ = [
@@ -84,7 +72,7 @@ def oracle_context(
 ) -> OracleContext:
     """The evaluation context: masks resolved, per-layer compute calibrated
     (§4.10). ``calibration``: measured per-layer times (rows aligned with
-    ``layers``, :func:`costmodels.oracle_layers.oracle_calibration`) that
+    ``layers``, :func:`costmodels.oracle.oracle_calibration`) that
     override the compute of the layers they measured; default mode only."""
     if calibration is not None and compat:
         raise ValueError("a calibration cannot be used in compat mode (it reproduces ParaDL's own compute model); "
@@ -134,7 +122,7 @@ def strategy_cost(ctx: OracleContext, strategy: str, p: int, b: float, segments:
         raise ValueError(f"device counts must be positive integers, got {p}")
     if strategy == "pipeline":
         return pipeline(ctx, p, b, segments)
-    formulas = oracle_compat if ctx.compat else oracle_default  # the original's formulas, or the corrected ones
+    formulas = _compat if ctx.compat else _default  # the original's formulas, or the corrected ones
     if strategy in ("filter", "channel"):
         return formulas.filter_or_channel(ctx, p, b, strategy)
     one = {"data": formulas.data, "spatial": formulas.spatial, "data+filter": formulas.data_filter,

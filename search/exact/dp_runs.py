@@ -1,6 +1,6 @@
 """Exact label search over graphs in layer order whose plans hold runs of
 recomputing layers (``remat+join``: :func:`costmodels.recomputed_runs`,
-:func:`search.problem.run_terms`), for :func:`search.dp.solve_dp` and the
+:func:`search.problem.run_terms`), for :func:`search.exact.dp.solve_dp` and the
 smallest memory (:func:`minimum_memory_runs`).
 
 On a chain in layer order (every edge joins layer ``i - 1`` to layer
@@ -24,7 +24,7 @@ with no run break since, cleared where a layer does not join, and adds a
 credit back where its edge closes unearned. A skip edge that reshards (a
 *hop*) has its least resharding over the source's options in its
 destination's time (the relaxation of
-:func:`search.layer_chain.layer_order_chain`'s ``"lower"``); a label of the
+:func:`search.exact.layer_chain.layer_order_chain`'s ``"lower"``); a label of the
 search by time carries the class of each open hop's source option (options
 whose resharding rows are alike) in a code and pays the rest where the hop
 closes. Labels compare only with labels of the same option, mask and code.
@@ -34,18 +34,18 @@ So a plan's backward phase is ``a + peak`` with ``a`` additive and
 run's sum before ``i``; its optimizer phase ``q`` is additive. The search
 carries labels ``(tau, a, q, r, peak)`` per ``(position, option)``, Pareto
 filtered (smaller is better in each: a smaller ``r`` only lowers later
-transients; :func:`search.pareto.nondominated_rows`), as
-:func:`search.dp._pareto_search` does without runs, and is exact up to its
+transients; :func:`search.exact.pareto.nondominated_rows`), as
+:func:`search.exact.dp._pareto_search` does without runs, and is exact up to its
 label budget.
 
-Both the fastest plan (:func:`search.dp.solve_dp`) and the smallest memory
+Both the fastest plan (:func:`search.exact.dp.solve_dp`) and the smallest memory
 (:func:`minimum_memory_runs`) are searched in intervals ``(f, c]`` of the
 peak (:func:`run_intervals`): every transient within ``c``, the plan
 counted at ``a + max(f, peak)``, exactly its memory in its own interval.
 The DP's Lagrangian bounds come from a Viterbi over the options and the run
-sum rounded down into buckets (:func:`search.run_chain.bucket_viterbi`),
+sum rounded down into buckets (:func:`search.exact.runs.bucket_viterbi`),
 which never overstates a transient, so they hold; its labels are pruned by
-the same bucketed bounds to go (:func:`search.run_chain.bucket_to_go`). Most
+the same bucketed bounds to go (:func:`search.exact.runs.bucket_to_go`). Most
 labels' peaks sit at the floor ``f`` and compare equal. Each coordinate
 compares only above where it can still change how a plan ends (``coords``
 in :func:`search_runs`): a label's ``r`` as ``max(r, peak - G_i)``, ``G_i``
@@ -63,18 +63,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from search.pareto import nondominated_rows
-from search.problem import (
-    DiscreteProblem,
-    MinimumMemory,
-    _phase_minimum_by_cap,
-    _restricted,
-    minimum_memory,
-    plan_memory,
-    with_strategies_of,
-    without_joins,
-)
-from search.run_chain import (
+from search.exact.memory import MinimumMemory, minimum_memory, phase_minimum_by_cap
+from search.exact.pareto import nondominated_rows
+from search.exact.runs import (
     BUCKETS,
     HOP_BITS,
     MOST_BUCKET_OPEN_STATES,
@@ -86,6 +77,8 @@ from search.run_chain import (
     skip_state,
     skip_to_go,
 )
+from search.options import restricted, with_strategies_of, without_joins
+from search.problem import DiscreteProblem, plan_memory
 
 __all__ = ["INTERVALS", "RunPruning", "lighter_runs", "minimum_memory_runs", "run_intervals", "run_pruning",
            "search_runs"]
@@ -106,7 +99,7 @@ def _least_kept(p: DiscreteProblem, rc: RunChain) -> np.ndarray:
 def run_intervals(p: DiscreteProblem, rc: RunChain, limit: float,
                   count: int = INTERVALS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The intervals of the largest transient (the peak) that
-    :func:`search.dp.solve_dp` searches one by one under ``limit``: ``count``
+    :func:`search.exact.dp.solve_dp` searches one by one under ``limit``: ``count``
     of equal width from the least peak any plan has (every layer's smallest
     workspace) to the most a plan that fits can have (the limit less a lower
     bound on the kept bytes), those whose lower bound on memory fits. In
@@ -122,8 +115,8 @@ def run_intervals(p: DiscreteProblem, rc: RunChain, limit: float,
         return np.zeros(0), np.zeros(0), np.zeros(0)
     edges = np.linspace(lo, hi, count + 1) if hi > lo else np.array([lo, lo])
     caps, floors = edges[1:], edges[:-1]
-    backward, covered = _phase_minimum_by_cap(p.workspace_bytes, kept, caps)
-    optimizer, _ = _phase_minimum_by_cap(p.workspace_bytes, p.optimizer_bytes, caps)
+    backward, covered = phase_minimum_by_cap(p.workspace_bytes, kept, caps)
+    optimizer, _ = phase_minimum_by_cap(p.workspace_bytes, p.optimizer_bytes, caps)
     bound = np.where(covered == p.num_layers, np.maximum(floors + backward, optimizer), np.inf)
     fits = bound <= limit
     return caps[fits], floors[fits], bound[fits]
@@ -212,7 +205,7 @@ def run_pruning(rc: RunChain, cap: float, limit: float, *, minimize: str = "time
             if use_mult else h_time
         mult_states = bool(use_mult and few is not None)
         q_most = np.where(inside, Q, -np.inf).max(axis=1)
-        q_floor = limit - np.r_[np.cumsum(q_most[::-1])[::-1][1:], 0.0]  # [n] (search.dp._pareto_search)
+        q_floor = limit - np.r_[np.cumsum(q_most[::-1])[::-1][1:], 0.0]  # [n] (search.exact.dp._pareto_search)
     else:  # [n, O] the least a completion adds to the backward phase less what it adds to the optimizer's
         gap = np.where(inside, rc.persistent, 0.0) - np.where(inside, rc.optimizer, 0.0)
         d_go = _to_go(rc, inside, np.where(inside, gap, np.inf), -rc.credit)
@@ -229,10 +222,10 @@ def search_runs(rc: RunChain, cap: float, floor: float, limit: float, upper: flo
     max(floor, peak) <= limit`` and ``q <= limit``, only looking for paths
     faster than ``upper`` (``lam``, ``mu``: Lagrange multipliers of the two
     phases in seconds per byte, used only to prune; the bounds to go taken
-    over the bucketed run sums, :func:`search.run_chain.bucket_to_go`,
+    over the bucketed run sums, :func:`search.exact.runs.bucket_to_go`,
     ``buckets``); ``minimize="memory"``, the least ``max(a + max(floor,
     peak), q)`` below ``upper`` bytes (``limit`` unused). The labels grow
-    fast with ``upper``; :func:`search.dp.solve_dp` raises it in steps over
+    fast with ``upper``; :func:`search.exact.dp.solve_dp` raises it in steps over
     its intervals. Stops, not completed, past ``max_labels`` labels or the
     ``time.perf_counter()`` value ``deadline``. ``pruning``: the interval's
     bounds to go (:func:`run_pruning` of the same ``rc``, ``cap``,
@@ -401,12 +394,12 @@ def _group(x: np.ndarray) -> np.ndarray:
 def minimum_memory_runs(p: DiscreteProblem, rc: RunChain | None = None, *,
                         max_labels: int = 2_000_000, deadline: float = np.inf) -> MinimumMemory:
     """The exact smallest memory of a problem in layer order whose
-    plans may hold runs (:func:`search.problem.minimum_memory`'s answer where
+    plans may hold runs (:func:`search.exact.memory.minimum_memory`'s answer where
     runs break its layer-by-layer sums): :func:`search_runs` by memory in
     each interval of the peak (:func:`run_intervals` under the memory of the
     smallest plan without runs, the first upper bound), in the order of
     their lower bounds until the next is no better than the best plan
-    found. Raises ``ValueError`` where :func:`search.run_chain.run_chain` declines ``p``,
+    found. Raises ``ValueError`` where :func:`search.exact.runs.run_chain` declines ``p``,
     ``RuntimeError`` where an interval needs more than ``max_labels``
     labels or the search runs past the ``time.perf_counter()`` value
     ``deadline``."""
@@ -416,7 +409,7 @@ def minimum_memory_runs(p: DiscreteProblem, rc: RunChain | None = None, *,
     rc = run_chain(p) if rc is None else rc
     if rc is None:
         raise ValueError("minimum_memory_runs needs a graph in layer order whose edges join consecutive layers "
-                         "or skip ahead, with few skip edges over any layer (search.run_chain.run_chain)")
+                         "or skip ahead, with few skip edges over any layer (search.exact.runs.run_chain)")
     free = without_joins(p)  # its smallest plan (else each layer's least kept bytes): the first upper bound
     if free.feasible.any(axis=1).all():
         choice = minimum_memory(free).choice
@@ -449,4 +442,4 @@ def lighter_runs(p: DiscreteProblem, choice: np.ndarray) -> np.ndarray:
     rows = np.arange(p.num_layers)
     allowed = with_strategies_of(p, c).feasible & (p.layer_time_s <= p.layer_time_s[rows, c][:, None])
     allowed[rows, c] = True
-    return minimum_memory_runs(_restricted(p, allowed)).choice
+    return minimum_memory_runs(restricted(p, allowed)).choice

@@ -1,9 +1,9 @@
 """Discrete refinement of plans: rounding, repair to memory feasibility at
 the least time cost, local search with single-layer moves, moves of the two
 layers of an edge (so a layer and its neighbour change together and pay,
-or save, their resharding once: :mod:`search.moves`) and memory trades
+or save, their resharding once: :mod:`search.local.moves`) and memory trades
 between two layers, and a large neighbourhood that re-plans whole chain
-segments by Viterbi (:mod:`search.segments`).
+segments by Viterbi (:mod:`search.local.segments`).
 
 Every move is scored exactly, by the discrete objective of
 :mod:`search.problem` (the cost model at one-hot probabilities), for all
@@ -17,25 +17,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from search.milp import smallest_memory
-from search.moves import (
-    MoveScores,
-    current_state,
-    pair_memory_floors,
-    pair_moves,
-    single_moves,
-    with_overlap,
-)
-from search.problem import (
-    DiscreteProblem,
-    MinimumMemory,
-    has_runs,
-    plain_options,
-    plan_memory,
-    plan_time,
-)
-from search.relevel import relevel
-from search.segments import (
+from search.exact import MinimumMemory, smallest_memory
+from search.local.moves import MoveScores, current_state, pair_memory_floors, pair_moves, single_moves, with_overlap
+from search.local.relevel import relevel
+from search.local.segments import (
     SegmentCandidates,
     Segments,
     apply_segment,
@@ -43,11 +28,10 @@ from search.segments import (
     segment_candidates,
     segment_moves,
 )
+from search.options import plain_options
+from search.problem import DiscreteProblem, has_runs, plan_memory, plan_time
 
-__all__ = [
-    "MoveScores", "RefineResult", "SegmentCandidates", "Segments", "apply_segment", "chain_segments", "drop_idle_levers",
-    "free_levers", "local_search", "pair_moves", "refine", "repair", "segment_candidates", "segment_moves", "single_moves",
-]
+__all__ = ["RefineResult", "drop_idle_levers", "free_levers", "local_search", "refine", "repair"]
 
 _REL_TOL = 1e-10  # a move must improve the time by more than this fraction to count
 _PAIR_CHUNK = 4096  # moves of an edge's two layers scored per pass where plans hold runs (_cheapest_pair)
@@ -65,7 +49,7 @@ def repair(p: DiscreteProblem, choice, memory_limit: float, max_rounds: int | No
     else its first move alone is made (which saves alone): every round
     lowers the memory. Where the moves get stuck above the limit, the plan
     walks to ``fallback`` (default: the exact smallest-memory plan,
-    :func:`search.problem.minimum_memory`) on the shortest prefix of its
+    :func:`search.exact.memory.minimum_memory`) on the shortest prefix of its
     layers that fits (:func:`_walk_towards`), so it fits whenever any plan
     does. Returns the plan and whether it fits.
 
@@ -133,9 +117,9 @@ def _cheapest_pair(p: DiscreteProblem, c: np.ndarray, cur, t_now: float, m_now: 
     """The move of an edge's two layers that saves memory at the least added
     time per byte saved (``(edge, s, t)``, the first in ``[e, S, S]`` order
     among equals), or None if none saves. Where plans hold runs each memory
-    costs a window (:mod:`search.run_moves`), so moves are scored in chunks
+    costs a window (:mod:`search.local.run_moves`), so moves are scored in chunks
     by a lower bound on their score (their added time over the most they
-    can save, :func:`search.moves.pair_memory_floors`): every move that
+    can save, :func:`search.local.moves.pair_memory_floors`): every move that
     speeds the plan up first, then the others in order of that bound until
     it exceeds the best score found; the result is the full scoring's."""
     if not cur.runs:  # every memory is a sum: all at once
@@ -469,14 +453,14 @@ def refine(p: DiscreteProblem, candidates, memory_limit: float, max_candidates: 
     back on the exact smallest-memory plan (:func:`repair`), which fits
     whenever any plan does; where it does not, that plan is returned,
     marked infeasible. ``smallest``: that plan's
-    :func:`search.milp.smallest_memory`, where the caller has it.
+    :func:`search.exact.milp.smallest_memory`, where the caller has it.
     ``starts`` ``[k, n]``: plans from another source (the Lagrangian's,
-    :func:`search.lagrangian.lagrangian_plans`) that are repaired and
+    :func:`search.exact.lagrangian.lagrangian_plans`) that are repaired and
     locally searched besides the best ``max_candidates``, so they never
     take those places. Where
     plans may hold runs, the best plan's levers and runs are then re-planned
     exactly within the strategies of the local optima
-    (:func:`search.relevel.relevel`, its completion within
+    (:func:`search.local.relevel.relevel`, its completion within
     ``relevel_time_limit_s``) and locally searched again. Past ``deadline_s``
     (a ``time.perf_counter()`` reading) the local searches stop where they
     are and the re-planning is skipped: the best plan so far is returned

@@ -13,9 +13,9 @@ fastest plans move together.
 The Lagrangian dual of the limit prices each kept byte at ``lam`` seconds:
 for a peak ``cap`` (every layer's transient within it), the plan with the
 least ``time + lam * kept bytes`` is a min-sum path over (option, run sum)
-states (:func:`search.run_chain.bucket_viterbi`, the run sums rounded down
+states (:func:`search.exact.runs.bucket_viterbi`, the run sums rounded down
 into buckets, the checkpoint credits as pair terms, and which open skip
-edges still earn theirs, :func:`search.run_chain.skip_moves`). Its kept bytes fall as
+edges still earn theirs, :func:`search.exact.runs.skip_moves`). Its kept bytes fall as
 ``lam`` grows, so a bisection on ``lam`` brackets the limit: the plan at the
 upper end of the bracket fits (its memory checked exactly, with the true run
 sums), the one at the lower end is just over. Both are candidates: the
@@ -31,10 +31,9 @@ import time as _time
 
 import numpy as np
 
-from search.dp_runs import run_intervals
-from search.layer_chain import layer_order_chain
-from search.problem import DiscreteProblem, has_runs, plan_memories
-from search.run_chain import (
+from search.exact.dp_runs import run_intervals
+from search.exact.layer_chain import layer_order_chain
+from search.exact.runs import (
     BUCKETS,
     MOST_BUCKET_OPEN_STATES,
     all_bucket_moves,
@@ -43,6 +42,7 @@ from search.run_chain import (
     run_chain,
     skip_moves,
 )
+from search.problem import DiscreteProblem, has_runs, plan_memories
 
 __all__ = ["lagrangian_plans"]
 
@@ -55,7 +55,7 @@ def lagrangian_plans(p: DiscreteProblem, memory_limit: float, caps: int = 4, ste
                      deadline_s: float | None = None) -> np.ndarray:
     """Plans ``[k, n]`` near the fastest within ``memory_limit`` (module
     docstring): for ``caps`` peaks spread over the intervals
-    :func:`search.solve_dp` searches (:func:`search.dp_runs.run_intervals`),
+    :func:`search.solve_dp` searches (:func:`search.exact.dp_runs.run_intervals`),
     the Lagrangian plans at both ends of the multiplier's bracket after
     ``steps`` bisection steps, the one that fits and the one just over (for
     repair); none of a peak where no multiplier's plan fits. Only where plans

@@ -56,21 +56,21 @@ proportional to work with one point (:func:`calibrated_seconds`).
                            "strategies": {"filter": {"work": [8], "seconds": [7.0e-4]}}}}}
 ```
 
-The parts: :mod:`costmodels.calibration_keys` (operation keys and points),
-:mod:`costmodels.calibration_file` (the record and its file),
-:mod:`costmodels.calibration_lookup` (arrays and the jitted lookup); this
-module gathers their public names.
+The parts: :mod:`costmodels.calibration._keys` (operation keys and points),
+:mod:`costmodels.calibration._file` (the record and its file),
+:mod:`costmodels.calibration._lookup` (arrays and the jitted lookup); this
+module's ``__all__`` is what the rest of shardplan uses.
 """
 
-from costmodels.calibration_file import Calibration, check_hardware, load_calibration
-from costmodels.calibration_keys import (
+from costmodels.calibration._file import MAX_WORK_POINTS, Calibration, check_hardware, load_calibration
+from costmodels.calibration._keys import (
     LayerDims,
     OpKey,
     ShapePoint,
     ShardDims,
     graph_op_keys,
 )
-from costmodels.calibration_lookup import (
+from costmodels.calibration._lookup import (
     CalibrationArrays,
     ShapeCalibrationArrays,
     calibrate_compute,
@@ -80,6 +80,7 @@ from costmodels.calibration_lookup import (
 )
 
 __all__ = [
+    "MAX_WORK_POINTS",
     "Calibration",
     "CalibrationArrays",
     "ShapeCalibrationArrays",

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodels.oracle_cost import OracleContext, StrategyCost, cost_row
-from costmodels.oracle_layers import layer_compute_s, weight_update_s
+from costmodels.oracle._cost import OracleContext, StrategyCost, cost_row
+from costmodels.oracle._layers import layer_compute_s, weight_update_s
 
 __all__ = ["balanced_stages", "boundary_elements", "pipeline"]
 

@@ -8,8 +8,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from search.dp import viterbi
-from search.moves import current_state, with_overlap
+from search.exact import viterbi
+from search.local.moves import current_state, with_overlap
 from search.problem import DiscreteProblem, plan_memories, plan_memory, plan_time
 
 __all__ = ["SegmentCandidates", "Segments", "apply_segment", "chain_segments", "segment_candidates", "segment_moves"]
