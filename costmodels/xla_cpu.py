@@ -6,7 +6,7 @@ saved activations and one largest transient (two phases: the backward pass
 and the optimizer step). XLA:CPU's breadth-first schedule departs from it
 in ways found in its buffer assignment and live ranges
 (docs/validation.md, "The memory promise"; ``benchmarks/memory_models.py``
-``xla-cpu-rules`` scores them on issue 17's grid):
+``xla-cpu-rules`` scores them on the validation grid):
 
 * it makes a copy ``C`` of every conv and dense kernel at the step's start
   (``transpose_copy_fusion``, ``copy``), none for the first weighted layer

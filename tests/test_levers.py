@@ -459,7 +459,7 @@ def test_plan_with_levers_fits_where_no_lever_free_plan_does():
 def test_zero_stages_2_and_3_fit_their_prediction_on_xla_cpu(devices):
     """VGG16-CIFAR-10 at batch 16 on 4x2, every layer data under ZeRO stage
     2, then 3: XLA's compiled total (the oracle) is within 10% of the
-    prediction (issue 15; measured 1.045 and 1.034), and within what the cpu
+    prediction (measured 1.045 and 1.034), and within what the cpu
     margin covers. The export ties each layer's weights (and stage 3's
     gathers) to the layer's input in the forward pass and to its cotangent
     in the backward pass, and its weight gradients to its input gradient

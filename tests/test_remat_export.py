@@ -185,7 +185,7 @@ def test_shard_applies_a_plans_runs_with_the_kept_losses(devices):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["vgg16-cifar10", "resnet-2222-64px"])
 def test_run_plans_fit_their_prediction_on_xla_cpu(devices, name):
-    """Issue 15: plans that recompute runs of CNN layers (VGG16-CIFAR-10:
+    """Plans that recompute runs of CNN layers (VGG16-CIFAR-10:
     each conv with its ReLU and pool; a ResNet-18-sized bottleneck ResNet,
     (2, 2, 2, 2) blocks at 64x64: each residual block) on 8x1 at 64 and 32
     samples per device, where activations dominate: XLA's compiled total

@@ -97,7 +97,7 @@ def test_memory_against_hand_counts(reports):
     # 16 x 16 x 8) finds its argmax with four int32 iotas of its input's shape,
     # 4 x 4,096 x 4 B = 65,536 B, without which the prediction was 21% under
     # (measured: 245,848 B compiled). Hand counts of the expansion: test_costmodels.py.
-    # The total is XLA:CPU's schedule (costmodels/xla_cpu.py), within issue 17's 10%
+    # The total is XLA:CPU's schedule (costmodels/xla_cpu.py), within the validation grid's 10%
     # (splitbrain: 233,036 B predicted, 5.2% under).
     for name in ("splitbrain", "megatron"):
         total = {r.part: r for r in reports[name][1].memory}["total"]
