@@ -153,32 +153,8 @@ def _model(p: DiscreteProblem, limit: float, tighten: float, minimize_memory: bo
         up.append(np.zeros(lx.size))
         r += lx.size
     if has_limit:
-        bound = 0.0 if minimize_memory else 1.0 - tighten
-        add(np.full(nx, r), xi[F], p.persistent_bytes[F] / m0)
-        add([r], [zi], [1.0])
-        if runs:  # the checkpoints runs free
-            add(np.full(ve.size, r), vi, -p.checkpoint_credit[ve, vo] / m0)
-        if minimize_memory:
-            add([r], [pi], [-1.0])
-        lo.append([-np.inf])
-        up.append([bound])
-        r += 1
-        add(np.full(nx, r), xi[F], p.optimizer_bytes[F] / m0)  # the optimizer phase
-        if minimize_memory:
-            add([r], [pi], [-1.0])
-        lo.append([-np.inf])
-        up.append([bound])
-        r += 1
-        add(r + ll, xi[ll, ss], p.workspace_bytes[ll, ss] / m0)
-        add(r + np.arange(n), np.full(n, zi), -np.ones(n))
-        if runs:  # z >= W[l] + a[l] - rec[l]: the run's recomputed bytes before l
-            add(r + ll, xi[ll, ss], -p.recompute_bytes[ll, ss] / m0)
-            add(r + np.arange(n), ai, np.ones(n))
-        lo.append(np.full(n, -np.inf))
-        up.append(np.zeros(n))
-        r += n
-        if runs:
-            r = _run_rows(p, add, lo, up, r, xi, vi, ve, vo, ai, m0)
+        r = _memory_rows(p, add, lo, up, r, xi, zi, pi, (vi, ve, vo, ai) if runs else None, minimize_memory,
+                         tighten, m0)
     if hi >= 0:
         for per_layer in (p.grad_sync_s, p.backward_s):
             add(np.full(nx, r), xi[F], -per_layer[F] / t0)
@@ -205,6 +181,51 @@ def _model(p: DiscreteProblem, limit: float, tighten: float, minimize_memory: bo
         ub[ai] = np.inf
     cons = LinearConstraint(A, np.concatenate([np.ravel(x) for x in lo]), np.concatenate([np.ravel(x) for x in up]))
     return c, cons, integrality, Bounds(lb, ub), xi, t0
+
+
+def _memory_rows(p: DiscreteProblem, add, lo: list, up: list, r: int, xi, zi: int, pi: int, run_vars,
+                 minimize_memory: bool, tighten: float, m0: float) -> int:
+    """The memory limit's rows from row ``r`` on (returns the next row): the
+    backward phase (the persistent bytes, less the checkpoints runs free,
+    plus ``z``, the largest workspace with its run's recomputed bytes) and
+    the optimizer phase, each at most the limit (``m0`` bytes: 1, less
+    ``tighten``), or at most ``P`` (variable ``pi``) when minimising memory;
+    with ``run_vars`` ``(vi, ve, vo, ai)`` the runs' rows
+    (:func:`_run_rows`)."""
+    F = p.feasible
+    n = F.shape[0]
+    nx = int(F.sum())
+    ll, ss = np.nonzero(F)
+    runs = run_vars is not None
+    if runs:
+        vi, ve, vo, ai = run_vars
+    bound = 0.0 if minimize_memory else 1.0 - tighten
+    add(np.full(nx, r), xi[F], p.persistent_bytes[F] / m0)
+    add([r], [zi], [1.0])
+    if runs:  # the checkpoints runs free
+        add(np.full(ve.size, r), vi, -p.checkpoint_credit[ve, vo] / m0)
+    if minimize_memory:
+        add([r], [pi], [-1.0])
+    lo.append([-np.inf])
+    up.append([bound])
+    r += 1
+    add(np.full(nx, r), xi[F], p.optimizer_bytes[F] / m0)  # the optimizer phase
+    if minimize_memory:
+        add([r], [pi], [-1.0])
+    lo.append([-np.inf])
+    up.append([bound])
+    r += 1
+    add(r + ll, xi[ll, ss], p.workspace_bytes[ll, ss] / m0)
+    add(r + np.arange(n), np.full(n, zi), -np.ones(n))
+    if runs:  # z >= W[l] + a[l] - rec[l]: the run's recomputed bytes before l
+        add(r + ll, xi[ll, ss], -p.recompute_bytes[ll, ss] / m0)
+        add(r + np.arange(n), ai, np.ones(n))
+    lo.append(np.full(n, -np.inf))
+    up.append(np.zeros(n))
+    r += n
+    if runs:
+        r = _run_rows(p, add, lo, up, r, xi, vi, ve, vo, ai, m0)
+    return r
 
 
 def _run_rows(p: DiscreteProblem, add, lo: list, up: list, r: int, xi, vi, ve, vo, ai, m0: float) -> int:
