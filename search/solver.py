@@ -253,7 +253,7 @@ def solve_many(tables: Sequence, memory_limit=None, method: str = "auto", seed: 
             _emit(callback, "milp", f"table {i}: the MILP did not settle the smallest memory in {smallest_limit:g} s; "
                   "the gradient search plans it within the time budget", i)
 
-    ctx = _Search(tables, compact, problems, option_ids, limits, mins, out, seconds, seed, callback)
+    ctx = _Search(tables, compact, limits, mins, out, seconds, seed, callback)
     _exact_stage(ctx, [i for i in todo if plan_of[i] in ("dp", "milp")], plan_of, unproven, runs, method,
                  milp_time_limit_s, stage_s)
     grad_idx = [i for i in todo if plan_of[i] == "gradient"]
@@ -271,14 +271,20 @@ class _Search(NamedTuple):
 
     tables: Sequence  # the cost tables
     compact: list  # [k] CompactProblem: each table without the options no layer runs
-    problems: list[DiscreteProblem]  # [k] the compact problems the solvers search
-    option_ids: list[np.ndarray]  # [k] compact column -> table option
     limits: list[float]  # [k] bytes per device
     mins: list[MinimumMemory | None]  # [k] the smallest memory found (None: not needed)
     out: list[Solution | None]  # [k] filled by the stages
     seconds: list[float]  # [k] time spent per table
     seed: int
     callback: Callback
+
+    @property
+    def problems(self) -> list[DiscreteProblem]:  # [k] the compact problems the solvers search
+        return [c.problem for c in self.compact]
+
+    @property
+    def option_ids(self) -> list[np.ndarray]:  # [k] compact column -> table option
+        return [c.option_ids for c in self.compact]
 
 
 def _exact_stage(ctx: _Search, exact: list[int], plan_of: dict[int, str], unproven: dict, runs: list[bool],

@@ -17,10 +17,12 @@ import jax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+import numpy as np
+
 from costmodels import AXIS_NAMES
 from planner.plans.specs import activation_spec
 
-__all__ = ["fanned_out", "projected_to_heads"]
+__all__ = ["fanned_out", "plain_projection", "projected_to_heads"]
 
 
 def fanned_out(x: Any, mesh: Mesh) -> Any:
@@ -66,3 +68,12 @@ def projected_to_heads(copies: Any, kernel: Any, bias: Any, mesh: Mesh,
     out = P(data, *([None] * (ndim - 2)), model, None)
     return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out)(
         copies, kernel, *((bias,) if bias is not None else ()))
+
+
+def plain_projection(axis: Any, batch_axes: Any, dot_general: Any, dot_general_cls: Any) -> bool:
+    """Whether a projection (nnx ``LinearGeneral``, linen ``DenseGeneral``:
+    its ``axis``, batch axes and ``dot_general`` settings) contracts the last
+    axis only, without batch axes or a custom ``dot_general``: what
+    :func:`projected_to_heads` computes. Other projections are left to XLA's
+    partitioner, which reduces their input gradients on their own."""
+    return tuple(np.atleast_1d(axis)) == (-1,) and not batch_axes and dot_general is None and dot_general_cls is None

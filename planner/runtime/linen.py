@@ -28,7 +28,6 @@ from typing import Any, NamedTuple
 import flax
 import flax.linen as nn
 import jax
-import numpy as np
 from flax import nnx
 from flax.linen.dtypes import promote_dtype
 from flax.nnx import bridge
@@ -50,7 +49,7 @@ from planner.runtime.calls import (
     looks_up_positions,
     pin_cotangent,
 )
-from planner.runtime.head_calls import fanned_out, projected_to_heads
+from planner.runtime.head_calls import fanned_out, plain_projection, projected_to_heads
 
 __all__ = ["LinenModel", "as_nnx", "constrained_linen_calls"]
 
@@ -213,8 +212,8 @@ def _plain(dense: nn.Module) -> bool:
     the last axis, without batch dims or a custom ``dot_general``, which
     :func:`_projected` computes on its heads (else XLA's partitioner places
     it, and reduces its input gradient on its own)."""
-    return (isinstance(dense, nn.DenseGeneral) and tuple(np.atleast_1d(dense.axis)) == (-1,)
-            and not dense.batch_dims and dense.dot_general is None and dense.dot_general_cls is None)
+    return isinstance(dense, nn.DenseGeneral) and plain_projection(dense.axis, dense.batch_dims, dense.dot_general,
+                                                                   dense.dot_general_cls)
 
 
 def _projected(dense: nn.DenseGeneral, copies: Any, mesh: Mesh) -> Any:

@@ -12,7 +12,6 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -36,7 +35,7 @@ from planner.runtime.calls import (
     reduce_scattering,
     zero_call,
 )
-from planner.runtime.head_calls import fanned_out, projected_to_heads
+from planner.runtime.head_calls import fanned_out, plain_projection, projected_to_heads
 
 __all__ = ["constrained_calls"]
 
@@ -120,14 +119,7 @@ def constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: Me
                 name = layer_path(name, "attend")
             to_heads = None if name is None else head_projection(name, strategies)
             if to_heads is not None and to_heads[1] == "to":
-                # a query / key / value projection of a fused layer: its input is the attention
-                # module's, converted once there (below); its output split by heads where planned
-                if id(x) in fanned and not args and set(kwargs) <= {"out_sharding"} and kwargs.get("out_sharding") is None:
-                    bias = None if self.bias is None else self.bias[...]
-                    return projected_to_heads(fanned[id(x)], self.kernel[...], bias, mesh,
-                                              lambda t: self.promote_dtype(t, dtype=self.dtype), self.precision)
-                lout = PARAM_LAYOUTS[to_heads[0]][1]
-                return constrain_heads(orig(self, x, *args, **kwargs), lout, mesh)
+                return _to_heads_call(orig, self, x, args, kwargs, to_heads[0], fanned.get(id(x)), mesh)
             if name is None or name not in strategies:
                 if isinstance(self, nnx.MultiHeadAttention) and name is not None:
                     return _attention_call(orig, self, name, x, args, kwargs, strategies=strategies, mesh=mesh,
@@ -188,6 +180,21 @@ def constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: Me
                 delattr(cls, method)
 
 
+def _to_heads_call(orig: Callable, projection: nnx.LinearGeneral, x: Any, args: tuple, kwargs: dict, strategy: str,
+                   copies: Any, mesh: Mesh) -> Any:
+    """A query, key or value projection of a fused ``qkv`` layer planned
+    ``strategy``: its input is the attention module's, converted once there
+    (:func:`_attention_call`); on the ``copies`` the attention fanned out
+    (:func:`~planner.runtime.head_calls.fanned_out`) it runs on its heads,
+    else its output is split by heads where planned."""
+    plain = not args and set(kwargs) <= {"out_sharding"} and kwargs.get("out_sharding") is None
+    if copies is not None and plain:
+        bias = None if projection.bias is None else projection.bias[...]
+        return projected_to_heads(copies, projection.kernel[...], bias, mesh,
+                                  lambda t: projection.promote_dtype(t, dtype=projection.dtype), projection.precision)
+    return constrain_heads(orig(projection, x, *args, **kwargs), PARAM_LAYOUTS[strategy][1], mesh)
+
+
 def _attention_call(orig: Callable, attention: nnx.MultiHeadAttention, name: str, x: Any, args: tuple,
                     kwargs: dict, *, strategies: Mapping[str, str], mesh: Mesh,
                     block: tuple[str | None, str | None] | None, remat: frozenset[str],
@@ -231,13 +238,8 @@ def _fans_out(attention: nnx.MultiHeadAttention, fused: str, strategies: Mapping
     projections, and reduces their input gradients once each."""
     projections = [getattr(attention, k, None) for k in ("query", "key", "value")]
     return (strategies.get(fused) == "filter" and fused not in zero
-            and all(isinstance(p, nnx.LinearGeneral) and _plain_head_projection(p.axis, p.batch_axis,
-                                                                                 p.dot_general or p.dot_general_cls)
+            and all(isinstance(p, nnx.LinearGeneral)
+                    and plain_projection(p.axis, p.batch_axis, p.dot_general, p.dot_general_cls)
                     and p.kernel.ndim == 3 and p.kernel.shape[1] % mesh.shape[AXIS_NAMES[1]] == 0
                     for p in projections))
 
-
-def _plain_head_projection(axis: Any, batch_axis: Any, custom_dot: Any) -> bool:
-    """A projection contracting the last axis only, without batch axes or a
-    custom ``dot_general``: what :func:`~planner.runtime.head_calls.projected_to_heads` computes."""
-    return tuple(np.atleast_1d(axis)) == (-1,) and not batch_axis and custom_dot is None
