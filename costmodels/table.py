@@ -172,20 +172,7 @@ def cost_table(
 
     # -- compute: the group's work split over m, except replicated layers ----------
     work = jnp.stack([jnp.ones(L)] * 4 + [m * jnp.ones(L)], axis=-1) * group_batch / m  # [L, S] samples per device
-    # Parameters one device holds [L, S]: filter splits kernel and bias (both follow the
-    # output channels, ParaDL §4.6); channel splits the kernel's input channels and
-    # keeps the whole bias, added once after the partial sums are reduced (ParaDL §4.7);
-    # the other strategies replicate them. kernel = prod(window) * in / groups * out.
-    strat = jnp.arange(S)[None, :]
-    kernel_el = jnp.minimum(
-        jnp.prod(f32(a.kernel), axis=-1) * f32(a.in_channels) / jnp.maximum(f32(a.groups), 1.0) * f32(a.out_channels),
-        params,
-    )  # [L] kernel elements; the rest of params is the bias
-    local_params = jnp.where(
-        strat == Strategy.FILTER,
-        params[:, None] / m,
-        jnp.where(strat == Strategy.CHANNEL, (params - kernel_el * (1.0 - 1.0 / m))[:, None], params[:, None]),
-    )  # [L, S] parameters per device
+    local_params = _local_params(a, params, m)  # [L, S] parameters per device
     # Each device's shard, costed kernel by kernel (costmodels/compute.py).
     shapes = shard_shapes(a, batch, d, m)
     model = shard_compute_s(hw, a, shapes, delta)
@@ -219,7 +206,7 @@ def cost_table(
     # Weights, gradients, optimizer slots and the optimizer's update per parameter held
     # (costmodels/levers.py adds them up, per lever); fp32 buffers (batch-norm
     # statistics) follow the channels, split only under filter.
-    buffer_split = jnp.where(strat == Strategy.FILTER, m, 1.0)  # [1, S]
+    buffer_split = jnp.where(jnp.arange(S)[None, :] == Strategy.FILTER, m, 1.0)  # [1, S]
     activation, workspace = activation_workspace_bytes(a, attention, kv_el, in_lay, out_lay, group_batch, delta, m,
                                                         settings.platform == "cpu")
 
@@ -322,3 +309,22 @@ def _with_xla_cpu(lc, a, lay, local_params, group_batch, d, m, delta, settings: 
     # option s K + k: strategy s
     return (lc.activation_bytes + jnp.repeat(extra_activation, K, axis=-1),
             lc.workspace_bytes + jnp.repeat(extra_workspace, K, axis=-1), xla_cpu)
+
+
+def _local_params(a, params, m):
+    """The parameters one device holds ``[L, S]``: filter splits kernel and
+    bias (both follow the output channels, ParaDL §4.6); channel splits the
+    kernel's input channels and keeps the whole bias, added once after the
+    partial sums are reduced (ParaDL §4.7); the other strategies replicate
+    them. kernel = prod(window) * in / groups * out."""
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    strat = jnp.arange(len(Strategy))[None, :]
+    kernel_el = jnp.minimum(
+        jnp.prod(f32(a.kernel), axis=-1) * f32(a.in_channels) / jnp.maximum(f32(a.groups), 1.0) * f32(a.out_channels),
+        params,
+    )  # [L] kernel elements; the rest of params is the bias
+    return jnp.where(
+        strat == Strategy.FILTER,
+        params[:, None] / m,
+        jnp.where(strat == Strategy.CHANNEL, (params - kernel_el * (1.0 - 1.0 / m))[:, None], params[:, None]),
+    )

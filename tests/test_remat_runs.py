@@ -257,7 +257,7 @@ def random_run_table(seed: int, n: int) -> CostTable:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_milp_agrees_with_brute_force_on_runs(seed):
-    """The MILP's run rows (search.exact.milp._run_rows) against every plan: the
+    """The MILP's run rows (search.exact.milp_memory._run_rows) against every plan: the
     smallest memory, and the fastest plan under limits from the smallest to
     the largest memory."""
     from search import solve_milp

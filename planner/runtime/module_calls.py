@@ -4,7 +4,51 @@ constrained to its strategy's layouts, and where stating layouts is not
 enough the calls of :mod:`planner.runtime.calls` (ZeRO's gathered weights
 and reduce-scattered gradients, reduce-scattered partial sums, a recomputed
 attention, a multi-head attention's projections on its heads). Linen
-modules go through :func:`planner.runtime.linen.constrained_linen_calls`."""
+modules go through :func:`planner.runtime.linen.constrained_linen_calls`.
+
+What :func:`constrained_calls` does with each call, by its arguments:
+
+* An embedding looked up at positions rather than at the ``batch``'s
+  tokens (:func:`planner.runtime.calls.looks_up_positions`) runs as
+  written: its output has no batch axis to lay out.
+* Where ``input_layouts`` names a module, its input is first pinned to
+  that layout (its producer's), so that functional ops before it keep the
+  plan's layout and the conversion happens at the module's input.
+* Where ``output_layouts`` names a module (consumer -> the consumer's
+  input layout, :func:`consumer_layouts`) and no consumer is a module
+  call, its output is then pinned to the consumers' common input layout,
+  so that the functional ops after it run in their planned layout and the
+  conversion happens at the module's output.
+* A module whose output layout is partial sums (``channel``), which no
+  sharding can state, has its output's *cotangent* pinned to the layout
+  the plan gives that gradient (replicated over ``model``): else XLA may
+  compute the weight gradient from operands gathered over ``data``
+  instead of all-reducing it (measured, docs/validation.md).
+* Where ``scatters`` names such a module (:func:`scatter_layouts`), the
+  module runs inside ``jax.shard_map`` on its shards and its partial sums
+  are reduce-scattered into the layout given (``psum_scatter``), with the
+  bias added once (:func:`planner.runtime.calls.reduce_scattering`):
+  without it the SPMD partitioner all-reduces the whole output and slices it,
+  and XLA:CPU, which has no pass turning that pair into a reduce-scatter,
+  fuses the slice into the consumers and keeps the whole all-reduce
+  result for the backward pass (measured, docs/validation.md).
+* Where ``blocks`` names a module that holds planned layers without
+  being one (a residual block), its input and output are pinned to the
+  layouts given (:func:`block_layouts`; ``None``: left to XLA), so that
+  the shortcut and the first layer read one value and the functional ops
+  at the block's end run in their planned layout.
+* An ``nnx.MultiHeadAttention`` whose attention layer (``<path>/attention``)
+  is in ``remat`` recomputes its attention: the backward pass runs it
+  again from the queries, keys and values it keeps (:func:`planner.runtime.calls.recomputing_attention`); the
+  layers so treated are added to ``recomputed``.
+* A planned module in ``fsdp`` (ZeRO stage 3: its weights stored sharded
+  over its data-parallel group) gathers its weights at its call and
+  again in the backward pass, instead of keeping the forward's gathered
+  copy until then; a conv or dense layer in ``sharded_grads`` (ZeRO
+  stage 2 or 3) under ``data``, ``filter`` or ``replicated``
+  reduce-scatters its weight gradients itself
+  (:func:`planner.runtime.calls.zero_call`).
+"""
 
 from __future__ import annotations
 
@@ -53,53 +97,9 @@ def constrained_calls(model: nnx.Module, strategies: Mapping[str, str], mesh: Me
                        scatters: Mapping[str, str] | None = None,
                        sharded_grads: frozenset[str] = frozenset(), batch: int = 0) -> Iterator[None]:
     """While tracing: constrain each planned module call's input and output to
-    its strategy's layouts (patched ``__call__``, restored on exit).
-
-    * An embedding looked up at positions rather than at the ``batch``'s
-      tokens (:func:`planner.runtime.calls.looks_up_positions`) runs as
-      written: its output has no batch axis to lay out.
-
-    * Where ``input_layouts`` names a module, its input is first pinned to
-      that layout (its producer's), so that functional ops before it keep the
-      plan's layout and the conversion happens at the module's input.
-    * Where ``output_layouts`` names a module (consumer -> the consumer's
-      input layout, :func:`consumer_layouts`) and no consumer is a module
-      call, its output is then pinned to the consumers' common input layout,
-      so that the functional ops after it run in their planned layout and the
-      conversion happens at the module's output.
-    * A module whose output layout is partial sums (``channel``), which no
-      sharding can state, has its output's *cotangent* pinned to the layout
-      the plan gives that gradient (replicated over ``model``): else XLA may
-      compute the weight gradient from operands gathered over ``data``
-      instead of all-reducing it (measured, docs/validation.md).
-    * Where ``scatters`` names such a module (:func:`scatter_layouts`), the
-      module runs inside ``jax.shard_map`` on its shards and its partial sums
-      are reduce-scattered into the layout given (``psum_scatter``), with the
-      bias added once (:func:`planner.runtime.calls.reduce_scattering`):
-      without it the SPMD partitioner all-reduces the whole output and slices it,
-      and XLA:CPU, which has no pass turning that pair into a reduce-scatter,
-      fuses the slice into the consumers and keeps the whole all-reduce
-      result for the backward pass (measured, docs/validation.md).
-
-    * Where ``blocks`` names a module that holds planned layers without
-      being one (a residual block), its input and output are pinned to the
-      layouts given (:func:`block_layouts`; ``None``: left to XLA), so that
-      the shortcut and the first layer read one value and the functional ops
-      at the block's end run in their planned layout.
-
-    * An ``nnx.MultiHeadAttention`` whose attention layer (``<path>/attention``)
-      is in ``remat`` recomputes its attention: the backward pass runs it
-      again from the queries, keys and values it keeps (:func:`planner.runtime.calls.recomputing_attention`); the
-      layers so treated are added to ``recomputed``.
-    * A planned module in ``fsdp`` (ZeRO stage 3: its weights stored sharded
-      over its data-parallel group) gathers its weights at its call and
-      again in the backward pass, instead of keeping the forward's gathered
-      copy until then; a conv or dense layer in ``sharded_grads`` (ZeRO
-      stage 2 or 3) under ``data``, ``filter`` or ``replicated``
-      reduce-scatters its weight gradients itself
-      (:func:`planner.runtime.calls.zero_call`).
-
-    The output layout of the last planned call is appended to ``last_layout``."""
+    its strategy's layouts (patched ``__call__``, restored on exit), as the
+    module docstring lists. The output layout of the last planned call is
+    appended to ``last_layout``."""
     input_layouts = {} if input_layouts is None else input_layouts
     output_layouts = {} if output_layouts is None else output_layouts
     blocks = {} if blocks is None else blocks
