@@ -161,34 +161,28 @@ def plan(
                             remat_runs=remat_runs_offered(graph, levers))
     menu = lever_menu(levers)
     K = len(menu)
-    hwa = hardware_arrays(hw, dtype)
-    if calibration is not None:
-        check_hardware(calibration, hw.name, allow_other_hardware=allow_other_hardware)
-    cal = calibration_arrays(calibration, graph) if calibration is not None else None
     if callback is not None:
         callback(SearchEvent("tables", f"{graph.model_name}: {len(meshes)} mesh shape(s) on {P} devices, batch {B}"))
-    tables = _cost_tables(graph, hwa, B, meshes, settings, cal, K)
+    tables = _cost_tables(graph, hw, B, meshes, settings, calibration, allow_other_hardware)
     # (at least 1 byte: a limit the margin eats whole fits nothing, and says so below). The
     # search sums memory in float32 in its own order; the plan's reported memory is another
     # float32 sum: FLOAT32_ROUNDING keeps the two on the same side of the limit.
     budget = max((limit - margin) * (1.0 - FLOAT32_ROUNDING), 1.0)
-    solutions: list[Solution] = solve_many(tables, budget, method, seed, callback, config=config,
-                                           milp_time_limit_s=milp_time_limit_s, time_budget_s=time_budget_s)
+    def search(ts: list, limit_bytes: float) -> list[Solution]:  # the tables ts within limit_bytes
+        return solve_many(ts, limit_bytes, method, seed, callback, config=config,
+                          milp_time_limit_s=milp_time_limit_s, time_budget_s=time_budget_s)
+
     # on cpu, what XLA:CPU's schedule holds must fit too (planner/schedule_fit.py)
-    solutions = fit_schedule(tables, solutions, budget, lambda t, b: solve_many(
-        [t], b, method, seed, callback, config=config, milp_time_limit_s=milp_time_limit_s,
-        time_budget_s=time_budget_s)[0], callback)
+    solutions = fit_schedule(tables, search(tables, budget), budget, lambda t, b: search([t], b)[0], callback)
     results = tuple(MeshResult(mesh, s.feasible, s.time_s if s.feasible else None, s.memory_bytes,
                                s.min_memory_bytes, s.method, s.optimality_gap)
                     for mesh, s in zip(meshes, solutions, strict=True))
     fitting = [i for i, s in enumerate(solutions) if s.feasible]
     if not fitting:
-        message, required = infeasible_message(graph, P, limit, tables, meshes, solutions,
-                                                MEMORY_MARGIN[platform], inputs, batch=B,
-                                                batch_is_global=batch is not None,
-                                                devices_per_node=None if allow_cross_node_model_axis
-                                                else hw.devices_per_node)
-        raise InfeasibleMemoryError(message, required)
+        raise InfeasibleMemoryError(*infeasible_message(
+            graph, P, limit, tables, meshes, solutions, MEMORY_MARGIN[platform], inputs, batch=B,
+            batch_is_global=batch is not None,
+            devices_per_node=None if allow_cross_node_model_axis else hw.devices_per_node))
     fastest = min(fitting, key=lambda i: (solutions[i].time_s, i))
     dp_time = dp_memory = speedup = None
     base = _data_parallel(graph, hw, P, B, meshes, tables, settings, calibration, allow_other_hardware)
@@ -198,22 +192,16 @@ def plan(
                                         dp_memory <= budget else None, simplicity_tolerance)
     fastest_s = top[0]
     if simple[2] is None:  # pure data parallelism, as evaluated above
-        (d, m), ev, sol = (P, 1), base, solutions[fastest]
-        strategies = ("data",) * graph.num_layers
-        history = ()
+        ev, sol, strategies, history = base, solutions[fastest], ("data",) * graph.num_layers, ()
     else:
-        best = simple[2]
-        sol = solutions[best]
-        d, m = meshes[best]
-        strategies = sol.strategies
-        history = sol.history
+        sol = solutions[simple[2]]
+        strategies, history = sol.strategies, sol.history
         mapping = {n: option_name(c, menu) for n, c in zip(graph.names, sol.choice, strict=True)}
-        ev = evaluation_of(graph, hw, P, (d, m), B, settings, tables[best], plan=mapping)
+        ev = evaluation_of(graph, hw, P, meshes[simple[2]], B, settings, tables[simple[2]], plan=mapping)
     preferred = simple[0] > fastest_s
     fastest_mesh = ((P, 1) if top[2] is None else meshes[top[2]]) if preferred else None
-    gap = solutions[top[2] if top[2] is not None else fastest].optimality_gap if preferred else sol.optimality_gap
-    if preferred and gap is not None:  # against the optimum the fastest plan was certified near
-        gap = (1.0 + gap) * simple[0] / fastest_s - 1.0
+    gap = _gap(solutions[top[2] if top[2] is not None else fastest].optimality_gap, simple[0], fastest_s) \
+        if preferred else sol.optimality_gap
     if dp_time is not None and ev.iteration_s > 0:
         speedup = dp_time / ev.iteration_s
     return Plan(
@@ -250,10 +238,17 @@ def _memory_limit_bytes(memory_limit: float | int | str | None, hw: Hardware) ->
     return limit
 
 
-def _cost_tables(graph: LayerGraph, hwa, batch: int, meshes: list[tuple[int, int]], settings: CostSettings, cal,
-                 menu_size: int) -> list:
-    """One cost table per mesh shape; data parallelism (under every lever)
-    ruled out where the batch does not split into whole samples per device."""
+def _cost_tables(graph: LayerGraph, hw: Hardware, batch: int, meshes: list[tuple[int, int]], settings: CostSettings,
+                 calibration: Calibration | None, allow_other_hardware: bool) -> list:
+    """One cost table per mesh shape, with ``calibration``'s measured times
+    where it was measured on ``hw`` (or ``allow_other_hardware``); data
+    parallelism (under every lever) ruled out where the batch does not split
+    into whole samples per device."""
+    if calibration is not None:
+        check_hardware(calibration, hw.name, allow_other_hardware=allow_other_hardware)
+    cal = calibration_arrays(calibration, graph) if calibration is not None else None
+    hwa = hardware_arrays(hw, settings.dtype)
+    menu_size = len(lever_menu(settings.levers))
     tables = []
     for d, m in meshes:
         t = cost_table(graph.arrays, hwa, float(batch), float(d), float(m), settings, cal)
@@ -295,3 +290,10 @@ def _fastest_and_simplest(graph: LayerGraph, solutions: list[Solution], meshes, 
     simple = min((c for c in candidates if c[0] <= top[0] * (1.0 + max(simplicity_tolerance, TIE_RTOL))),
                  key=lambda c: (c[1], c[0]))
     return top, simple
+
+
+def _gap(fastest_gap: float | None, time_s: float, fastest_s: float) -> float | None:
+    """The optimality gap of a plan of ``time_s`` preferred (simpler) to the
+    fastest plan of ``fastest_s``, against the optimum the fastest was
+    certified near (its ``fastest_gap``)."""
+    return None if fastest_gap is None else (1.0 + fastest_gap) * time_s / fastest_s - 1.0
