@@ -18,6 +18,7 @@ limit, the margin kept free, the mesh shapes); the record it returns is
 
 from __future__ import annotations
 
+import functools
 import time as _time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,7 @@ from costmodels import (
     option_name,
 )
 from planner._format import format_bytes_up
+from planner._table_cache import cached_cost_table, cost_model_fingerprint
 from planner._version import __version__
 from planner.evaluation import evaluate, evaluation_of, remat_runs_offered
 from planner.infeasible import FLOAT32_ROUNDING, InfeasibleMemoryError, infeasible_message
@@ -101,6 +103,7 @@ def plan(
     milp_time_limit_s: float | None = MILP_TIME_LIMIT_S,
     levers: str = "none",
     time_budget_s: float | None = TIME_BUDGET_S,
+    cache_dir: str | Path | None = None,
 ) -> Plan:
     """The fastest plan of ``model`` (a zoo name or a :class:`LayerGraph`) on
     ``devices`` devices of ``hardware`` within ``memory_limit`` per device
@@ -137,7 +140,12 @@ def plan(
     layers off data parallelism, then the smallest model axis. A plan that
     was preferred that way records the fastest one's time and mesh
     (``fastest_iteration_s``, ``fastest_mesh``); the prediction is a model, and
-    sharding more layers for a gain smaller than its error is no gain."""
+    sharding more layers for a gain smaller than its error is no gain.
+
+    ``cache_dir``: a folder to keep the cost tables in between calls (the
+    command line's cache, :func:`planner.cli.cache_dir`); a second call with
+    the same inputs reads them instead of computing them. The answer is the
+    same with or without it."""
     if milp_time_limit_s is not None and not (isinstance(milp_time_limit_s, (int, float)) and milp_time_limit_s > 0):
         raise ValueError(f"milp_time_limit_s must be a positive number of seconds or None, got {milp_time_limit_s!r}")
     if not (isinstance(simplicity_tolerance, (int, float)) and 0 <= simplicity_tolerance < 1):
@@ -163,7 +171,7 @@ def plan(
     K = len(menu)
     if callback is not None:
         callback(SearchEvent("tables", f"{graph.model_name}: {len(meshes)} mesh shape(s) on {P} devices, batch {B}"))
-    tables = _cost_tables(graph, hw, B, meshes, settings, calibration, allow_other_hardware)
+    tables = _cost_tables(graph, hw, B, meshes, settings, calibration, allow_other_hardware, cache_dir)
     # (at least 1 byte: a limit the margin eats whole fits nothing, and says so below). The
     # search sums memory in float32 in its own order; the plan's reported memory is another
     # float32 sum: FLOAT32_ROUNDING keeps the two on the same side of the limit.
@@ -239,8 +247,9 @@ def _memory_limit_bytes(memory_limit: float | int | str | None, hw: Hardware) ->
 
 
 def _cost_tables(graph: LayerGraph, hw: Hardware, batch: int, meshes: list[tuple[int, int]], settings: CostSettings,
-                 calibration: Calibration | None, allow_other_hardware: bool) -> list:
-    """One cost table per mesh shape, with ``calibration``'s measured times
+                 calibration: Calibration | None, allow_other_hardware: bool, cache_dir: Path | None) -> list:
+    """One cost table per mesh shape (kept in ``cache_dir`` between calls,
+    :mod:`planner._table_cache`), with ``calibration``'s measured times
     where it was measured on ``hw`` (or ``allow_other_hardware``); data
     parallelism (under every lever) ruled out where the batch does not split
     into whole samples per device."""
@@ -249,9 +258,12 @@ def _cost_tables(graph: LayerGraph, hw: Hardware, batch: int, meshes: list[tuple
     cal = calibration_arrays(calibration, graph) if calibration is not None else None
     hwa = hardware_arrays(hw, settings.dtype)
     menu_size = len(lever_menu(settings.levers))
+    fingerprint = cost_model_fingerprint() if cache_dir is not None else None
     tables = []
     for d, m in meshes:
-        t = cost_table(graph.arrays, hwa, float(batch), float(d), float(m), settings, cal)
+        inputs = (graph.arrays, hwa, float(batch), float(d), float(m), cal)
+        t = cached_cost_table(functools.partial(cost_table, *inputs[:5], settings, cal), inputs, settings, cache_dir,
+                              fingerprint)
         if batch % (d * m):
             data = slice(int(Strategy.DATA) * menu_size, (int(Strategy.DATA) + 1) * menu_size)
             t = t._replace(feasible=t.feasible.at[:, data].set(t.feasible[:, data] & (t.layer_mask[:, None] <= 0)))

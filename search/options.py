@@ -57,6 +57,15 @@ def restricted(p: DiscreteProblem, feasible: np.ndarray) -> DiscreteProblem:
                       recompute_bytes=zero(p.recompute_bytes))
 
 
+def _row_ids(rows: np.ndarray) -> np.ndarray:
+    """One integer per row of ``rows`` [k, w], equal exactly where the rows
+    are equal (a sort of the rows as byte strings; adding zero makes -0.0
+    the bytes of 0.0)."""
+    rows = np.ascontiguousarray(rows, dtype=np.float64) + 0.0
+    as_bytes = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    return np.unique(as_bytes, return_inverse=True)[1].ravel()
+
+
 def drop_duplicate_options(p: DiscreteProblem) -> tuple[DiscreteProblem, np.ndarray]:
     """``p`` with every option that duplicates a lower-numbered one at a layer
     ruled out there: same time, memory, gradient sync and backward compute,
@@ -74,15 +83,16 @@ def drop_duplicate_options(p: DiscreteProblem) -> tuple[DiscreteProblem, np.ndar
     flags = np.broadcast_to(p.option_recomputes + 2.0 * p.option_joins, (n, O))
     per_layer = np.stack([p.layer_time_s, p.persistent_bytes, p.workspace_bytes, p.optimizer_bytes, p.grad_sync_s,
                           p.backward_s, p.recompute_bytes, flags], axis=-1)  # [n, O, 8]
-    same = np.all(per_layer[:, :, None, :] == per_layer[:, None, :, :], axis=-1)  # [n, O, O]
+    ids = _row_ids(per_layer.reshape(n * O, -1)).reshape(n, O)
+    same = ids[:, :, None] == ids[:, None, :]  # [n, O, O]
     if p.num_edges:
-        R = p.reshard_s  # [e, O, O]
-        rows = np.all(R[:, :, None, :] == R[:, None, :, :], axis=-1)  # [e, O, O]: as the edge's source
-        cols = np.all(R[:, :, :, None] == R[:, :, None, :], axis=1)  # [e, O, O]: as its destination
-        credit = p.checkpoint_credit[:, :, None] == p.checkpoint_credit[:, None, :]  # [e, O, O]: as its destination
-        differ = (p.src_incidence @ (~rows).reshape(p.num_edges, -1).astype(np.float64)
-                  + p.dst_incidence @ (~(cols & credit)).reshape(p.num_edges, -1).astype(np.float64))  # [n, O O]
-        same &= np.asarray(differ).reshape(n, O, O) == 0
+        e, R = p.num_edges, p.reshard_s  # [e, O, O]
+        as_source = _row_ids(R.reshape(e * O, O)).reshape(e, O)  # equal where two options' rows are
+        as_destination = _row_ids(np.concatenate([np.swapaxes(R, 1, 2), p.checkpoint_credit[:, :, None]], axis=2)
+                                  .reshape(e * O, O + 1)).reshape(e, O)  # equal columns and checkpoint credit
+        for incidence, edge_ids in ((p.src_incidence, as_source), (p.dst_incidence, as_destination)):
+            differ = (edge_ids[:, :, None] != edge_ids[:, None, :]).reshape(e, O * O).astype(np.float32)
+            same &= np.asarray(incidence @ differ).reshape(n, O, O) == 0  # equal on every edge the layer has
     same &= F[:, :, None] & F[:, None, :]
     # the lowest equivalent option stands for each (an option is its own equivalent)
     rep = np.where(F, np.argmax(same, axis=1), -1)  # [n, O]

@@ -415,6 +415,48 @@ def test_compact_options_keeps_one_of_each_equivalent_option():
                 assert plain_options(c)[s] < 0 or not c.feasible[:, plain_options(c)[s]].any()
 
 
+
+def test_duplicate_options_are_the_pairs_equal_in_every_cost():
+    """drop_duplicate_options against its definition checked pair by pair: an
+    option stands for another at a layer where both run and they are equal in
+    every per-layer cost, every reshard row of an edge leaving the layer, and
+    every reshard column and checkpoint credit of an edge entering it."""
+    duplicates = 0
+    for mesh in ((4, 2), (8, 1)):  # on (8, 1) filter, channel and replicated are data parallelism
+        duplicates += _duplicates_checked_pair_by_pair(discrete_problem(_table(get_model("vit-tiny"),
+                                                                               load_hardware("dgx-a100"), 64, *mesh)))
+    assert duplicates > 0  # the check saw duplicates to find
+
+
+def _duplicates_checked_pair_by_pair(p) -> int:
+    from search.options import drop_duplicate_options
+
+    _, rep = drop_duplicate_options(p)
+    per_layer = (p.layer_time_s, p.persistent_bytes, p.workspace_bytes, p.optimizer_bytes, p.grad_sync_s,
+                 p.backward_s, p.recompute_bytes)
+    src, dst = p.src_incidence.tocsr(), p.dst_incidence.tocsr()
+    flags = p.option_recomputes + 2.0 * p.option_joins
+
+    def equal(i, a, b):
+        if any(x[i, a] != x[i, b] for x in per_layer) or flags[a] != flags[b]:
+            return False
+        leaving = all((p.reshard_s[e, a] == p.reshard_s[e, b]).all() for e in src[i].indices)
+        entering = all((p.reshard_s[e, :, a] == p.reshard_s[e, :, b]).all()
+                       and p.checkpoint_credit[e, a] == p.checkpoint_credit[e, b] for e in dst[i].indices)
+        return leaving and entering
+
+    duplicates = 0
+    for i in range(p.num_layers):
+        for b in range(p.num_options):
+            if not p.feasible[i, b]:
+                assert rep[i, b] == -1
+                continue
+            first = next(a for a in range(p.num_options) if p.feasible[i, a] and equal(i, a, b))
+            assert rep[i, b] == first
+            duplicates += first != b
+    return duplicates
+
+
 # -- the planner ----------------------------------------------------------------------------
 
 

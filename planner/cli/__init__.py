@@ -223,22 +223,37 @@ def _command(argv: Sequence[str]) -> str:
 
 DEBUG_ENV = "SHARDPLAN_DEBUG"
 INTERNAL_ERROR_STATUS = 3  # a bug of ours (usage errors: 2; "no plan fits": 1)
-CACHE_ENV = "SHARDPLAN_CACHE_DIR"  # where the CLI keeps JAX's persistent compilation cache; "off" disables it
+CACHE_ENV = "SHARDPLAN_CACHE_DIR"  # the CLI's cache folder (compiled programs, cost tables); "off" disables it
 
 
-def compilation_cache_dir() -> Path | None:
-    """The folder the CLI keeps JAX's compilation cache in, so that a second
-    run of the same command compiles nothing: ``$SHARDPLAN_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/shardplan/jax`` (``~/.cache/shardplan/jax``); None when
-    ``SHARDPLAN_CACHE_DIR=off`` or the user set JAX's own
-    ``JAX_COMPILATION_CACHE_DIR`` (then JAX uses that)."""
+def cache_dir() -> Path | None:
+    """The folder the CLI keeps its cache in, so that a second run of the
+    same command computes little: ``$SHARDPLAN_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/shardplan`` (``~/.cache/shardplan``); None when
+    ``SHARDPLAN_CACHE_DIR=off``. Compiled programs go in its ``jax`` folder
+    (:func:`compilation_cache_dir`), cost tables in ``cost-tables``."""
     value = os.environ.get(CACHE_ENV)
     if value is not None:
         return None if value.strip().lower() in ("", "off", "0", "none") else Path(value).expanduser()
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        return None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "shardplan" / "jax"
+    return Path(base) / "shardplan"
+
+
+def compilation_cache_dir() -> Path | None:
+    """The folder the CLI keeps JAX's compilation cache in: :func:`cache_dir`'s
+    ``jax`` folder; None when the cache is off or the user set JAX's own
+    ``JAX_COMPILATION_CACHE_DIR`` (then JAX uses that)."""
+    root = cache_dir()
+    if root is None or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return None
+    return root / "jax"
+
+
+def cost_table_cache_dir() -> Path | None:
+    """The folder the CLI keeps cost tables in (:mod:`planner._table_cache`):
+    :func:`cache_dir`'s ``cost-tables`` folder; None when the cache is off."""
+    root = cache_dir()
+    return None if root is None else root / "cost-tables"
 
 
 def _use_compilation_cache() -> None:

@@ -83,6 +83,7 @@ def _render(data: dict[str, Any], output: str | None, full: bool = True) -> None
 def _run_plan(args: argparse.Namespace) -> int:
     from costmodels import load_calibration, load_hardware
     from costmodels import check_writable
+    from planner.cli import cost_table_cache_dir
     from planner.cli.common import PROG
     from planner.models.loading import load_model
     from planner.planning import InfeasibleMemoryError, parse_memory_limit, plan
@@ -119,7 +120,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             calibration=calibration, allow_other_hardware=args.allow_other_hardware, callback=callback,
             platform=args.platform, milp_time_limit_s=args.milp_time_limit if args.milp_time_limit > 0 else None,
             time_budget_s=args.time_budget if args.time_budget > 0 else None,
-            levers=args.levers,
+            levers=args.levers, cache_dir=cost_table_cache_dir(),
         )
     except InfeasibleMemoryError as e:
         print(f"{PROG}: error: {one_line(str(e))}", file=sys.stderr)
