@@ -10,9 +10,9 @@ At the top: the entry (:mod:`search.solver`), what it returns
 cost of a plan (:mod:`search.problem`) and its options
 (:mod:`search.options`). The methods, each a package whose ``__init__`` is
 its contract: :mod:`search.exact`, the exact solvers (dynamic programming,
-the MILP, brute force) and the smallest memory; :mod:`search.local`, the
-local search that refines plans; :mod:`search.gradient`, the relaxed plan
-and its gradient search. Two dynamic programmes, for two contracts:
+the MILP, brute force), the smallest memory and pipeline stage cuts;
+:mod:`search.local`, the local search that refines plans;
+:mod:`search.gradient`, the relaxed plan and its gradient search. Two dynamic programmes, for two contracts:
 :mod:`search.exact.dp`, the exact solver of chain graphs under a memory
 limit (float64 on the host: Viterbi, Lagrangian bounds, Pareto labels), and
 :mod:`search.elimination`, variable elimination over any DAG of small
@@ -37,6 +37,8 @@ if TYPE_CHECKING:  # loaded on first use (module docstring)
     from search.exact.layer_chain import layer_order_chain
     from search.exact.memory import MinimumMemory, minimum_memory
     from search.exact.milp import MILPResult, smallest_memory, solve_milp
+    from search.exact.stage_cuts import (StageCutProblem, StageCuts, StageCutsInfeasibleError, score_stage_cuts,
+                                         solve_stage_cuts)
     from search.local.refinement import local_search, repair
     from search.gradient.descent import GradientConfig, RelaxedResult, relaxed_search
     from search.gradient.relax import relaxed_probs, round_probs
@@ -56,6 +58,9 @@ __all__ = [
     "RelaxedResult",
     "SearchEvent",
     "Solution",
+    "StageCutProblem",
+    "StageCuts",
+    "StageCutsInfeasibleError",
     "best_plans",
     "chain_order",
     "compact_options",
@@ -74,6 +79,7 @@ __all__ = [
     "retry_smallest",
     "round_probs",
     "run_terms",
+    "score_stage_cuts",
     "smallest_memory",
     "soft_min_lanes",
     "solve",
@@ -81,6 +87,7 @@ __all__ = [
     "solve_dp",
     "solve_many",
     "solve_milp",
+    "solve_stage_cuts",
     "TIME_BUDGET_S",
 ]
 
@@ -111,6 +118,11 @@ _LAZY = {  # public name -> the module that defines it, imported on first use
     "MILPResult": "search.exact.milp",
     "smallest_memory": "search.exact.milp",
     "solve_milp": "search.exact.milp",
+    "StageCutProblem": "search.exact.stage_cuts",
+    "StageCuts": "search.exact.stage_cuts",
+    "StageCutsInfeasibleError": "search.exact.stage_cuts",
+    "score_stage_cuts": "search.exact.stage_cuts",
+    "solve_stage_cuts": "search.exact.stage_cuts",
     "local_search": "search.local.refinement",
     "repair": "search.local.refinement",
     "GradientConfig": "search.gradient.descent",

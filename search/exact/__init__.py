@@ -14,9 +14,12 @@ where the proof stops short, and the smallest memory any plan needs.
   for the searches over runs);
 * :mod:`search.exact.lagrangian`: the Lagrangian relaxation of the limit
   over runs, whose plans seed the refinement;
-* :mod:`search.exact.brute`: every plan of a tiny graph, the tests' oracle.
+* :mod:`search.exact.brute`: every plan of a tiny graph, the tests' oracle;
+* :mod:`search.exact.stage_cuts`: pipeline stage cuts over a chain of
+  layers, the fastest within a memory limit (Alpa's inter-operator DP), and
+  brute force over every cut set.
 
-They score plans by :mod:`search.problem`'s objective, in float64 on the
+The plan solvers score plans by :mod:`search.problem`'s objective, in float64 on the
 host. This module's ``__all__`` is what the rest of ``search`` uses.
 """
 
@@ -27,6 +30,15 @@ from search.exact.layer_chain import layer_order_chain
 from search.exact.memory import MinimumMemory, memory_by_workspace_cap, minimum_memory
 from search.exact.milp import MILPResult, minimum_memory_milp, smallest_memory, solve_milp
 from search.exact.runs import RunChain, run_chain
+from search.exact.stage_cuts import (
+    StageCutProblem,
+    StageCuts,
+    StageCutsInfeasibleError,
+    in_flight_microbatches,
+    score_stage_cuts,
+    solve_stage_cuts,
+    solve_stage_cuts_brute,
+)
 
 __all__ = [
     "BruteResult",
@@ -34,17 +46,24 @@ __all__ = [
     "MILPResult",
     "MinimumMemory",
     "RunChain",
+    "StageCutProblem",
+    "StageCuts",
+    "StageCutsInfeasibleError",
     "dp_solves",
+    "in_flight_microbatches",
     "lagrangian_plans",
     "layer_order_chain",
     "memory_by_workspace_cap",
     "minimum_memory",
     "minimum_memory_milp",
     "run_chain",
+    "score_stage_cuts",
     "smallest_memory",
     "solve_brute",
     "solve_brute_limits",
     "solve_dp",
     "solve_milp",
+    "solve_stage_cuts",
+    "solve_stage_cuts_brute",
     "viterbi",
 ]
