@@ -101,7 +101,7 @@ def plan(
     platform: str | None = None,
     simplicity_tolerance: float = 0.01,
     milp_time_limit_s: float | None = MILP_TIME_LIMIT_S,
-    levers: str = "none",
+    levers: str = "all",
     time_budget_s: float | None = TIME_BUDGET_S,
     cache_dir: str | Path | None = None,
 ) -> Plan:
@@ -125,11 +125,11 @@ def plan(
     plan that fits (:func:`search.solve_many`).
 
     ``levers`` puts memory levers on each layer's menu beside its strategy
-    (:mod:`costmodels.levers`): ``none`` (the default here; the CLI's is
-    ``all``), ``zero`` (ZeRO stages 1-3 over the layer's data-parallel
-    group), ``remat`` (recompute its activations in the backward pass; on a
-    model without attention, in runs of layers:
-    :func:`planner.evaluation.remat_runs_offered`) or ``all``. The plan
+    (:mod:`costmodels.levers`): ``all`` (the default, as on the command
+    line), ``zero`` (ZeRO stages 1-3 over the layer's data-parallel group),
+    ``remat`` (recompute its activations in the backward pass; on a model
+    without attention, in runs of layers:
+    :func:`planner.evaluation.remat_runs_offered`) or ``none``. The plan
     records each layer's levers (``LayerCost.zero_stage``, ``LayerCost.remat``,
     ``LayerCost.joins``); a lever that buys nothing is not kept
     (:func:`search.drop_idle_levers`).

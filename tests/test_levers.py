@@ -471,7 +471,7 @@ def test_plan_with_levers_fits_where_no_lever_free_plan_does():
     from planner.planning import InfeasibleMemoryError
 
     with pytest.raises(InfeasibleMemoryError) as err:
-        planner.plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=64, memory_limit="55MB")
+        planner.plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=64, memory_limit="55MB", levers="none")
     assert err.value.required_bytes > 55e6
     p = planner.plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=64, memory_limit="55MB", levers="zero")
     assert p.levers == "zero" and p.memory_bytes_per_device <= 55e6 and p.zero_stages

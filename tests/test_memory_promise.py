@@ -63,7 +63,8 @@ def test_default_platform_is_the_hardware_s():
 
 def test_infeasible_limit_includes_the_margin():
     with pytest.raises(InfeasibleMemoryError) as err:
-        plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=256, memory_limit="50MB", platform="cpu")
+        plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=256, memory_limit="50MB", platform="cpu",
+             levers="none")
     g, hw = get_model("vgg16-cifar10"), load_hardware("dgx-a100")
     needs = []
     for d, m in mesh_shapes(8, 256, hw.devices_per_node):

@@ -11,7 +11,7 @@ from planner.planning import Plan, plan
 
 @pytest.fixture(scope="module")
 def vgg_plan():
-    return plan("vgg16-cifar10-splitbrain", devices=16, hardware="abci-v100", batch=256, method="dp")
+    return plan("vgg16-cifar10-splitbrain", devices=16, hardware="abci-v100", batch=256, method="dp", levers="none")
 
 
 def test_round_trip_is_exact(vgg_plan, tmp_path):
@@ -135,7 +135,7 @@ def test_version_1_files_upgrade_to_the_same_specs(model):
     from planner.plans.specs import layer_specs
 
     g = get_model(model)
-    p = plan(model, devices=8, hardware="dgx-a100", batch=64, method="auto")
+    p = plan(model, devices=8, hardware="dgx-a100", batch=64, method="auto", levers="none")  # version 1 had no levers
     d = json.loads(p.to_json())
     d["version"] = 1
     for key in ("package_version", "hardware_spec", "history", "levers"):
