@@ -149,9 +149,10 @@ def dense_chain(width=8, layers=4, key=0):
     return chain, params
 
 
-@pytest.mark.parametrize("name", SCHEDULE_NAMES)
-@pytest.mark.parametrize("shape", [(1, 4, 2), (2, 2, 2), (4, 2, 1)])
-def test_pipelined_gradients_of_a_dense_chain(name, shape):
+@pytest.mark.parametrize("name, shape, data_axis", [
+    *((n, shape, "data") for n in SCHEDULE_NAMES for shape in [(1, 4, 2), (2, 2, 2), (4, 2, 1)]),
+    ("1f1b", (2, 2, 2), None)])  # the data axis automatic inside the stages
+def test_pipelined_gradients_of_a_dense_chain(name, shape, data_axis):
     chain, params = dense_chain()
     x = jax.random.normal(jax.random.key(5), (24, 3))
     y = jax.random.normal(jax.random.key(6), (24, 2))
@@ -161,9 +162,25 @@ def test_pipelined_gradients_of_a_dense_chain(name, shape):
         return chain.head_loss(p.head, h, y)
 
     expected = jax.value_and_grad(loss)(params)
-    got = jax.jit(pipeline_loss_and_grads(chain, pipeline_mesh(*shape), micro_batches=6, schedule=name))(
-        params, x, y)
+    got = jax.jit(pipeline_loss_and_grads(chain, pipeline_mesh(*shape), micro_batches=6, schedule=name,
+                                          data_axis=data_axis))(params, x, y)
     _close(got, expected)
+
+
+def test_1f1b_saves_the_compiled_memory_of_the_slots_it_does_not_hold():
+    """XLA's temporary bytes under GPipe and 1F1B differ by exactly the
+    activation slots the schedules' tables differ by, each one micro-batch's
+    activation on one device."""
+    chain, params = dense_chain(width=64)
+    x, y = jnp.zeros((512, 3)), jnp.zeros((512, 2))
+    mesh, m = pipeline_mesh(2, 2, 2), 8
+    temp = {}
+    for name in SCHEDULE_NAMES:
+        step = jax.jit(pipeline_loss_and_grads(chain, mesh, micro_batches=m, schedule=name))
+        temp[name] = step.lower(params, x, y).compile().memory_analysis().temp_size_in_bytes
+    slots = {name: executor_tables(pipeline_schedule(name, 2, m)).act_slots for name in SCHEDULE_NAMES}
+    assert (slots["gpipe"], slots["1f1b"]) == (8, 2)
+    assert temp["gpipe"] - temp["1f1b"] == (slots["gpipe"] - slots["1f1b"]) * (512 // m // 2) * 64 * 4
 
 
 # -- a small decoder ------------------------------------------------------------------
