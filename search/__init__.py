@@ -39,7 +39,8 @@ if TYPE_CHECKING:  # loaded on first use (module docstring)
     from search.exact.milp import MILPResult, smallest_memory, solve_milp
     from search.exact.stage_cuts import (StageCutProblem, StageCuts, StageCutsInfeasibleError, score_stage_cuts,
                                          solve_stage_cuts)
-    from search.local.refinement import local_search, repair
+    from search.local._repair import repair
+    from search.local.refinement import local_search
     from search.gradient.descent import GradientConfig, RelaxedResult, relaxed_search
     from search.gradient.relax import relaxed_probs, round_probs
     from search.elimination import INFEASIBLE_S, DPSchedule, best_plans, dp_schedule, pad_schedule, soft_min_lanes
@@ -124,7 +125,7 @@ _LAZY = {  # public name -> the module that defines it, imported on first use
     "score_stage_cuts": "search.exact.stage_cuts",
     "solve_stage_cuts": "search.exact.stage_cuts",
     "local_search": "search.local.refinement",
-    "repair": "search.local.refinement",
+    "repair": "search.local._repair",
     "GradientConfig": "search.gradient.descent",
     "RelaxedResult": "search.gradient.descent",
     "relaxed_search": "search.gradient.descent",

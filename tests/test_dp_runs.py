@@ -325,11 +325,11 @@ def test_an_unproven_smallest_memory_above_the_limit_proves_nothing(seed, monkey
     force's fastest plan (no claim of infeasibility); and with its labels
     cut to one, where it finds none, it returns no plan that fits with a
     finite lower bound (not proven infeasible)."""
-    import search.exact.dp as dp_module
+    import search.exact._dp_bounds as bounds_module
     from search.exact import minimum_memory
     from search.options import without_joins
 
-    monkeypatch.setattr(dp_module, "_ASCENT_STAGES", 0)
+    monkeypatch.setattr(bounds_module, "_ASCENT_STAGES", 0)
     p = discrete_problem(rich_table(seed, 5))
     wrong = minimum_memory(without_joins(p))._replace(exact=False)
     lo = solve_brute(p).min_memory_bytes
@@ -439,9 +439,9 @@ def test_the_dp_stays_exact_on_coarse_byte_grids(seed, monkeypatch):
     """solve_dp with its relaxations on grids of a half and a twentieth of the
     limit (plans that break the limit, bounds from their times): still
     brute force's time, proven, and its plan within the limit."""
-    import search.exact.dp as dp_module
+    import search.exact._dp_labels as labels_module
 
-    monkeypatch.setattr(dp_module, "BYTE_GRIDS", (0.5, 0.05))
+    monkeypatch.setattr(labels_module, "BYTE_GRIDS", (0.5, 0.05))
     p = discrete_problem(rich_table(seed + 10, 5))
     assert_dp_matches_brute_force(p, solve_brute(p), 6)
 
@@ -513,10 +513,10 @@ def test_searches_cut_by_their_own_budget_halve_their_step_and_the_dp_stays_exac
     cut), the completion goes on with smaller steps, and at the first step
     with the labels left: the DP still proves brute force's time at limits
     that need runs, and its searches were cut on the way."""
-    import search.exact.dp as dp
+    import search.exact._dp_labels as labels_module
 
-    monkeypatch.setattr(dp, "_SEARCH_LABELS", 1)
-    monkeypatch.setattr(dp, "_SEARCH_GROWTH", 0)
+    monkeypatch.setattr(labels_module, "_SEARCH_LABELS", 1)
+    monkeypatch.setattr(labels_module, "_SEARCH_GROWTH", 0)
     calls = []
 
     def counted(*args, **kw):
@@ -524,8 +524,8 @@ def test_searches_cut_by_their_own_budget_halve_their_step_and_the_dp_stays_exac
         calls.append((kw["max_labels"], out[2]))
         return out
 
-    real = dp.search_runs
-    monkeypatch.setattr(dp, "search_runs", counted)
+    real = labels_module.search_runs
+    monkeypatch.setattr(labels_module, "search_runs", counted)
     p = discrete_problem(rich_table(seed + 30, 5))
     full = solve_brute(p)
     for limit in np.linspace(full.min_memory_bytes * 1.001, full.memory_bytes, 4)[:3]:

@@ -227,7 +227,7 @@ def test_dp_over_runs_without_the_skip_states_is_still_exact(monkeypatch):
     past MOST_BUCKET_OPEN_STATES skip_moves does for the Lagrangian's
     Viterbi and the bound to go by time: the DP then takes every skip credit
     as earned there, weaker bounds that hold: brute force's answers still."""
-    import search.exact.dp as dp_module
+    import search.exact._dp_bounds as bounds_module
     import search.exact.dp_runs as dp_runs_module
     from search.exact.runs import MOST_BUCKET_OPEN_STATES, skip_moves
 
@@ -237,7 +237,7 @@ def test_dp_over_runs_without_the_skip_states_is_still_exact(monkeypatch):
     assert skip_to_go(rc, inside, rc.persistent, -rc.credit, most_open=1) is None
     assert skip_moves(rc, MOST_BUCKET_OPEN_STATES) is not None  # (the DP takes them here; not below)
     monkeypatch.setattr(dp_runs_module, "skip_to_go", lambda *a, **k: None)
-    for module in (dp_module, dp_runs_module):
+    for module in (bounds_module, dp_runs_module):
         monkeypatch.setattr(module, "skip_moves", lambda *a, **k: None)
     assert_dp_matches_brute_force(p, solve_brute(p), 5)
 

@@ -127,7 +127,8 @@ def test_cheapest_pair_is_the_full_scorings_and_scores_fewer_moves(seed, weaker,
     off: the chunks' order scrambled, so that many are scored); at the
     fastest plan, with the bound itself, it scores fewer moves than
     there are."""
-    import search.local.refinement as refine_module
+    import search.local._repair as repair_module
+    from search.local import local_search
     from search.local.moves import current_state, with_overlap
     from test_dp_runs import rich_table
 
@@ -142,15 +143,15 @@ def test_cheapest_pair_is_the_full_scorings_and_scores_fewer_moves(seed, weaker,
             scored.append(int(only.sum()))
         return pair_moves(*args, only=only, **kw)
 
-    monkeypatch.setattr(refine_module, "pair_moves", counting)
+    monkeypatch.setattr(repair_module, "pair_moves", counting)
     rng = np.random.default_rng(seed)
     if weaker:
         def weakened(q, c, cur):  # still a lower bound: bytes taken off
             return pair_memory_floors(q, c, cur) - rng.uniform(0, 300, (q.num_edges,) + (q.num_options,) * 2)
 
-        monkeypatch.setattr(refine_module, "pair_memory_floors", weakened)
+        monkeypatch.setattr(repair_module, "pair_memory_floors", weakened)
     # a fast plan no single or pair move speeds up (the local search's optimum without a limit)
-    fastest = refine_module.local_search(p, np.argmin(np.where(p.feasible, p.layer_time_s, np.inf), axis=1), np.inf)
+    fastest = local_search(p, np.argmin(np.where(p.feasible, p.layer_time_s, np.inf), axis=1), np.inf)
     plans = [fastest] + [np.array([rng.choice(np.flatnonzero(f)) for f in p.feasible]) for _ in range(3)]
     fewer = False
     for k, c in enumerate(plans):
@@ -164,7 +165,7 @@ def test_cheapest_pair_is_the_full_scorings_and_scores_fewer_moves(seed, weaker,
             score = np.where(ok, (full.time_s - t_now) / np.where(ok, saved, 1.0), np.inf)
             want = tuple(int(x) for x in np.unravel_index(int(np.argmin(score)), score.shape))
         scored.clear()
-        assert refine_module._cheapest_pair(p, c, cur, t_now, m_now, chunk=1) == want, (seed, k)
+        assert repair_module._cheapest_pair(p, c, cur, t_now, m_now, chunk=1) == want, (seed, k)
         if k == 0:
             fewer = sum(scored) < int(np.isfinite(full.time_s).sum())
     assert fewer or weaker
@@ -173,7 +174,7 @@ def test_cheapest_pair_is_the_full_scorings_and_scores_fewer_moves(seed, weaker,
 def test_cheapest_pair_without_runs_is_the_full_scorings():
     """Without runs (every memory a sum) the pair step scores every move at
     once: the same move as the full scoring of pair_moves."""
-    import search.local.refinement as refine_module
+    import search.local._repair as repair_module
     from search.local.moves import current_state, with_overlap
     from search.options import without_joins
     from test_dp_runs import rich_table
@@ -193,7 +194,7 @@ def test_cheapest_pair_without_runs_is_the_full_scorings():
         assert ok.any()
         score = np.where(ok, (full.time_s - t_now) / np.where(ok, saved, 1.0), np.inf)
         want = tuple(int(x) for x in np.unravel_index(int(np.argmin(score)), score.shape))
-        assert refine_module._cheapest_pair(p, c, cur, t_now, m_now) == want
+        assert repair_module._cheapest_pair(p, c, cur, t_now, m_now) == want
 
 
 def test_repair_makes_pair_moves_with_runs_only_where_allowed(monkeypatch):
@@ -202,13 +203,13 @@ def test_repair_makes_pair_moves_with_runs_only_where_allowed(monkeypatch):
     plan instead, still fitting; with ``max_pair_moves`` it makes at most
     that many. Checked where, unlimited, it makes two or more (found among
     random plans and limits; the search must find one)."""
-    import search.local.refinement as refine_module
+    import search.local._repair as repair_module
     from search import plan_memory, solve_brute
     from test_remat_runs import random_run_table
 
     calls = []
-    cheapest = refine_module._cheapest_pair
-    monkeypatch.setattr(refine_module, "_cheapest_pair", lambda *a, **k: calls.append(1) or cheapest(*a, **k))
+    cheapest = repair_module._cheapest_pair
+    monkeypatch.setattr(repair_module, "_cheapest_pair", lambda *a, **k: calls.append(1) or cheapest(*a, **k))
     checked = 0
     for seed in range(24, 40):
         p = discrete_problem(random_run_table(seed, 6))
@@ -219,12 +220,12 @@ def test_repair_makes_pair_moves_with_runs_only_where_allowed(monkeypatch):
             c = np.array([rng.choice(np.flatnonzero(f)) for f in p.feasible])
             limit = smallest + rng.uniform(0, 1) * max(plan_memory(p, c) - smallest, 0.0)
             calls.clear()
-            refine_module.repair(p, c, limit, max_pair_moves=100)
+            repair_module.repair(p, c, limit, max_pair_moves=100)
             if len(calls) < 2:
                 continue
             checked += 1
             for allowed, most in ((None, 0), (1, 1)):
                 calls.clear()
-                fixed, ok = refine_module.repair(p, c, limit, max_pair_moves=allowed)
+                fixed, ok = repair_module.repair(p, c, limit, max_pair_moves=allowed)
                 assert len(calls) <= most and ok and plan_memory(p, fixed) <= limit, (seed, allowed)
     assert checked

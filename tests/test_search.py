@@ -378,7 +378,7 @@ def test_the_walk_moves_the_shortest_prefix_that_fits_after_one_scoring(monkeypa
     to (1, 1, 1) under a limit of 70 moves the two layers cheapest per byte
     saved (a and b: 60 bytes, one move leaves 90) and keeps c, after one
     scoring of the moves (the rest are exact evaluations of prefixes)."""
-    import search.local.refinement as refine_module
+    import search.local._repair as repair_module
 
     p = discrete_problem(synthetic_table(0, 3, []))
     zeros = np.zeros((3, 2))
@@ -390,8 +390,8 @@ def test_the_walk_moves_the_shortest_prefix_that_fits_after_one_scoring(monkeypa
                    checkpoint_credit=np.zeros((0, 2)))
     assert plan_memory(p, np.zeros(3, np.int64)) == 120.0 and plan_memory(p, np.array([1, 0, 0])) == 90.0
     scorings = []
-    monkeypatch.setattr(refine_module, "single_moves", lambda *a, **k: scorings.append(1) or single_moves(*a, **k))
-    walked = refine_module._walk_towards(p, np.zeros(3, np.int64), np.ones(3, np.int64), 70.0)
+    monkeypatch.setattr(repair_module, "single_moves", lambda *a, **k: scorings.append(1) or single_moves(*a, **k))
+    walked = repair_module._walk_towards(p, np.zeros(3, np.int64), np.ones(3, np.int64), 70.0)
     assert walked.tolist() == [1, 1, 0] and plan_memory(p, walked) == 60.0 and plan_time(p, walked) == 6.0
     assert len(scorings) == 1
 

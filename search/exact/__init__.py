@@ -4,7 +4,8 @@ where the proof stops short, and the smallest memory any plan needs.
 * :mod:`search.exact.dp`: dynamic programming over chains, and over graphs in
   layer order whose plans hold runs of recomputing layers
   (:mod:`search.exact.dp_runs`, on the run terms of
-  :mod:`search.exact.runs`; label sets in :mod:`search.exact.pareto`);
+  :mod:`search.exact.runs`; label sets in :mod:`search.exact.pareto`; its
+  steps in the private ``_dp_*`` modules, the runs' in ``_run_*``);
 * :mod:`search.exact.milp`: the mixed-integer program, any DAG, and the
   smallest memory of any problem (:func:`smallest_memory`);
 * :mod:`search.exact.memory`: the smallest memory without runs, layer by
