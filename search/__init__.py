@@ -40,6 +40,16 @@ if TYPE_CHECKING:  # loaded on first use (module docstring)
     from search.local.refinement import local_search, repair
     from search.gradient.descent import GradientConfig, RelaxedResult, relaxed_search
     from search.gradient.relax import relaxed_probs, round_probs
+    from search.pipeline import (
+        Candidates,
+        PipelinePlan,
+        PipelineSearch,
+        PipelineSpace,
+        TransformerChain,
+        candidates,
+        evaluate_candidates,
+        search_pipeline,
+    )
     from search.elimination import INFEASIBLE_S, DPSchedule, best_plans, dp_schedule, pad_schedule, soft_min_lanes
 
 __all__ = [
@@ -81,6 +91,14 @@ __all__ = [
     "solve_dp",
     "solve_many",
     "solve_milp",
+    "Candidates",
+    "PipelinePlan",
+    "PipelineSearch",
+    "PipelineSpace",
+    "TransformerChain",
+    "candidates",
+    "evaluate_candidates",
+    "search_pipeline",
     "TIME_BUDGET_S",
 ]
 
@@ -118,6 +136,14 @@ _LAZY = {  # public name -> the module that defines it, imported on first use
     "relaxed_search": "search.gradient.descent",
     "relaxed_probs": "search.gradient.relax",
     "round_probs": "search.gradient.relax",
+    "Candidates": "search.pipeline",
+    "PipelinePlan": "search.pipeline",
+    "PipelineSearch": "search.pipeline",
+    "PipelineSpace": "search.pipeline",
+    "TransformerChain": "search.pipeline",
+    "candidates": "search.pipeline",
+    "evaluate_candidates": "search.pipeline",
+    "search_pipeline": "search.pipeline",
     "INFEASIBLE_S": "search.elimination",
     "DPSchedule": "search.elimination",
     "best_plans": "search.elimination",
