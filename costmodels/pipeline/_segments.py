@@ -23,6 +23,8 @@ of ``t`` devices (a ``1 x t`` mesh) under each layer's option.
   the vocabulary) feeds a cross entropy that reduces three ``s b`` fp32
   vectors across the group (the maximum logit, the target's logit, the sum
   of exponentials) instead of gathering the logits (Shoeybi et al. 2019, §3);
+* with ``dropout``, the dropout kernels the layer graph does not describe
+  (:mod:`costmodels.pipeline._dropout`);
 * the parameters one device holds (filter and channel split them).
 """
 
@@ -40,6 +42,7 @@ from costmodels.compute import HardwareArrays
 from costmodels.evaluate import one_hot
 from costmodels.layers import LayerKind
 from costmodels.levers import levers_per_strategy
+from costmodels.pipeline._dropout import dropout_s
 from costmodels.shards import row_padding
 from costmodels.strategies import Layout, Strategy, strategy_layouts
 from costmodels.table import CostSettings, _local_params, cost_table
@@ -77,13 +80,16 @@ def _cross_entropy_s(net, tokens, micro_batch, tensor):
     return jnp.where(tensor > 1, 3.0 * one, 0.0)
 
 
-@functools.partial(jax.jit, static_argnames=("settings", "vocab_parallel"))
+@functools.partial(jax.jit, static_argnames=("settings", "vocab_parallel", "dropout"))
 def segment_costs(arrays, hw: HardwareArrays, micro_batch, tensor, options, segment,
-                  settings: CostSettings = CostSettings(dtype="float16"), vocab_parallel: bool = True) -> SegmentCosts:
+                  settings: CostSettings = CostSettings(dtype="float16"), vocab_parallel: bool = True,
+                  dropout: bool = False) -> SegmentCosts:
     """Each segment's costs (module docstring) for ``micro_batch`` samples on
     ``tensor`` devices; ``options`` [L] the layers' option codes in the
     table of ``settings`` (without levers: the strategy), ``segment`` [L]
-    their segment ids (padding rows: any; they cost nothing)."""
+    their segment ids (padding rows: any; they cost nothing); ``dropout``:
+    the model drops out, and its dropout kernels count
+    (:mod:`costmodels.pipeline._dropout`)."""
     a = arrays
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     b, t = f32(micro_batch), f32(tensor)
@@ -97,6 +103,9 @@ def segment_costs(arrays, hw: HardwareArrays, micro_batch, tensor, options, segm
     compute = jnp.sum(probs * table.compute_s, axis=-1)
     backward = jnp.sum(probs * table.backward_compute_s, axis=-1)
     halo = jnp.sum(probs * table.halo_s, axis=-1)
+    if dropout:
+        drop_fwd, drop_bwd = dropout_s(hw, a, strategy, b, t, settings.activation_bytes)
+        compute, backward = compute + drop_fwd + drop_bwd, backward + drop_bwd
 
     # the edges' conversions, forward and backward (costmodels/_layer_terms.py), a vocabulary-parallel
     # embedding's output as partial sums

@@ -19,13 +19,16 @@ the network tier the boundary crosses (ParaDL §3.1-3.2; a boundary crosses
 nodes where the two stages' devices sit on different nodes). With tensor
 parallelism each of the ``t`` devices sends its ``1/t`` of the activation
 and the receiving group all-gathers it inside the node (Narayanan et al.
-2021, §4.1, the scatter/gather optimisation); sequence-parallel activations
+2021, Megatron-LM §4.1: the scatter/gather optimisation); sequence-parallel activations
 are split already and need no gather.
 
 The pipeline takes ``(m - 1/v) max_i T_i + (1/v) sum_i T_i``: the first
 micro-batch's pass through every stage, then the slowest stage's slots;
-with equal stages ``(m + (S - 1)/v) T``, Narayanan et al. 2021's
-``m + (S - 1)/v`` slots (§2.2; GPipe and 1F1B: ``v = 1``).
+with equal stages ``(m + (S - 1)/v) T``, the ``m + (S - 1)/v`` slots of
+Megatron-LM §2.2 (Narayanan et al. 2021; GPipe and 1F1B: ``v = 1``). The form is exact
+for GPipe, and for 1F1B where the stages are equal; where they differ, 1F1B
+overlaps a little more than it counts (tests/test_pipeline_cost.py
+simulates both).
 
 Then once per step, after the pipeline flushes: each stage's data-parallel
 gradient reduction over its ``d`` replicas (:func:`costmodels.collectives.allreduce_s`,
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 
 from costmodels.collectives import (
@@ -98,7 +102,7 @@ def boundary_crosses_nodes(stage, stage_devices, devices_per_node):
 def _transfer_s(hw: HardwareArrays, nbytes, gather_bytes, tensor, crosses):
     """One activation (or gradient) across a stage boundary: each device's
     share point to point on the tier the boundary crosses, then the tensor
-    group's all-gather inside the node (Narayanan et al. 2021, §4.1)."""
+    group's all-gather inside the node (Narayanan et al. 2021, Megatron-LM §4.1)."""
     a, bw = tier_of(hw.network, 2.0, crosses)
     ai, bi = tier_of(hw.network, tensor, False)
     return p2p_s(nbytes, a, bw) + allgather_s(tensor, gather_bytes / jnp.maximum(tensor, 1.0), ai, bi)
@@ -126,6 +130,7 @@ def _transfers_s(costs: StageCosts, hw: HardwareArrays, stages, data, tensor, v)
     return jnp.where(S > 1, vv * (forward + backward), 0.0) * costs.mask
 
 
+@jax.jit
 def pipeline_step_s(costs: StageCosts, hw: HardwareArrays, stages, microbatches, data, tensor, schedule,
                     v=1.0, distributed_optimizer=False) -> PipelineStep:
     """Seconds per training step (module docstring). ``stages``,

@@ -104,10 +104,11 @@ class PipelineSearch:
     fitting: int
 
 
-@functools.partial(jax.jit, static_argnames=("settings", "vocab_parallel"))
-def _grid_costs(arrays, hw, micro_batch, tensor, options, segment, settings: CostSettings, vocab_parallel: bool):
+@functools.partial(jax.jit, static_argnames=("settings", "vocab_parallel", "dropout"))
+def _grid_costs(arrays, hw, micro_batch, tensor, options, segment, settings: CostSettings, vocab_parallel: bool,
+                dropout: bool):
     """Segment costs ``[G, K]`` for every grid row (vmapped)."""
-    one = lambda b, t, o: segment_costs(arrays, hw, b, t, o, segment, settings, vocab_parallel)  # noqa: E731
+    one = lambda b, t, o: segment_costs(arrays, hw, b, t, o, segment, settings, vocab_parallel, dropout)  # noqa: E731
     return jax.vmap(one)(micro_batch, tensor, options)
 
 
@@ -135,7 +136,8 @@ def evaluate_candidates(table: LayerTable, segment, chain: TransformerChain, har
     G = bucket_size(len(cands.grid))
     t_g, b_g, sp_g = (_pad(np.asarray(c), G) for c in zip(*cands.grid))
     grid = _grid_costs(table.arrays, hw, jnp.asarray(b_g, jnp.float32), jnp.asarray(t_g, jnp.float32),
-                       jnp.asarray(options[sp_g.astype(int)]), jnp.asarray(segment, jnp.int32), settings, True)
+                       jnp.asarray(options[sp_g.astype(int)]), jnp.asarray(segment, jnp.int32), settings, True,
+                       chain.dropout)
     C = bucket_size(len(cands))
     configs = ChainConfig(*(jnp.asarray(_pad(getattr(cands, f), C)) for f in ChainConfig._fields))
     max_stages = bucket_size(int(cands.stages.max()))
