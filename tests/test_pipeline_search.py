@@ -119,3 +119,26 @@ def test_search_compiles_once_per_bucket():
     other = block_chain(TransformerConfig.gpt(96, 4, 4, tokens=32, vocab=512))  # other sizes, same buckets
     search.search_pipeline(other.graph, other.segment, other.chain, hw, 8, 16, space=space)
     assert (_grid_costs._cache_size(), _chain_costs._cache_size()) == sizes
+
+
+def test_chain_memory_per_stage_by_hand():
+    """GPT h 64, 4 blocks, 4 heads, 32 tokens, vocabulary 256, tied; t 1, S 2, d 4, b 2, m 2, 1F1B, no
+    recomputation: 18 B per parameter; Korthikanti's s b h (34 + 5 a s / h) per block times the
+    micro-batches in flight (2 on the first stage, 1 on the last), the embedding's mask on the
+    first, the output layer's inputs and fp32 logits on the last."""
+    bc = block_chain(SMALL)
+    hw = cm.hardware_arrays(cm.load_hardware("dgx-a100"), "float16")
+    seg = cm.segment_costs(bc.graph.arrays, hw, 2.0, 1.0, jnp.asarray(cm.megatron_options(bc.graph, False)),
+                           jnp.asarray(bc.segment), dropout=True)
+    cfg = cm.ChainConfig(*(jnp.float32(x) for x in (1, 2, 4, 2, 2, 1, int(cm.Schedule.ONE_F_ONE_B), 0, 0, 0)))
+    cost = cm.chain_cost(bc.chain.shape(), seg, cfg, hw, cm.state_bytes("float16", "adam"), 8)
+    h, s, b, V = 64, 32, 2, 256
+    block = 12 * h * h + 13 * h
+    first = 2 * block + V * h + s * h  # two blocks, the table, the positions
+    last = 2 * block + 2 * h + V * h  # two blocks, the final norm, the table's copy
+    np.testing.assert_allclose(np.asarray(cost.state_bytes)[:2], [18 * first, 18 * last])
+    sbh = s * b * h
+    layer = sbh * (34 + 5 * 4 * s / h)
+    np.testing.assert_allclose(np.asarray(cost.activation_bytes)[:2],
+                               [2 * (2 * layer + sbh), 1 * (2 * layer + 4 * sbh + 4 * s * b * V)])
+    assert not np.asarray(cost.state_bytes)[2:].any() and bool(cost.feasible)

@@ -78,6 +78,7 @@ class ChainCost(NamedTuple):
     state_bytes: jnp.ndarray  # [S] weights, gradients and optimizer state per device
     activation_bytes: jnp.ndarray  # [S] activations at the stage's peak per device
     peak_bytes: jnp.ndarray  # [] the largest stage's state + activations
+    feasible: jnp.ndarray  # [] bool: the layout runs (SegmentCosts.feasible)
 
 
 def _stage_costs(shape: ChainShape, seg: SegmentCosts, cfg: ChainConfig, state: StateBytes, max_stages: int):
@@ -132,4 +133,4 @@ def chain_cost(shape: ChainShape, seg: SegmentCosts, cfg: ChainConfig, hw: Hardw
                                                   state, cfg.distributed_optimizer > 0, rebuilt)
     activations = activations * costs.mask
     return ChainCost(step=step, state_bytes=state_total, activation_bytes=activations,
-                     peak_bytes=jnp.max(state_total + activations))
+                     peak_bytes=jnp.max(state_total + activations), feasible=seg.feasible)

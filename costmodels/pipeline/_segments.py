@@ -25,7 +25,9 @@ of ``t`` devices (a ``1 x t`` mesh) under each layer's option.
   of exponentials) instead of gathering the logits (Shoeybi et al. 2019, §3);
 * with ``dropout``, the dropout kernels the layer graph does not describe
   (:mod:`costmodels.pipeline._dropout`);
-* the parameters one device holds (filter and channel split them).
+* the parameters one device holds (filter and channel split them), and
+  whether every layer can run its option there
+  (:func:`costmodels.strategy_mask`: divisible channels, heads, tokens).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class SegmentCosts(NamedTuple):
     backward_comm_s: jnp.ndarray  # [K] ... of the backward pass, seconds
     attention_forward_s: jnp.ndarray  # [K] forward compute of the attention layers (selective recomputation)
     params: jnp.ndarray  # [K] parameters one device holds
+    feasible: jnp.ndarray  # [] bool: every layer can run its option on this tensor group and micro-batch
 
 
 def _cross_entropy_s(net, tokens, micro_batch, tensor):
@@ -138,4 +141,6 @@ def segment_costs(arrays, hw: HardwareArrays, micro_batch, tensor, options, segm
         backward_comm_s=by_segment(jax.ops.segment_sum(bwd_e, dst, kind.shape[0]) + halo),
         attention_forward_s=by_segment(jnp.where(attention, compute - backward, 0.0)),
         params=by_segment(params),
+        feasible=jnp.all(jnp.take_along_axis(table.feasible, jnp.asarray(options)[:, None], axis=1)[:, 0]
+                         | (real == 0)),
     )

@@ -99,7 +99,7 @@ class PipelinePlan:
 @dataclasses.dataclass(frozen=True)
 class PipelineSearch:
     best: PipelinePlan | None  # the fastest that fits; None: none fits
-    smallest: PipelinePlan  # the one needing the least memory
+    smallest: PipelinePlan  # the one needing the least memory (of those whose layout runs)
     candidates: int
     fitting: int
 
@@ -158,7 +158,7 @@ def _plan(cands: Candidates, cost, k: int, limit: float) -> PipelinePlan:
         transfer_s=float(s.transfer_s[k]), gradient_sync_s=float(s.gradient_sync_s[k]),
         optimizer_s=float(s.optimizer_s[k]), state_bytes=float(cost.state_bytes[k][stage]),
         activation_bytes=float(cost.activation_bytes[k][stage]), peak_bytes=float(cost.peak_bytes[k]),
-        fits=bool(cost.peak_bytes[k] <= limit),
+        fits=bool(cost.peak_bytes[k] <= limit and cost.feasible[k]),
     )
 
 
@@ -172,8 +172,13 @@ def search_pipeline(table: LayerTable, segment, chain: TransformerChain, hardwar
     limit = hardware.device.memory_bytes if memory_limit_bytes is None else float(memory_limit_bytes)
     cands = candidates(chain.layers, chain.heads, devices, batch, hardware.devices_per_node, space)
     cost = evaluate_candidates(table, segment, chain, hardware, cands)
-    fits = cost.peak_bytes <= limit
+    if not cost.feasible.any():
+        raise ValueError(f"no configuration of {chain} on {devices} devices can run Megatron-LM's layout (a tensor "
+                         "size must divide the heads, key-value heads and MLP width, and under sequence "
+                         "parallelism leave every device two tokens); allow other tensor sizes")
+    fits = (cost.peak_bytes <= limit) & cost.feasible
     step = np.where(fits, cost.step.step_s, np.inf)
     best = _plan(cands, cost, int(np.argmin(step)), limit) if fits.any() else None
-    return PipelineSearch(best=best, smallest=_plan(cands, cost, int(np.argmin(cost.peak_bytes)), limit),
-                          candidates=len(cands), fitting=int(fits.sum()))
+    smallest = int(np.argmin(np.where(cost.feasible, cost.peak_bytes, np.inf)))
+    return PipelineSearch(best=best, smallest=_plan(cands, cost, smallest, limit), candidates=len(cands),
+                          fitting=int(fits.sum()))
