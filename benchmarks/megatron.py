@@ -73,7 +73,7 @@ def model_config(model: dict):
     if kind == "llama":
         return TransformerConfig.llama(h, layers, heads, hidden=ffn, tokens=model["seq"], vocab=model["vocab"],
                                        kv_heads=model.get("kv_heads"), tied=model.get("tied", False))
-    raise SystemExit(f"model kind {kind!r} is not modelled (gpt, llama)")
+    raise ValueError(f"model kind {kind!r} is not modelled (gpt, llama)")
 
 
 def block_chain_of(row: dict):
@@ -92,15 +92,30 @@ def model_flops(model: dict, batch: int, recompute: str) -> float:
     return passes * batch * s * layers * (8.0 * h * h + 4.0 * h * f + 4.0 * s * h) + 6.0 * batch * s * h * V
 
 
+CHOOSABLE = {  # execution field -> PipelinePlan field; a null one is the planner's choice
+    "tensor": "tensor", "pipeline": "stages", "microbatch": "micro_batch", "interleave": "chunks",
+    "recompute": "recompute", "sequence_parallel": "sequence_parallel", "distributed_optimizer": "distributed_optimizer",
+}
+
+
 def published_space(ex: dict):
-    """The :class:`search.PipelineSpace` of a published execution: its values, ``null`` left open."""
+    """The :class:`search.PipelineSpace` of a published execution: its values, ``null`` left open
+    (``distributed_optimizer`` absent: off, as in Megatron-LM 2021)."""
     from search import PipelineSpace
 
     fixed = lambda key: None if ex.get(key) is None else (int(ex[key]),)  # noqa: E731
+    either = lambda key: (False, True) if ex.get(key, False) is None else (bool(ex.get(key, False)),)  # noqa: E731
+    recompute = ("none", "selective", "full") if ex.get("recompute") is None else (ex["recompute"],)
     return PipelineSpace(tensor=fixed("tensor"), stages=fixed("pipeline"), micro_batch=fixed("microbatch"),
-                         chunks=fixed("interleave"), recompute=(ex.get("recompute") or "none",),
-                         sequence_parallel=(bool(ex.get("sequence_parallel", False)),),
-                         distributed_optimizer=(bool(ex.get("distributed_optimizer", False)),))
+                         chunks=fixed("interleave"), recompute=recompute,
+                         sequence_parallel=either("sequence_parallel"),
+                         distributed_optimizer=either("distributed_optimizer"))
+
+
+def costed_execution(ex: dict, plan) -> tuple[dict, list[str]]:
+    """The execution with the planner's choices filled in, and which fields it chose."""
+    chosen = [k for k, f in CHOOSABLE.items() if k in ex and ex[k] is None]
+    return {**ex, **{k: getattr(plan, CHOOSABLE[k]) for k in chosen}, "data": plan.data}, chosen
 
 
 def published_plan(row: dict, hardware, memory_limit: float):
@@ -164,30 +179,42 @@ def _settings(plan) -> str:
             + (" sp" if plan.sequence_parallel else "") + (" zero1" if plan.distributed_optimizer else ""))
 
 
+def _row_line(row: dict, costed: dict, chosen: list[str], pred: dict, err: dict, plan_a, own) -> str:
+    mark = lambda k: f"{costed[k]}{'*' if k in chosen else ''}"  # noqa: E731
+    key = next((k for k in TIME_KEYS if k in pred), None)
+    versus = f"{key:<14} {row['measured'][key]:>8.2f} {pred[key]:>8.2f} {100 * err[key]:>+7.1f}% " if key \
+        else f"{'(no time key)':<42}"
+    return (f"{row['id']:<14} {mark('tensor'):>3} {mark('pipeline'):>3} {costed['data']:>3} {costed['batch']:>5} "
+            f"{mark('microbatch'):>4} {mark('interleave'):>3} {versus}"
+            f"{plan_a.step_s:>8.2f} {'' if plan_a.fits else '(over memory) '}| "
+            f"{(own.step_s if own else float('nan')):>8.2f}  {_settings(own) if own else 'nothing fits'}")
+
+
+def _failure(name: str, row: dict, e: Exception) -> dict:
+    return {"id": row.get("id"), "file": name, "measured": row.get("measured"), "predicted": {}, "error": {},
+            "failure": str(e)}
+
+
 def run_rows(files, hardware, memory_limit: float, peak_flops: float):
     """Every row of every file: its report entry and its printed line."""
     entries, lines = [], []
     for name, data in files:
         for row in data.get("rows", []):
-            ex = row["execution"]
-            plan_a, own = published_plan(row, hardware, memory_limit), own_plan(row, hardware, memory_limit)
+            try:
+                plan_a, own = published_plan(row, hardware, memory_limit), own_plan(row, hardware, memory_limit)
+            except (ValueError, KeyError) as e:  # a row the model cannot cost: said, not fatal
+                entries.append(_failure(name, row, e))
+                lines.append(f"{row.get('id', '?'):<14} not costed: {e}")
+                continue
             pred = predicted_values(row, plan_a, peak_flops)
             err = errors(row["measured"], pred)
-            chosen = [k for k in ("microbatch", "interleave") if ex.get(k) is None]
-            costed = {**ex, "microbatch": plan_a.micro_batch, "interleave": plan_a.chunks}
+            costed, chosen = costed_execution(row["execution"], plan_a)
             entries.append({"id": row["id"], "file": name, "measured": row["measured"], "predicted": pred,
                             "error": err, "execution": costed, "chosen": chosen, "fits": plan_a.fits,
                             "published_step_s": plan_a.step_s, "plan": own.to_dict() if own else None,
                             "plan_step_s": own.step_s if own else None,
                             "plan_at_least_as_fast": bool(own and own.step_s <= plan_a.step_s * (1 + 1e-6))})
-            key = next(k for k in TIME_KEYS if k in pred)
-            mark = lambda k, v: f"{v}{'*' if k in chosen else ''}"  # noqa: E731
-            lines.append(
-                f"{row['id']:<14} {ex['tensor']:>2} {ex['pipeline']:>3} {ex['data']:>3} {ex['batch']:>5} "
-                f"{mark('microbatch', plan_a.micro_batch):>4} {mark('interleave', plan_a.chunks):>3} "
-                f"{key:<14} {row['measured'][key]:>8.2f} {pred[key]:>8.2f} {100 * err[key]:>+7.1f}% "
-                f"{plan_a.step_s:>8.2f} {'' if plan_a.fits else '(over memory) '}| "
-                f"{(own.step_s if own else float('nan')):>8.2f}  {_settings(own) if own else 'nothing fits'}")
+            lines.append(_row_line(row, costed, chosen, pred, err, plan_a, own))
     return entries, lines
 
 
@@ -195,12 +222,17 @@ def run_memory_rows(files, hardware, memory_limit: float):
     entries, lines = [], []
     for name, data in files:
         for row in data.get("memory_rows", []):
-            plan_a = published_plan(row, hardware, memory_limit)
+            try:
+                plan_a = published_plan(row, hardware, memory_limit)
+            except (ValueError, KeyError) as e:
+                entries.append(_failure(name, row, e))
+                lines.append(f"{row.get('id', '?'):<24} not costed: {e}")
+                continue
             pred = memory_values(row, plan_a)
             err = errors(row["measured"], pred)
+            costed, chosen = costed_execution(row["execution"], plan_a)
             entries.append({"id": row["id"], "file": name, "measured": row["measured"], "predicted": pred,
-                            "error": err, "execution": {**row["execution"], "microbatch": plan_a.micro_batch,
-                                                        "interleave": plan_a.chunks}})
+                            "error": err, "execution": costed, "chosen": chosen})
             for k in pred:
                 lines.append(f"{row['id']:<24} {k:<24} {row['measured'][k]:>8.2f} {pred[k]:>8.2f} "
                              f"{100 * err.get(k, float('nan')):>+7.1f}%")
@@ -235,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, lines = run_rows(files, hardware, args.memory_limit, peak)
     print(f"Megatron-LM runs on {hardware.name}: predicted under the published execution (* = chosen by the "
           f"planner: unpublished) | the planner's own plan within {args.memory_limit / 1e9:g} GB")
-    print(f"{'id':<14} {'t':>2} {'S':>3} {'d':>3} {'B':>5} {'b':>4} {'v':>3} {'measured':<14} {'':>8} "
+    print(f"{'id':<14} {'t':>3} {'S':>3} {'d':>3} {'B':>5} {'b':>4} {'v':>3} {'measured':<14} {'':>8} "
           f"{'predicted':>8} {'error':>8} {'step s':>8} | {'own s':>8}  own plan")
     for line in lines:
         print(line)

@@ -35,6 +35,9 @@ def test_benchmark_writes_every_row(tmp_path):
         {"id": "small-time", "model": MODEL, "execution": _execution(microbatch=2, recompute="selective",
                                                                      sequence_parallel=True),
          "measured": {"iteration_s": 0.01}},
+        {"id": "small-open", "model": MODEL, "execution": _execution(tensor=None, recompute=None,
+                                                                     sequence_parallel=None),
+         "measured": {"iteration_s": 0.01}},
     ], "memory_rows": [
         {"id": "small-memory", "model": MODEL, "execution": _execution(microbatch=1, recompute="none"),
          "measured": {"activations_gib": 0.001, "params_optimizer_gib": 0.001}},
@@ -43,10 +46,12 @@ def test_benchmark_writes_every_row(tmp_path):
     out = tmp_path / "out.json"
     assert megatron.main(["--measurements", str(tmp_path), "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    first, second = report["rows"]
+    first, second, third = report["rows"]
     assert set(first["predicted"]) == {"tflops_per_gpu"} and first["chosen"] == ["microbatch", "interleave"]
     assert set(second["predicted"]) == {"iteration_s"} and second["execution"]["microbatch"] == 2
     assert second["error"]["iteration_s"] == pytest.approx(second["predicted"]["iteration_s"] / 0.01 - 1)
+    assert set(third["chosen"]) == {"tensor", "microbatch", "interleave", "recompute", "sequence_parallel"}
+    assert third["execution"]["recompute"] in ("none", "selective", "full") and third["execution"]["tensor"] >= 1
     assert all(r["plan_at_least_as_fast"] for r in report["rows"])
     (mem,) = report["memory_rows"]
     assert set(mem["predicted"]) == {"activations_gib", "params_optimizer_gib"}

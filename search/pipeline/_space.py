@@ -5,7 +5,8 @@ parallelism that divides what it must divide.
 
 * ``t`` divides the heads and stays inside a node (tensor-parallel
   collectives on the fastest tier, Narayanan et al. 2021, §3.2: "tensor
-  model parallelism up to the GPUs in a node");
+  model parallelism up to the GPUs in a node"), unless the space names a
+  larger one;
 * ``S`` divides the blocks (balanced stages) and ``t S`` the devices; the
   data-parallel size ``d = devices / (t S)`` divides the batch;
 * ``b`` divides the per-replica batch ``B / d``: ``m = B / (d b)``
@@ -90,7 +91,9 @@ def candidates(layers: int, heads: int, devices: int, batch: int, devices_per_no
     rows: list[tuple] = []
     grid: dict[tuple[int, int, bool], int] = {}
     recomputes = [int(parse_recompute(r)) for r in space.recompute]
-    for t in _allowed(space.tensor, [k for k in _divisors(min(devices_per_node, devices)) if heads % k == 0]):
+    # a tensor size the space names may span nodes; the search's own stay inside one
+    tensors = _divisors(devices) if space.tensor is not None else _divisors(min(devices_per_node, devices))
+    for t in _allowed(space.tensor, [k for k in tensors if heads % k == 0]):
         for S in _allowed(space.stages, [k for k in _divisors(layers) if devices % (t * k) == 0]):
             d = devices // (t * S)
             if batch % d:
