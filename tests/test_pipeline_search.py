@@ -28,6 +28,7 @@ def test_megatron_layout_of_a_gpt_block():
     sp = dict(zip(names, cm.megatron_options(bc.graph, True)))
     assert sp["blocks/0/norm1"] == sp["blocks/0/add_1"] == sp["pos_embed"] == S.SPATIAL
     assert [int(x) for x in bc.segment[: len(names)]] == [0, 0] + [1] * 10 + [2, 2]
+    assert bc.chain.vocab == 1024 and block_chain(SMALL, vocab_multiple=128).chain.vocab == 256  # Megatron's padding
 
 
 def test_block_collectives_are_megatrons_all_reduces():
@@ -126,7 +127,7 @@ def test_chain_memory_per_stage_by_hand():
     recomputation: 18 B per parameter; Korthikanti's s b h (34 + 5 a s / h) per block times the
     micro-batches in flight (2 on the first stage, 1 on the last), the embedding's mask on the
     first, the output layer's inputs and fp32 logits on the last."""
-    bc = block_chain(SMALL)
+    bc = block_chain(SMALL, vocab_multiple=256)  # the vocabulary as it is (block_chain pads it to 1024)
     hw = cm.hardware_arrays(cm.load_hardware("dgx-a100"), "float16")
     seg = cm.segment_costs(bc.graph.arrays, hw, 2.0, 1.0, jnp.asarray(cm.megatron_options(bc.graph, False)),
                            jnp.asarray(bc.segment), dropout=True)
