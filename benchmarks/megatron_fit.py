@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     grid = list(itertools.product(MATMUL_GRID, MEMORY_GRID if args.memory else (None,)))
     err = error_grid(rows, hardware, grid, args.memory_limit, peak)
     best, held, left_out = leave_one_out(err)
-    name = lambda g: f"matmul {grid[g][0]:.2f}" + (f" memory {grid[g][1]:.2f}" if grid[g][1] is not None else "")  # noqa: E731
+    def name(g: int) -> str:
+        return f"matmul {grid[g][0]:.2f}" + (f" memory {grid[g][1]:.2f}" if grid[g][1] is not None else "")
+
     print(f"In-sample: {name(best)} (mean |error| {100 * np.abs(err[best]).mean():.1f}%, "
           f"largest {100 * np.abs(err[best]).max():.1f}%); left-out mean |error| {100 * np.abs(left_out).mean():.1f}%, "
           f"largest {100 * np.abs(left_out).max():.1f}%")

@@ -119,7 +119,8 @@ def _transfers_s(costs: StageCosts, hw: HardwareArrays, stages, data, tensor, v)
     n = jnp.asarray(data, jnp.float32) * jnp.asarray(tensor, jnp.float32)
     crosses = boundary_crosses_nodes(i, n, net.devices_per_node)  # [S] boundary i -> i + 1
     wraps = S * n > net.devices_per_node  # the last stage's devices and the first's share no node
-    shift = lambda x: jnp.roll(x, 1).at[0].set(x[(S - 1.0).astype(jnp.int32)])  # noqa: E731 (boundary i - 1; stage 0: the wrap)
+    # boundary i - 1 of each stage i; stage 0's is the wrap from the last stage
+    shift = lambda x: jnp.roll(x, 1).at[0].set(x[(S - 1.0).astype(jnp.int32)])  # noqa: E731
     forward = _transfer_s(hw, costs.send_bytes, costs.gather_bytes, tensor, crosses)
     backward = _transfer_s(hw, shift(costs.send_bytes), shift(costs.gather_bytes), tensor,
                            jnp.roll(crosses, 1).at[0].set(wraps))
