@@ -80,8 +80,10 @@ def block_chain_of(row: dict):
     from planner.models.block_chain import block_chain
 
     ex = row["execution"]
-    return block_chain(model_config(row["model"]), dtype=ex.get("dtype", "float16"),
-                       optimizer=ex.get("optimizer", "adam"), dropout=row["model"].get("dropout", True))
+    model = row["model"]
+    dropout = model.get("dropout", model.get("kind", "gpt") == "gpt")  # Megatron's GPT drops out; Llama does not
+    return block_chain(model_config(model), dtype=ex.get("dtype", "float16"), optimizer=ex.get("optimizer", "adam"),
+                       dropout=bool(dropout))
 
 
 def model_flops(model: dict, batch: int, recompute: str) -> float:
