@@ -14,7 +14,7 @@ from costmodels.reshard import conversion_s
 from costmodels.shards import halo_rows, row_padding
 from costmodels.strategies import Layout, Strategy, layout_split
 
-__all__ = ["activation_workspace_bytes", "edge_reshard_s", "halo_s", "loss_output_s"]
+__all__ = ["activation_workspace_bytes", "edge_reshard_parts_s", "edge_reshard_s", "halo_s", "loss_output_s"]
 
 
 def halo_s(a, attention, group_batch, delta, m, ma, mb, dst, emask, params):
@@ -67,6 +67,12 @@ def edge_reshard_s(edge_bytes, src_pad, lay, src, dst, emask, m, ma, mb):
     ``[E]``, ``src_pad`` its row-split padded share) from its producer's
     output layout to its consumer's input layout forward, and its gradient
     back, for every pair of strategies."""
+    fwd, bwd = edge_reshard_parts_s(edge_bytes, src_pad, lay, src, dst, emask, m, ma, mb)
+    return fwd + bwd
+
+
+def edge_reshard_parts_s(edge_bytes, src_pad, lay, src, dst, emask, m, ma, mb):
+    """:func:`edge_reshard_s`'s forward and backward conversions, ``[E, S, S]`` each."""
     out_lay, in_lay, gin_lay, gout_lay = lay[..., 1], lay[..., 0], lay[..., 2], lay[..., 3]
     edge_bytes = edge_bytes[:, None, None]  # [E, 1, 1]
     by_rows = lambda x, y: (x == Layout.SPATIAL) | (y == Layout.SPATIAL)  # noqa: E731 (a conversion of a row-split tensor)
@@ -76,7 +82,7 @@ def edge_reshard_s(edge_bytes, src_pad, lay, src, dst, emask, m, ma, mb):
     src_gout, dst_gin = gout_lay[src][:, :, None], gin_lay[dst][:, None, :]
     bwd = conversion_s(dst_gin, src_gout,
                        edge_bytes * jnp.where(by_rows(dst_gin, src_gout), src_pad[:, None, None], 1.0), m, ma, mb)
-    return (fwd + bwd) * emask[:, None, None]
+    return fwd * emask[:, None, None], bwd * emask[:, None, None]
 
 
 def loss_output_s(out_bytes, pad, lay, src, emask, real, m, ma, mb):

@@ -43,6 +43,16 @@ if TYPE_CHECKING:  # loaded on first use (module docstring)
     from search.local.refinement import local_search
     from search.gradient.descent import GradientConfig, RelaxedResult, relaxed_search
     from search.gradient.relax import relaxed_probs, round_probs
+    from search.pipeline import (
+        Candidates,
+        PipelinePlan,
+        PipelineSearch,
+        PipelineSpace,
+        TransformerChain,
+        candidates,
+        evaluate_candidates,
+        search_pipeline,
+    )
     from search.elimination import INFEASIBLE_S, DPSchedule, best_plans, dp_schedule, pad_schedule, soft_min_lanes
 
 __all__ = [
@@ -89,6 +99,14 @@ __all__ = [
     "solve_many",
     "solve_milp",
     "solve_stage_cuts",
+    "Candidates",
+    "PipelinePlan",
+    "PipelineSearch",
+    "PipelineSpace",
+    "TransformerChain",
+    "candidates",
+    "evaluate_candidates",
+    "search_pipeline",
     "TIME_BUDGET_S",
 ]
 
@@ -131,6 +149,14 @@ _LAZY = {  # public name -> the module that defines it, imported on first use
     "relaxed_search": "search.gradient.descent",
     "relaxed_probs": "search.gradient.relax",
     "round_probs": "search.gradient.relax",
+    "Candidates": "search.pipeline",
+    "PipelinePlan": "search.pipeline",
+    "PipelineSearch": "search.pipeline",
+    "PipelineSpace": "search.pipeline",
+    "TransformerChain": "search.pipeline",
+    "candidates": "search.pipeline",
+    "evaluate_candidates": "search.pipeline",
+    "search_pipeline": "search.pipeline",
     "INFEASIBLE_S": "search.elimination",
     "DPSchedule": "search.elimination",
     "best_plans": "search.elimination",
