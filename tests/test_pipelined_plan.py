@@ -189,3 +189,16 @@ def test_gpt3_175b_on_1024_a100s_is_pipelined():
     p = plan("gpt3-175b", devices=1024, hardware="dgx-a100", batch=1536)
     assert p.pipeline is not None and p.pipeline.stages > 1
     assert p.fits_memory and p.memory_bytes_per_device <= 80e9 and p.devices == 1024 and p.batch == 1536
+
+
+def test_shard_validate_and_evaluate_refuse_a_pipelined_plan(small_pipelined, tmp_path, capsys):
+    from planner import shard, validate
+
+    with pytest.raises(ValueError, match="planner.shard runs one-stage plans; this plan is pipelined"):
+        shard(None, small_pipelined, None)
+    with pytest.raises(ValueError, match="validate runs one-stage plans"):
+        validate(None, small_pipelined)
+    path = tmp_path / "plan.json"
+    small_pipelined.write(path)
+    assert main(["evaluate", "decoder-tiny", "--devices", "8", "--plan", str(path)]) == 2
+    assert "is a pipelined plan" in capsys.readouterr().err
