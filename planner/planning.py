@@ -43,6 +43,8 @@ from planner._version import __version__
 from planner.evaluation import evaluate, evaluation_of, remat_runs_offered
 from planner.infeasible import FLOAT32_ROUNDING, InfeasibleMemoryError, infeasible_message
 from planner.ir.graph import LayerGraph
+from planner.models.transformer import TransformerConfig
+from planner.pipelining import PIPELINE_CHOICES, decoder_config, pipelined_plan
 from planner.plan_inputs import (
     MEMORY_MARGIN,
     memory_margin_bytes,
@@ -82,7 +84,7 @@ TIE_RTOL = 1e-6
 
 
 def plan(
-    model: str | LayerGraph,
+    model: str | LayerGraph | TransformerConfig,
     *,
     devices: int,
     hardware: str | Path | Hardware = "abci-v100",
@@ -104,6 +106,8 @@ def plan(
     levers: str = "all",
     time_budget_s: float | None = TIME_BUDGET_S,
     cache_dir: str | Path | None = None,
+    pipeline: str = "auto",
+    name: str | None = None,
 ) -> Plan:
     """The fastest plan of ``model`` (a zoo name or a :class:`LayerGraph`) on
     ``devices`` devices of ``hardware`` within ``memory_limit`` per device
@@ -145,13 +149,31 @@ def plan(
     ``cache_dir``: a folder to keep the cost tables in between calls (the
     command line's cache, :func:`planner.cli.cache_dir`); a second call with
     the same inputs reads them instead of computing them. The answer is the
-    same with or without it."""
+    same with or without it.
+
+    ``pipeline``: for a decoder (a zoo decoder's name or a
+    :class:`TransformerConfig`, named ``name``), ``auto`` (the default)
+    searches the one-stage plans above and, when none fits the memory, the
+    pipelined configurations (:mod:`planner.pipelining`: stages,
+    micro-batches, schedule, recomputation; the callback hears a
+    ``pipeline`` event), returning the fastest that fits (a plan with a
+    ``pipeline``); ``always`` searches only the pipelined ones, ``never``
+    only the one-stage ones. When neither fits, the
+    :class:`InfeasibleMemoryError` names the smallest pipelined
+    configuration's memory too."""
     if milp_time_limit_s is not None and not (isinstance(milp_time_limit_s, (int, float)) and milp_time_limit_s > 0):
         raise ValueError(f"milp_time_limit_s must be a positive number of seconds or None, got {milp_time_limit_s!r}")
     if not (isinstance(simplicity_tolerance, (int, float)) and 0 <= simplicity_tolerance < 1):
         raise ValueError(f"simplicity_tolerance must be a fraction in [0, 1), e.g. 0.01, got {simplicity_tolerance!r}")
+    if pipeline not in PIPELINE_CHOICES:
+        raise ValueError(f"pipeline must be one of {', '.join(PIPELINE_CHOICES)}, got {pipeline!r}")
     start = _time.perf_counter()
-    graph = _graph_of(model)
+    decoder = decoder_config(model, name)
+    if pipeline == "always" and decoder is None:
+        raise ValueError(f"pipelined plans are made for decoders (a zoo decoder such as gpt2-small or a "
+                         f"TransformerConfig with tokens and vocab); {_model_label(model)} is not one: plan it with "
+                         "pipeline='never' or 'auto'")
+    graph = _graph_of(model, name)
     hw = load_hardware(hardware)
     P = positive_int(devices, "devices")
     B = resolve_batch(P, batch, batch_per_device)
@@ -164,6 +186,11 @@ def plan(
     # at batch 256 on 8).
     inputs = graph.input_bytes_per_sample * B / P
     margin = memory_margin_bytes(limit, platform) + inputs
+    staged = functools.partial(pipelined_plan, *(decoder or (None, None)), graph, hw, P, B, limit, margin,
+                               dtype=dtype, optimizer=optimizer, platform=platform, seed=seed, started_s=start,
+                               callback=callback)
+    if pipeline == "always":
+        return staged()
     meshes = mesh_shapes(P, B, hw.devices_per_node, allow_cross_node_model_axis)
     settings = CostSettings(dtype=dtype, optimizer=optimizer, levers=levers, platform=platform,
                             remat_runs=remat_runs_offered(graph, levers))
@@ -187,10 +214,13 @@ def plan(
                     for mesh, s in zip(meshes, solutions, strict=True))
     fitting = [i for i, s in enumerate(solutions) if s.feasible]
     if not fitting:
-        raise InfeasibleMemoryError(*infeasible_message(
+        error = InfeasibleMemoryError(*infeasible_message(
             graph, P, limit, tables, meshes, solutions, MEMORY_MARGIN[platform], inputs, batch=B,
             batch_is_global=batch is not None,
             devices_per_node=None if allow_cross_node_model_axis else hw.devices_per_node))
+        if decoder is None or pipeline == "never":
+            raise error
+        return _pipelined_instead(staged, error, results, callback)
     fastest = min(fitting, key=lambda i: (solutions[i].time_s, i))
     dp_time = dp_memory = speedup = None
     base = _data_parallel(graph, hw, P, B, meshes, tables, settings, calibration, allow_other_hardware)
@@ -223,15 +253,41 @@ def plan(
     )
 
 
-def _graph_of(model: str | LayerGraph) -> LayerGraph:
-    """The layer graph of a zoo name or a :class:`LayerGraph`."""
+def _graph_of(model: str | LayerGraph | TransformerConfig, name: str | None) -> LayerGraph:
+    """The layer graph of a zoo name, a :class:`LayerGraph` or a
+    :class:`TransformerConfig` (named ``name``)."""
     if isinstance(model, str):
         from planner.models.zoo import get_model
 
         return get_model(model)
     if isinstance(model, LayerGraph):
         return model
-    raise ValueError(f"model must be a built-in model name or a LayerGraph, got {type(model).__name__}")
+    if isinstance(model, TransformerConfig):
+        from planner.models.transformer import build_transformer
+
+        return build_transformer(model, name or "transformer")
+    raise ValueError(f"model must be a built-in model name, a LayerGraph or a TransformerConfig, got "
+                     f"{type(model).__name__}")
+
+
+def _model_label(model: str | LayerGraph | TransformerConfig) -> str:
+    return model if isinstance(model, str) else getattr(model, "model_name", type(model).__name__)
+
+
+def _pipelined_instead(staged: Callable[..., Plan], error: InfeasibleMemoryError, results: tuple,
+                       callback: Callable[[SearchEvent], None] | None) -> Plan:
+    """The pipelined plan of a decoder no one-stage plan fits (``error``
+    says why); when none fits either, one error naming both smallest
+    memories (``required_bytes``: the smaller)."""
+    if callback is not None:
+        callback(SearchEvent("pipeline", "no one-stage plan fits the memory limit: searching pipelined plans"))
+    try:
+        return staged(meshes=results)
+    except InfeasibleMemoryError as e:
+        raise InfeasibleMemoryError(f"{e}; without stages: {error}", min(e.required_bytes, error.required_bytes)) \
+            from None
+    except ValueError as e:  # no pipelined configuration divides
+        raise InfeasibleMemoryError(f"{error}; no pipelined plan either: {e}", error.required_bytes) from None
 
 
 def _memory_limit_bytes(memory_limit: float | int | str | None, hw: Hardware) -> float:

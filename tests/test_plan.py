@@ -168,7 +168,7 @@ def test_cli_json_has_evaluate_keys_plus_mesh_method_seconds(capsys, tmp_path):
     assert main(["plan", "vgg16", "--devices", "64", "--memory-limit", "7GB", "--json", "-o", str(out)]) == 0
     data = json.loads(capsys.readouterr().out)
     assert eval_keys | {"mesh", "method", "seconds"} <= set(data)
-    assert data["schema"] == "shardplan/plan" and data["version"] == 4
+    assert data["schema"] == "shardplan/plan" and data["version"] == 5
     assert data["mesh"] == [16, 4] and data["method"] == "dp" and data["seconds"] > 0
     assert json.loads(out.read_text())["layers"] == data["layers"]
     # the written plan evaluates to the same prediction

@@ -22,14 +22,14 @@ def test_round_trip_is_exact(vgg_plan, tmp_path):
     path = tmp_path / "plan.json"
     vgg_plan.write(path)
     assert Plan.read(path) == vgg_plan
-    assert json.loads(text)["schema"] == "shardplan/plan" and json.loads(text)["version"] == 4
+    assert json.loads(text)["schema"] == "shardplan/plan" and json.loads(text)["version"] == 5
 
 
 @pytest.mark.parametrize(
     "mutate, message",
     [
         (lambda d: d.update(schema="shardplan/layer-graph"), "not a plan file"),
-        (lambda d: d.update(version=5), "newer"),
+        (lambda d: d.update(version=6), "newer"),
         (lambda d: d.update(version="1"), "integer"),
         (lambda d: d.pop("mesh"), 'missing "mesh"'),
         (lambda d: d.update(mesh=[3, 5]), "does not hold"),
@@ -147,7 +147,7 @@ def test_version_1_files_upgrade_to_the_same_specs(model):
     assert back.layer_specs == layer_specs(g, [r.strategy for r in p.layers])
     assert back.hardware_spec == load_hardware("dgx-a100")
     assert back.package_version.startswith("unknown") and back.history == ()
-    assert back.strategies == p.strategies and back.to_dict()["version"] == 4
+    assert back.strategies == p.strategies and back.to_dict()["version"] == 5
 
 
 def test_summary_has_one_row_per_layer(vgg_plan):

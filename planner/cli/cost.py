@@ -63,6 +63,9 @@ def _read_plan(path: str, graph: Any) -> tuple[dict[str, str], dict[str, Any]]:
         isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("strategy"), str) for r in rows
     ):
         raise ValueError(f'{path}: expected an object with "layers": [{{"name": ..., "strategy": ...}}, ...]')
+    if data.get("pipeline"):
+        raise ValueError(f"{path} is a pipelined plan: evaluate --plan costs one-stage plans; its predicted step "
+                         "is the plan file's pipeline (shardplan plan prints it)")
     model, fingerprint = data.get("model"), data.get("graph_fingerprint")
     if (fingerprint and fingerprint != graph.fingerprint) or (not fingerprint and model and model != graph.model_name):
         raise ValueError(

@@ -3,7 +3,7 @@
 ``shardplan plan MODEL --devices P [--memory-limit 16GiB] [--hardware NAME|FILE]
 [--batch B | --batch-per-device b] [--method auto|gradient|dp|milp] [--seed S]
 [--dtype float32|bfloat16] [--optimizer sgd|momentum|adam] [--calibration FILE]
-[--allow-cross-node-model-axis] [--json] [--full] [-o plan.json]``
+[--allow-cross-node-model-axis] [--pipeline auto|always|never] [--json] [--full] [-o plan.json]``
 
 Prints the per-layer plan (strategy, compute, communication, resharding,
 memory), the mesh, the predicted iteration time and its speed-up over pure
@@ -15,6 +15,13 @@ JSON as well (``shardplan evaluate --plan FILE`` reads it back). Same inputs
 and seed give the same plan. When no plan fits the memory limit the command
 prints one line saying the smallest limit that would fit and exits with 1;
 usage errors exit with 2.
+
+A decoder (a zoo decoder or a transformer-config file) that no one-stage
+plan fits is planned with pipeline stages (``--pipeline auto``, the default;
+``always``: only pipelined plans, ``never``: none): the table then shows the
+mesh (stage x data x model), the micro-batches, schedule and memory levers,
+the predicted step and its parts, one row per stage and the per-layer
+strategies of one block (every block runs the same).
 """
 
 from __future__ import annotations
@@ -80,12 +87,25 @@ def _render(data: dict[str, Any], output: str | None, full: bool = True) -> None
     )
 
 
+def _render_pipelined(result: Any, output: str | None) -> None:
+    """A pipelined plan: its header, one row per stage and one block's strategies
+    (:func:`planner.plans.summary.pipeline_summary`), and how the search went."""
+    from rich.console import Console
+
+    p = result.pipeline
+    console = Console()
+    console.print(result.summary(), highlight=False, markup=False)
+    console.print(
+        f"searched {p.candidates} pipelined configurations ({p.fitting} fit) and {len(result.meshes)} one-stage "
+        f"mesh shape(s) in {result.seconds:.2f} s" + (f"; written to {output}" if output else ""), highlight=False)
+
+
 def _run_plan(args: argparse.Namespace) -> int:
     from costmodels import load_calibration, load_hardware
     from costmodels import check_writable
     from planner.cli import cost_table_cache_dir
     from planner.cli.common import PROG
-    from planner.models.loading import load_model
+    from planner.models.loading import load_model, transformer_of
     from planner.planning import InfeasibleMemoryError, parse_memory_limit, plan
     from planner.usage import one_line
 
@@ -104,6 +124,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     if args.output:
         check_writable(args.output, "-o")  # before the search, not after it
     graph = load_model(args.model, args.on_unsupported)
+    decoder = transformer_of(args.model)
+    model, name = (graph, None) if decoder is None else decoder  # a transformer: planned from its config
     hw = load_hardware(args.hardware)
     calibration = load_calibration(args.calibration) if args.calibration else None
     as_json = args.json or not sys.stdout.isatty()
@@ -114,7 +136,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         callback, status = _progress(Console(stderr=True))
     try:
         result = plan(
-            graph, devices=args.devices, hardware=hw, memory_limit=limit, batch=args.batch,
+            model, name=name, pipeline=args.pipeline, devices=args.devices, hardware=hw, memory_limit=limit, batch=args.batch,
             batch_per_device=args.batch_per_device, method=args.method, seed=args.seed, dtype=args.dtype,
             optimizer=args.optimizer, allow_cross_node_model_axis=args.allow_cross_node_model_axis,
             calibration=calibration, allow_other_hardware=args.allow_other_hardware, callback=callback,
@@ -133,6 +155,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     data = result.to_dict()
     if as_json:
         print(result.to_json())
+    elif result.pipeline is not None:
+        _render_pipelined(result, args.output)
     else:
         _render(data, args.output, full=args.full)
     return 0
@@ -183,6 +207,9 @@ def add_plan_commands(sub: Any) -> None:
                          "none (default all; a lever that buys nothing is dropped, docs/levers.md)")
     pl.add_argument("--allow-cross-node-model-axis", action="store_true",
                     help="also try model axes larger than one node")
+    pl.add_argument("--pipeline", choices=("auto", "always", "never"), default="auto",
+                    help="pipeline stages for a decoder: auto (when no one-stage plan fits the memory), always "
+                         "(only pipelined plans) or never (default auto; docs/llm-scale.md)")
     pl.add_argument("--json", action="store_true", help="print JSON even on a terminal")
     pl.add_argument("-o", "--output", metavar="FILE", help="write the plan as JSON to FILE")
     pl.add_argument("--full", action="store_true",

@@ -72,6 +72,23 @@ def load_model(spec: str, on_unsupported: str = "error") -> LayerGraph:
     raise UsageError(f"unknown model {spec!r}{hint}", accepted_models())
 
 
+def transformer_of(spec: str) -> tuple[TransformerConfig, str] | None:
+    """The transformer config and name a command-line MODEL argument names (a
+    zoo transformer, or a transformer-config ``.json`` file); None for any
+    other model. Call after :func:`load_model` has accepted ``spec``."""
+    from planner.models.zoo import TRANSFORMERS
+
+    if spec in TRANSFORMERS:
+        return TRANSFORMERS[spec], spec
+    path = Path(spec)
+    if path.suffix == ".json" and path.is_file():
+        data = read_json(path, "layer-graph or transformer-config JSON file")
+        if is_transformer_file(data):
+            config, name = TransformerConfig.from_dict(data)
+            return config, name or path.stem
+    return None
+
+
 def _load_file(path: Path) -> LayerGraph:
     with open(path, "rb") as f:
         head = f.read(len(_NET_MAGIC) + 3)

@@ -1,10 +1,17 @@
 """Reading a plan file back: ``Plan.from_json`` / ``Plan.from_dict``, with a
 message naming the first problem. The writer is ``Plan.to_dict``.
 
-Schema ``"shardplan/plan"``, integer ``version``: version 4 is the current
-one; it added ``joins`` to each layer (recomputed in the run of the layer
-before, ``remat+join``); a version-3 file reads with no layer joining a
-run. Version 3 added each layer's memory levers (``zero_stage`` 0-3 and
+Schema ``"shardplan/plan"``, integer ``version``: version 5 is the current
+one; it added ``pipeline`` (null, or the stages, micro-batches, schedule and
+predicted step of a pipelined plan, :class:`planner.plans.pipeline.Pipeline`,
+with ``stage_evaluation``: the devices, mesh, batch, time and memory of its
+one-stage evaluation, whose layers are the file's ``layers``; a pipelined
+plan's top-level ``mesh`` is ``[S, d, m]`` on axes ``stage, data, model``
+and its ``devices``, ``batch``, ``iteration_s`` and
+``memory_bytes_per_device`` are the pipelined step's); a file of versions
+1-4 reads with no pipeline. Version 4 added ``joins`` to each layer
+(recomputed in the run of the layer before, ``remat+join``); a version-3
+file reads with no layer joining a run. Version 3 added each layer's memory levers (``zero_stage`` 0-3 and
 ``remat``, :mod:`costmodels.levers`) and the lever menu searched
 (``levers``). A version-2 file reads with no levers (stage 0, activations
 kept, menu ``none``). A version-1 file is upgraded on reading: its layers'
@@ -32,6 +39,7 @@ from costmodels import (
 )
 from planner.evaluation import LayerCost
 from planner.ir.graph import check_on_unsupported
+from planner.plans.pipeline import PIPELINE_AXIS_NAMES, STAGE_EVALUATION_KEYS, Pipeline
 from planner.plans.specs import LayerSpecs, layer_specs_from_kinds
 from search import HistoryEntry
 
@@ -39,8 +47,9 @@ __all__ = ["PLAN_SCHEMA", "PLAN_VERSION", "plan_fields"]
 
 PLAN_SCHEMA = "shardplan/plan"
 # 2 added layer specs, the embedded hardware, the package version, the search history;
-# 3 the memory levers per layer; 4 a layer joining the run of recomputed layers before it
-PLAN_VERSION = 4
+# 3 the memory levers per layer; 4 a layer joining the run of recomputed layers before it;
+# 5 the pipeline (stages, micro-batches, schedule)
+PLAN_VERSION = 5
 
 
 class _Reader:
@@ -139,19 +148,21 @@ def plan_fields(data: Any) -> dict[str, Any]:
     if not layers:
         raise ValueError("plan.layers must not be empty")
     collectives, meshes = _collective_rows(r), _mesh_rows(r, version)
-    mesh = r.ints("mesh", 2)
+    pipeline, stage = _pipeline(r, version)
+    mesh = r.ints("mesh", 2 if pipeline is None else 3)
     devices = r.integer("devices", 1)
-    if mesh[0] * mesh[1] != devices:
-        raise ValueError(f"plan.mesh {mesh[0]}x{mesh[1]} does not hold plan.devices = {devices} devices")
+    if math.prod(mesh) != devices:
+        raise ValueError(f"plan.mesh {'x'.join(map(str, mesh))} does not hold plan.devices = {devices} devices")
+    names_expected = AXIS_NAMES if pipeline is None else PIPELINE_AXIS_NAMES
     axis_names = r.get("axis_names")
-    if axis_names != list(AXIS_NAMES):
-        raise ValueError(f"plan.axis_names must be {list(AXIS_NAMES)!r}, got {axis_names!r}")
+    if axis_names != list(names_expected):
+        raise ValueError(f"plan.axis_names must be {list(names_expected)!r}, got {axis_names!r}")
     names = [x.name for x in layers]
     if len(set(names)) != len(names):
         raise ValueError("plan.layers names must be unique")
     fields = dict(
         model=r.string("model"), hardware=r.string("hardware"), devices=devices, mesh=mesh,
-        axis_names=AXIS_NAMES, batch=r.integer("batch", 1), dtype=r.string("dtype"),
+        axis_names=names_expected, batch=r.integer("batch", 1), dtype=r.string("dtype"),
         optimizer=r.string("optimizer"), layers=tuple(layers), collectives=tuple(collectives),
         iteration_s=r.number("iteration_s"), memory_bytes_per_device=r.number("memory_bytes_per_device"),
         memory_capacity_bytes=r.number("memory_capacity_bytes"), memory_limit_bytes=r.number("memory_limit_bytes"),
@@ -162,6 +173,10 @@ def plan_fields(data: Any) -> dict[str, Any]:
         optimality_gap=r.number("optimality_gap", optional=True), meshes=tuple(meshes),
         graph_fingerprint=r.string("graph_fingerprint"), input_shape=r.ints("input_shape"),
     )
+    if pipeline is not None:
+        _check_pipeline(pipeline, fields)
+        fields.update(stage)  # the evaluation's own: one stage's layers, one micro-batch
+    fields["pipeline"] = pipeline
     # The safety margin the search kept below the limit and the platform it was
     # for (docs/validation.md "The memory promise"); files written before them
     # read as planned with no margin.
@@ -205,6 +220,50 @@ def plan_fields(data: Any) -> dict[str, Any]:
         fields["package_version"] = "unknown (plan file version 1)"
         fields["history"] = ()
     return fields
+
+
+def _pipeline(r: _Reader, version: int) -> tuple[Any, dict[str, Any]]:
+    """The plan file's pipeline (None: none, or a file before version 5) and
+    the fields of its one-stage evaluation (``pipeline.stage_evaluation``)."""
+    value = r.get("pipeline") if version >= 5 else None
+    if value is None:
+        return None, {}
+    if not isinstance(value, dict):
+        raise ValueError("plan.pipeline must be an object or null")
+    pipeline = _pipeline_record(_Reader(value, "plan.pipeline"))
+    sr = _Reader(value.get("stage_evaluation"), "plan.pipeline.stage_evaluation")
+    stage = {k: sr.number(k) for k in STAGE_EVALUATION_KEYS if k not in ("devices", "mesh", "batch")}
+    stage.update(devices=sr.integer("devices", 1), mesh=sr.ints("mesh", 2), batch=sr.integer("batch", 1))
+    if stage["mesh"] != (pipeline.data, pipeline.tensor):
+        raise ValueError(f"plan.pipeline.stage_evaluation.mesh {list(stage['mesh'])} is not the stage's "
+                         f"data x model sub-mesh [{pipeline.data}, {pipeline.tensor}]")
+    return pipeline, stage
+
+
+def _pipeline_record(r: _Reader) -> Pipeline:
+    """The :class:`Pipeline` of a plan file's ``pipeline`` object."""
+    ints = {k: r.integer(k, 1) for k in ("stages", "data", "tensor", "chunks", "micro_batch", "microbatches",
+                                         "blocks")}
+    counts = {k: r.integer(k) for k in ("candidates", "fitting")}
+    numbers = {k: r.number(k) for k in ("step_s", "pipeline_s", "bubble_s", "transfer_s", "gradient_sync_s",
+                                        "optimizer_s", "state_bytes", "activation_bytes", "peak_bytes")}
+    runs = r.items("stage_blocks")
+    if not all(isinstance(x, list) and len(x) == 2 and all(isinstance(i, int) and not isinstance(i, bool)
+                                                           for i in x) for x in runs):
+        raise ValueError(f"plan.pipeline.stage_blocks must be a list of [first, last] block indices, got {runs!r}")
+    return Pipeline(**ints, **counts, **numbers, schedule=r.string("schedule"), recompute=r.string("recompute"),
+                    sequence_parallel=r.boolean("sequence_parallel"),
+                    distributed_optimizer=r.boolean("distributed_optimizer"),
+                    stage_blocks=tuple(tuple(x) for x in runs))
+
+
+def _check_pipeline(pipeline: Any, fields: dict[str, Any]) -> None:
+    """A pipelined plan's top-level devices, mesh, batch, time and memory are its pipeline's."""
+    mine = dict(devices=pipeline.devices, mesh=pipeline.mesh, batch=pipeline.batch, iteration_s=pipeline.step_s,
+                memory_bytes_per_device=pipeline.peak_bytes)
+    for key, value in mine.items():
+        if fields[key] != value:
+            raise ValueError(f"plan.{key} {fields[key]!r} is not its pipeline's ({value!r})")
 
 
 def _layer_rows(r: _Reader, version: int) -> tuple[list[LayerCost], list]:

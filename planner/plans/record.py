@@ -13,6 +13,7 @@ from typing import Any
 from costmodels import CollectiveRecord, Hardware, parse_json, read_json, write_atomic
 from planner.evaluation import Evaluation, LayerCost
 from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION, plan_fields  # the file format
+from planner.plans.pipeline import STAGE_EVALUATION_KEYS, Pipeline
 from planner.plans.specs import (
     LayerSpecs,
     fsdp_layers,
@@ -47,10 +48,18 @@ class Plan:
     """A per-layer sharding plan (plain data): its predicted costs, the
     :class:`~planner.evaluation.Evaluation` of its strategies on its mesh
     (``model``, ``mesh``, ``layers``, ``iteration_s``, ... read through to
-    it), and what the search knew and did."""
+    it), and what the search knew and did.
+
+    A pipelined plan (``pipeline`` set, :class:`~planner.plans.pipeline.Pipeline`)
+    runs on a ``stage x data x model`` mesh: ``devices``, ``mesh``, ``batch``,
+    ``iteration_s`` and ``memory_bytes_per_device`` are the pipelined step's
+    (the pipeline's), and ``evaluation`` is the per-layer plan of one stage's
+    layers (one block, the embedding, the output layer) for one micro-batch
+    on the ``data x model`` sub-mesh (the Pipeline docstring says exactly
+    what it costs)."""
 
     evaluation: Evaluation  # the plan's costs: model, mesh, batch, per-layer strategies and costs, collectives
-    axis_names: tuple[str, str]
+    axis_names: tuple[str, ...]  # ("data", "model"); ("stage", "data", "model") for a pipelined plan
     memory_limit_bytes: float
     data_parallel_iteration_s: float | None  # pure data parallelism on all devices (None if the batch does not split)
     data_parallel_memory_bytes: float | None
@@ -75,6 +84,7 @@ class Plan:
     # (LayerGraph.on_unsupported), so shard and validate extract the model that way too
     on_unsupported: str = "error"
     levers: str = "none"  # the lever menu searched (costmodels.LEVER_CHOICES; "none" before version 3)
+    pipeline: Pipeline | None = None  # stages and micro-batches (None: one stage, the whole batch in one pass)
 
     # -- the evaluation's fields, read through -------------------------------------------
 
@@ -88,15 +98,15 @@ class Plan:
 
     @property
     def devices(self) -> int:
-        return self.evaluation.devices
+        return self.evaluation.devices if self.pipeline is None else self.pipeline.devices
 
     @property
-    def mesh(self) -> tuple[int, int]:  # (d, m)
-        return self.evaluation.mesh
+    def mesh(self) -> tuple[int, ...]:  # (d, m); (S, d, m) for a pipelined plan
+        return self.evaluation.mesh if self.pipeline is None else self.pipeline.mesh
 
     @property
     def batch(self) -> int:  # global
-        return self.evaluation.batch
+        return self.evaluation.batch if self.pipeline is None else self.pipeline.batch
 
     @property
     def dtype(self) -> str:
@@ -115,12 +125,12 @@ class Plan:
         return self.evaluation.collectives
 
     @property
-    def iteration_s(self) -> float:  # predicted seconds per iteration
-        return self.evaluation.iteration_s
+    def iteration_s(self) -> float:  # predicted seconds per iteration (a pipelined plan's: its step)
+        return self.evaluation.iteration_s if self.pipeline is None else self.pipeline.step_s
 
     @property
-    def memory_bytes_per_device(self) -> float:
-        return self.evaluation.memory_bytes_per_device
+    def memory_bytes_per_device(self) -> float:  # a pipelined plan's: its largest stage's peak
+        return self.evaluation.memory_bytes_per_device if self.pipeline is None else self.pipeline.peak_bytes
 
     @property
     def memory_capacity_bytes(self) -> float:
@@ -171,23 +181,42 @@ class Plan:
         """Layer name -> (input, output) ``PartitionSpec`` (None: XLA decides)."""
         return {s.name: (to_partition_spec(s.input_spec), to_partition_spec(s.output_spec)) for s in self.layer_specs}
 
+    def require_one_stage(self, what: str) -> None:
+        """``ValueError`` when the plan is pipelined: ``what`` (``planner.shard``,
+        ``validate``) runs one-stage plans only (docs/limits.md)."""
+        if self.pipeline is not None:
+            raise ValueError(
+                f"{what} runs one-stage plans; this plan is pipelined ({self.pipeline.stages} stages x "
+                f"{self.pipeline.data} data x {self.pipeline.tensor} model), which is planned and costed but not "
+                "executed yet: plan with pipeline='never' (--pipeline never) for a plan it can run")
+
     @property
     def fits_memory(self) -> bool:
-        return self.evaluation.fits_memory
+        return self.memory_bytes_per_device <= self.memory_capacity_bytes
 
     def summary(self, full: bool = False) -> str:
         """The per-layer table as plain text: strategy, predicted seconds and
         bytes per device, and the layer's activation specs; over 40 layers
         runs of alike data-parallel layers are one row each unless ``full``
-        (as ``shardplan plan`` prints them)."""
-        from planner.plans.summary import plan_summary
+        (as ``shardplan plan`` prints them). A pipelined plan: its step, one
+        row per stage, and one block's strategies
+        (:func:`planner.plans.summary.pipeline_summary`)."""
+        from planner.plans.summary import pipeline_summary, plan_summary
 
-        return plan_summary(self, full)
+        return plan_summary(self, full) if self.pipeline is None else pipeline_summary(self)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the keys of ``shardplan evaluate --json`` plus the search's."""
+        """JSON-ready: the keys of ``shardplan evaluate --json`` plus the search's.
+        A pipelined plan's ``devices``, ``mesh``, ``batch``, ``iteration_s`` and
+        ``memory_bytes_per_device`` are the plan's; its stage evaluation's are
+        under ``pipeline.stage_evaluation``."""
         ev = self.evaluation.to_dict()  # model, mesh, batch, costs, layers and collectives: the evaluate --json keys
         layers, collectives = ev.pop("layers"), ev.pop("collectives")
+        pipeline = None
+        if self.pipeline is not None:
+            pipeline = {**self.pipeline.to_dict(), "stage_evaluation": {k: ev[k] for k in STAGE_EVALUATION_KEYS}}
+            ev.update(devices=self.devices, mesh=list(self.mesh), batch=self.batch, iteration_s=self.iteration_s,
+                      memory_bytes_per_device=self.memory_bytes_per_device)
         specs = self.layer_specs or (None,) * len(layers)
         return {
             "schema": PLAN_SCHEMA,
@@ -216,6 +245,7 @@ class Plan:
             "collectives": collectives,
             "meshes": [m.to_dict() for m in self.meshes],
             "history": [dataclasses.asdict(h) for h in self.history],
+            "pipeline": pipeline,
         }
 
     def to_json(self, indent: int | None = 1) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 from planner._format import format_bytes
 
-__all__ = ["plan_summary", "format_spec"]
+__all__ = ["format_spec", "pipeline_header", "pipeline_summary", "plan_summary", "stage_rows"]
 
 
 def format_spec(spec: Any) -> str:
@@ -78,3 +78,61 @@ def plan_summary(plan: Any, full: bool = False) -> str:
     from planner.unavailable import substitution_notes
 
     return "\n".join([header, line(cols), *(line(r) for r in rows), *footer, *substitution_notes(plan.layers)])
+
+
+def _runs(runs: tuple[tuple[int, int], ...]) -> str:
+    """``((0, 1), (16, 17))`` -> ``"blocks 0-1, 16-17"``."""
+    text = ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+    return ("blocks " if len(runs) > 1 or runs[0][1] > runs[0][0] else "block ") + text
+
+
+def stage_rows(plan: Any) -> list[str]:
+    """One line per stage of a pipelined plan: its blocks (per model chunk),
+    the embedding on the first, the final norm and output layer on the last."""
+    p = plan.pipeline
+    names = [r.name for r in plan.layers]
+    first_block = next((i for i, n in enumerate(names) if n.startswith("blocks/")), 0)
+    last_block = max((i for i, n in enumerate(names) if n.startswith("blocks/")), default=len(names) - 1)
+    before, after = " + ".join(names[:first_block]), " + ".join(names[last_block + 1:])
+    rows = []
+    for i in range(p.stages):
+        parts = ([before] if i == 0 and before else []) + [_runs(p.blocks_of_stage(i))] \
+            + ([after] if i == p.stages - 1 and after else [])
+        rows.append(f"stage {i}: {' + '.join(parts)}")
+    return rows
+
+
+def pipeline_header(plan: Any) -> list[str]:
+    """The header lines of a pipelined plan: mesh, micro-batches, schedule and
+    memory levers; the predicted step with its parts; the memory."""
+    p = plan.pipeline
+    ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
+    return [
+        f"{plan.model} on {plan.devices} x {plan.hardware}, mesh {p.stages}x{p.data}x{p.tensor} (stage x data x "
+        f"model), batch {plan.batch} = micro-batch {p.micro_batch} x {p.microbatches} micro-batches x {p.data} "
+        f"replicas, {plan.dtype}, {plan.optimizer}",
+        f"schedule {p.schedule}, v={p.chunks}, recomputation {p.recompute}, sequence parallelism "
+        f"{'on' if p.sequence_parallel else 'off'}, ZeRO-1 (distributed optimizer) "
+        f"{'on' if p.distributed_optimizer else 'off'}",
+        f"predicted step {p.step_s:.3f} s: pipeline {p.pipeline_s:.3f} s (bubble {ms(p.bubble_s)}, transfers "
+        f"{ms(p.transfer_s)}), gradient sync {ms(p.gradient_sync_s)}, optimizer {ms(p.optimizer_s)}",
+        f"peak memory {format_bytes(p.peak_bytes)} per device (state {format_bytes(p.state_bytes)}, activations "
+        f"{format_bytes(p.activation_bytes)}; limit {format_bytes(plan.memory_limit_bytes)})",
+    ]
+
+
+def pipeline_summary(plan: Any) -> str:
+    """A pipelined plan as text: :func:`pipeline_header`, one row per stage
+    (:func:`stage_rows`), and the per-layer strategies of one block with the
+    embedding and output layers, once (every block runs the same)."""
+    specs = {s.name: s for s in plan.layer_specs}
+    rows = [(r.name, r.kind, r.option, format_spec(specs[r.name].input_spec) if r.name in specs else "",
+             format_spec(specs[r.name].output_spec) if r.name in specs else "") for r in plan.layers]
+    cols = ("layer", "kind", "strategy", "input", "output")
+    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
+    line = lambda row: "  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip()  # noqa: E731
+    d, t = plan.pipeline.data, plan.pipeline.tensor
+    return "\n".join([
+        *pipeline_header(plan), *stage_rows(plan),
+        f"per-layer strategies of every block (shown for block 0) on each stage's {d}x{t} data x model sub-mesh:",
+        line(cols), *(line(r) for r in rows)])

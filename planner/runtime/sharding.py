@@ -66,6 +66,7 @@ def shard(
     layers it recomputes run again in the backward pass
     (:func:`planner.runtime.export.shard_training`'s ``zero_stages``,
     ``remat_layers`` and ``recompute_runs``)."""
+    plan.require_one_stage("planner.shard")
     graph = planned_graph(model, plan)
     model = as_nnx(model, example_input(plan, 2), variables)
     mesh = plan_mesh(plan, mesh)

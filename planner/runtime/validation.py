@@ -201,6 +201,7 @@ def validate(
     :func:`default_optimizer` of ``plan.optimizer``."""
     if not (memory_rtol >= 0 and activation_rtol >= 0 and comm_rtol >= 0):
         raise ValueError("memory_rtol, activation_rtol and comm_rtol must be non-negative fractions, e.g. 0.1")
+    plan.require_one_stage("validate")
     if not plan.input_shape:
         raise ValueError("the plan does not record its model's input shape; plan the model again with this "
                          "version of shardplan to validate it")
