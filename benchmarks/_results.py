@@ -68,27 +68,33 @@ def _plain(value):
     return value
 
 
-def command_line(script: str, argv: list[str] | None) -> str:
-    """``python benchmarks/<script> ARGS`` as the run was started."""
+def command_line(script: str, argv: list[str] | None, env: dict[str, str] | None = None) -> str:
+    """``[VAR=value ...] python benchmarks/<script> ARGS`` as the run was started
+    (``env``: the environment settings that chose what it measured)."""
     args = sys.argv[1:] if argv is None else list(argv)
-    return shlex.join(["python", f"benchmarks/{Path(script).name}", *args])
+    settings = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
+    return " ".join([*settings, shlex.join(["python", f"benchmarks/{Path(script).name}", *args])])
 
 
 def write_results(path: Path | None, script: str, mode: str, summary: dict, rows: list, argv: list[str] | None = None,
-                  **extra) -> Path | None:
+                  env: dict[str, str] | None = None, **extra) -> Path | None:
     """Write one run's numbers to ``path`` atomically (a temporary file in the
-    same folder, then renamed); nothing where ``path`` is None."""
+    same folder, then renamed); nothing where ``path`` is None. ``env``: the
+    environment settings the command line shows before ``python``."""
     if path is None:
         return None
     import jax  # the version the run used (the scripts import it anyway)
 
-    doc = {"script": f"benchmarks/{Path(script).name}", "command": command_line(script, argv), "mode": mode,
+    doc = {"script": f"benchmarks/{Path(script).name}", "command": command_line(script, argv, env), "mode": mode,
            "date": datetime.date.today().isoformat(), "jax": jax.__version__, "machine": machine(),
            "summary": summary, "rows": rows, **extra}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary file (mkstemp makes it private)
         with os.fdopen(fd, "w") as f:
             json.dump(_plain(doc), f, indent=1, allow_nan=False)
             f.write("\n")

@@ -78,6 +78,7 @@ PLATFORM = "cpu"  # the programs are compiled on CPU: plans keep the cpu platfor
 TOTAL_RTOL = 0.10  # the memory promise: total memory within 10%
 COMM_RTOL = 0.05
 SHORT = {"filter": "f", "channel": "c", "spatial": "s", "replicated": "r"}
+MEMORY_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"  # XLA:CPU's depth-first schedule
 
 
 def build(name: str, batch: int):
@@ -278,7 +279,8 @@ def main(argv=None) -> int:
     default = (models, batches, meshes, limits) == (list(MODELS), list(BATCHES), list(MESHES), list(LIMITS))
     quick = (models, batches, meshes, limits) == (["vgg16-cifar10"], [64], [(4, 2), (2, 4)], ["none", "tight"])
     write_results(args.json, __file__, "full grid" if default else "quick" if quick else "selected cases",
-                  summary_of(rows, len(compiled_cache), seconds), rows, argv, cpu_scheduler=scheduler,
+                  summary_of(rows, len(compiled_cache), seconds), rows, argv,
+                  env={"XLA_FLAGS": MEMORY_SCHEDULER_FLAG} if scheduler == "memory" else None, cpu_scheduler=scheduler,
                   hardware=HARDWARE, optimizer=OPTIMIZER, slack=args.slack, device_memory_bytes=device_memory)
     return 0
 
