@@ -12,13 +12,15 @@ configuration on one mesh shape: its cost table, and the exact DP over all of
 its plans on that mesh (a configuration with 4 mesh shapes is 4 evaluations,
 however many plans the DP covers). ``plan_many`` is timed over repeated calls
 on the same 256 configurations (``--seconds``); the median call is reported,
-with the load average of the machine before and after.
+with the load average of the machine before and after. The numbers go to
+``--json PATH`` (default ``benchmarks/results/automl_throughput.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -33,6 +35,9 @@ from planner.automl.parametric import ArchParams
 from planner.automl.templates import resnet_parametric, resnet_template
 from planner.planning import mesh_shapes, plan
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import add_json_option, write_results  # noqa: E402
+
 BASE = (64, 128, 256, 512)
 
 
@@ -46,13 +51,14 @@ def configs(n: int, seed: int) -> list[PlanConfig]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", type=int, default=256)
     ap.add_argument("--loop", type=int, default=3, help="configurations planned by plan() one by one")
     ap.add_argument("--archs", type=int, default=64, help="architectures per vmapped cost_fn call")
     ap.add_argument("--seconds", type=float, default=3.0)
-    args = ap.parse_args()
+    add_json_option(ap, __file__)
+    args = ap.parse_args(argv)
 
     cfgs = configs(args.configs, 0)
     pairs = sum(len(mesh_shapes(c.devices, 32 * c.devices, load_hardware(c.hardware).devices_per_node))
@@ -127,8 +133,19 @@ def main() -> None:
           f"{v_rate / loop_rate:12.1f}x")
     print(f"{'cost_fn, vmapped, value and gradient':44s} {g_rate:10.1f} {g_rate * 4:13.1f} "
           f"{g_rate / loop_rate:12.1f}x")
-    load = os.getloadavg()
-    print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    after = os.getloadavg()
+    print(f"load average after: {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}")
+    methods = (("plan() in a Python loop", loop_rate, e), ("plan_many (median call)", many_rate, e),
+               ("cost_fn, one architecture per call", s_rate, 4), ("cost_fn, vmapped, value (4 meshes each)", v_rate, 4),
+               ("cost_fn, vmapped, value and gradient", g_rate, 4))
+    rows = [{"method": name, "configs_per_s": r, "cost_evaluations_per_s": r * k, "vs_plan_loop": r / loop_rate}
+            for name, r, k in methods]
+    summary = {"configs": args.configs, "pairs": pairs, "plan_many_evaluations_per_s": many_rate * e,
+               "plan_many_over_plan_loop": many_rate / loop_rate, "plan_many_median_call_s": many_s,
+               "plan_many_compile_s": compile_s, "certified": int(out.certified.sum()),
+               "agreement_with_plan": ratio, "load_average_before": list(load), "load_average_after": list(after)}
+    mode = "default" if (args.configs, args.loop, args.archs, args.seconds) == (256, 3, 64, 3.0) else "custom"
+    write_results(args.json, __file__, mode, summary, rows, argv)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,12 @@ against, so the calibration's error includes run-to-run noise. Each shard
 (layer, strategy, mesh) is predicted by ``cost_table(...).compute_s`` with
 the roofline of ``--hardware`` and with the calibration. A third column
 calibrates with the shard shapes of meshes of up to ``--max-devices / 2``
-devices only and predicts the rest by log-log extrapolation (work values the
+devices only and predicts the rest from them (the "unseen" rows: shards the
 calibration never saw).
 
 Relative error = |predicted - measured| / measured, per shard; the script
-prints the median and the worst over all shards, and per layer kind.
+prints the median and the worst over all shards, and per layer kind, and
+writes them to ``--json PATH`` (default ``benchmarks/results/calibration.json``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -42,6 +44,9 @@ from costmodels.calibration import Calibration
 from costmodels.strategies import STRATEGY_NAMES
 from planner.calibrate.profile import profile_layers
 from planner.cli import load_model
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import add_json_option, write_results  # noqa: E402
 
 
 def predictions(graph, hw, dtype, batch, timings, calibration):
@@ -68,7 +73,7 @@ def restricted(profile, max_devices: int) -> Calibration:
     return dataclasses.replace(profile, timings=kept).calibration()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="vgg16-cifar10")
     ap.add_argument("--batch", type=int, default=16)
@@ -76,7 +81,8 @@ def main() -> None:
     ap.add_argument("--hardware", default="cpu-local")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dtype", default="float32")
-    args = ap.parse_args()
+    add_json_option(ap, __file__)
+    args = ap.parse_args(argv)
 
     graph = load_model(args.model)
     hw = load_hardware(args.hardware)
@@ -95,7 +101,8 @@ def main() -> None:
     }
     if args.max_devices >= 2:
         half = restricted(first, args.max_devices // 2)
-        unseen = [i for i, t in enumerate(timings) if t.work not in dict(half.layers.get(t.layer, ()))]
+        seen = {(q.op, q.layer, q.strategy, q.shard) for q in half.points}  # the shards it was calibrated on
+        unseen = [i for i, t in enumerate(timings) if (t.op, t.layer_dims, t.strategy, t.shard) not in seen]
         columns[f"calibrated at P <= {args.max_devices // 2} (unseen work)"] = predictions(
             graph, hw, args.dtype, args.batch, timings, half)
     else:
@@ -114,13 +121,19 @@ def main() -> None:
     if unseen:
         print(f"{f'median over {len(unseen)} unseen-work shards':<38}"
               + "".join(f"{np.median(e[unseen]):>36.1%}" for e in err.values()))
+    table = [("median over all shards", np.arange(len(timings)), np.median),
+             ("worst over all shards", np.arange(len(timings)), np.max)]
+    if unseen:
+        table.append((f"median over {len(unseen)} unseen-work shards", np.asarray(unseen), np.median))
     for kind in sorted({kinds[t.layer] for t in timings}):
         rows = [i for i, t in enumerate(timings) if kinds[t.layer] == kind]
+        table.append((f"median, {kind} ({len(rows)} shards)", np.asarray(rows), np.median))
         print(f"{f'median, {kind} ({len(rows)} shards)':<38}" + "".join(f"{np.median(e[rows]):>36.1%}"
                                                                          for e in err.values()))
     for strategy in STRATEGY_NAMES:
         rows = [i for i, t in enumerate(timings) if t.strategy == strategy]
         if rows:
+            table.append((f"median, {strategy} ({len(rows)} shards)", np.asarray(rows), np.median))
             print(f"{f'median, {strategy} ({len(rows)} shards)':<38}"
                   + "".join(f"{np.median(e[rows]):>36.1%}" for e in err.values()))
     again = {(t.layer, t.strategy, t.mesh): t.seconds for t in first.timings}
@@ -130,6 +143,16 @@ def main() -> None:
     r = {k: float(np.median(e)) for k, e in err.items()}
     base, calib = list(r.values())[:2]
     print(f"median error ratio roofline / calibrated: {base / calib:.1f}x")
+    summary = {"model": graph.model_name, "batch": args.batch, "dtype": args.dtype, "max_devices": args.max_devices,
+               "hardware": hw.name, "device": jax.devices()[0].device_kind, "shards": len(timings),
+               "columns": list(columns), "median_error": r, "noise_median": float(np.median(noise)),
+               "noise_worst": float(np.max(noise)), "roofline_over_calibrated": base / calib,
+               "profiling_s": [mid - start, end - mid]}
+    rows = [{"rows": label, **{k: float(how(e[idx])) for k, e in err.items()}} for label, idx, how in table]
+    defaults = ("vgg16-cifar10", 16, 4, "cpu-local", 5, "float32")
+    mode = "default" if (args.model, args.batch, args.max_devices, args.hardware, args.repeats,
+                         args.dtype) == defaults else "custom"
+    write_results(args.json, __file__, mode, summary, rows, argv)
 
 
 if __name__ == "__main__":

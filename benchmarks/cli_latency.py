@@ -22,7 +22,7 @@ load. The cases and their targets:
 For the plan cases it prints the plan's predicted time per iteration
 beside the wall time: a faster answer must not be a worse plan unnoticed.
 Wall-clock seconds; the machine's load average before and after. Writes
-``benchmarks/results/cli_latency.json``.
+the numbers to ``--json PATH`` (default ``benchmarks/results/cli_latency.json``).
 """
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import add_json_option, write_results  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "cli_latency.json"
 CASES = {  # name -> (arguments after `python`, target seconds of the run compared, which run)
     "help": (["-m", "planner", "--help"], 0.5, 1),
     "import": (["-c", "import planner"], 0.5, 1),
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=2, help="runs of each plan case, the first with an empty cache")
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     ap.add_argument("--timeout", type=float, default=900.0, metavar="S", help="per run (default 900)")
+    add_json_option(ap, __file__)
     args = ap.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     unknown = sorted(set(cases) - set(CASES))
@@ -121,10 +124,23 @@ def main(argv: list[str] | None = None) -> int:
         row += "".join(f"{col[name]['iteration_s'] * 1e3:20.3f}" if col[name]["iteration_s"] else f"{'':20s}"
                        for col in columns.values())
         print(row)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"load_average": load, "cases": {n: {"target_s": CASES[n][1], "run": CASES[n][2]}
-                                                                    for n in cases},
-                                   "columns": columns}, indent=1) + "\n")
+    after = os.getloadavg()
+    rows = []
+    for name in cases:
+        _, target, which = CASES[name]
+        row = {"case": name, "run": which, "target_s": target}
+        for label, col in columns.items():
+            t = col[name]["seconds"][min(which, len(col[name]["seconds"])) - 1]
+            key = "this_tree" if label == "this tree" else "baseline"
+            row[f"{key}_s"] = t if isinstance(t, float) else None
+            row[f"{key}_failed"] = None if isinstance(t, float) else t
+            row[f"{key}_iteration_s"] = col[name]["iteration_s"]
+        row["met"] = row["this_tree_s"] is not None and row["this_tree_s"] <= target
+        rows.append(row)
+    summary = {"cases": len(rows), "met": sum(r["met"] for r in rows), "baseline": args.baseline,
+               "load_average_before": list(load), "load_average_after": list(after)}
+    mode = "default" if cases == list(CASES) and args.runs == 2 else "selected cases"
+    write_results(args.json, __file__, mode, summary, rows, argv, columns=columns)
     return 0
 
 

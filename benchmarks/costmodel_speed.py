@@ -6,13 +6,15 @@ formulas evaluated by a plain-Python per-layer loop
     python benchmarks/costmodel_speed.py [--model resnet152] [--configs 1000] [--seconds 2]
 
 One "evaluation" = build the cost table of a (hardware, batch, mesh)
-configuration and evaluate one plan's iteration time and memory.
+configuration and evaluate one plan's iteration time and memory. The numbers
+go to ``--json PATH`` (default ``benchmarks/results/costmodel_speed.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -32,6 +34,9 @@ from costmodels import (  # noqa: E402
 from costmodels.reference import reference_iteration_time, reference_memory  # noqa: E402
 from planner.models.zoo import get_model  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import add_json_option, write_results  # noqa: E402
+
 
 def rate(fn, seconds: float) -> tuple[float, int]:
     """Calls per second of ``fn`` over at least ``seconds`` (after one warm-up call)."""
@@ -45,12 +50,13 @@ def rate(fn, seconds: float) -> tuple[float, int]:
             return n / elapsed, n
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="resnet152")
     ap.add_argument("--configs", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=2.0)
-    args = ap.parse_args()
+    add_json_option(ap, __file__)
+    args = ap.parse_args(argv)
 
     g = get_model(args.model)
     hw = load_hardware("dgx-a100")
@@ -96,9 +102,16 @@ def main() -> None:
     print(f"agreement: jitted {float(jt):.6e} s vs plain Python {pt:.6e} s per iteration")
     print(f"compile: single {compile_single:.2f} s, vmapped x{n} {compile_vmap:.2f} s")
     print(f"{'method':<34}{'evaluations/s':>16}{'vs plain Python':>18}")
-    for name, r in (("plain-Python per-layer loop", r_python), ("jitted, one configuration", r_single),
-                    (f"jitted + vmap over {n} configs", r_vmap)):
+    methods = (("plain-Python per-layer loop", r_python), ("jitted, one configuration", r_single),
+               (f"jitted + vmap over {n} configs", r_vmap))
+    for name, r in methods:
         print(f"{name:<34}{r:>16,.0f}{r / r_python:>17.1f}x")
+    summary = {"model": args.model, "layers": g.num_layers, "configs": n, "jitted_iteration_s": float(jt),
+               "python_iteration_s": pt, "compile_single_s": compile_single, "compile_vmapped_s": compile_vmap,
+               "vmapped_over_python": r_vmap / r_python, "single_over_python": r_single / r_python}
+    rows = [{"method": name, "evaluations_per_s": r, "vs_python": r / r_python} for name, r in methods]
+    mode = "default" if (args.model, args.configs, args.seconds) == ("resnet152", 1000, 2.0) else "custom"
+    write_results(args.json, __file__, mode, summary, rows, argv)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """How well the compute model predicts real hardware: the measurements in
 ``shared/reference/measurements`` (read its README), side by side in one run.
 
-    python benchmarks/fidelity.py [--measurements DIR] [--previous REV] [--json OUT]
+    python benchmarks/fidelity.py [--measurements DIR] [--previous REV] [--json PATH]
 
 Prints, per dtype and strategy, the median and 90th-percentile relative error
 |predicted - measured| / measured of
@@ -26,7 +26,8 @@ What is predicted for each row is exactly what was timed: one layer's shard
 forward and backward, both gradients, plus its ReLU, plus one jitted call's
 dispatch (``kernel.dispatch_s`` of the hardware). It is built as a graph
 ``input -> layer -> relu`` whose layer computes its input gradient too (as
-the measurement does), costed on one device under ``data``.
+the measurement does), costed on one device under ``data``. Every number goes to ``--json PATH``
+(default ``benchmarks/results/fidelity.json``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import add_json_option, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MEASUREMENTS = next(
@@ -255,6 +259,18 @@ def fitted_rows(train: list[dict], test: list[dict], hardware: str = "h200", ste
     return [pred[id(r)] for r in test]
 
 
+def table_rows(columns: dict[str, np.ndarray], rows: list[dict]) -> list[dict]:
+    """The rows of :func:`table` as numbers: per group, each column's median and 90th percentile."""
+    out = []
+    for label, mask in groups(rows):
+        row = {"rows": label, "n": int(mask.sum())}
+        for name, e in columns.items():
+            row[f"{name}_median"] = float(np.median(e[mask]))
+            row[f"{name}_p90"] = float(np.percentile(e[mask], 90))
+        out.append(row)
+    return out
+
+
 def calibrated_lines(rows: list[dict]) -> tuple[list[str], dict]:
     """(a) calibrate on p in {1, 2, 8}, predict p = 4; (b) same shapes: each layer
     that has same-shaped twins predicted from a calibration of every other row;
@@ -317,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--measurements", type=Path, default=DEFAULT_MEASUREMENTS)
     ap.add_argument("--previous", metavar="REV", help="git revision whose model is shown beside this one")
-    ap.add_argument("--json", type=Path, help="also write every number to this file")
+    add_json_option(ap, __file__)
     ap.add_argument("--predict-only", type=Path, help=argparse.SUPPRESS)  # used by --previous
     args = ap.parse_args(argv)
     rows = read_rows(args.measurements)
@@ -345,8 +361,20 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     report = {"per_layer": {name: e.tolist() for name, e in columns.items()}, "calibrated": calibrated_report,
               "paradl": paradl_report}
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
+    calibrated_summary = []
+    for name, res in calibrated_report.items():
+        e, dts = np.asarray(res["error"]), np.asarray(res["dtype"])
+        calibrated_summary += [{"calibrated": name, "dtype": dt, "n": int((dts == dt).sum()),
+                                "median": float(np.median(e[dts == dt])), "p90": float(np.percentile(e[dts == dt], 90))}
+                               for dt in ("float32", "bfloat16") if (dts == dt).any()]
+    from planner.paradl.fidelity import MODES, paradl_fidelity
+
+    paradl = paradl_fidelity(args.measurements / "paradl-abci-fig2.json")
+    summary = {"rows": len(rows), "previous": args.previous, "calibrated": calibrated_summary,
+               "paradl_mean": {model: {m: paradl.mean(m, model=model) for m in MODES}
+                               for model in sorted({s.model for s in paradl.series})}}
+    write_results(args.json, __file__, "default" if args.previous is None else "with previous", summary,
+                  table_rows(columns, rows), argv, measurements=os.path.relpath(args.measurements, ROOT), report=report)
     return 0
 
 

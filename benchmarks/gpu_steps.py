@@ -22,14 +22,21 @@ On the accelerator (the preset describes it; ``h200`` by default)::
 A CPU smoke run (small model, small batch; checks the script, not the numbers)::
 
     JAX_PLATFORMS=cpu python benchmarks/gpu_steps.py --smoke
+
+The numbers go to ``--json PATH`` (default ``benchmarks/results/gpu_steps.json``;
+a ``--smoke`` run writes none unless ``--json`` is given: its numbers mean nothing).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import add_json_option, write_results  # noqa: E402
 
 
 def _median_step_s(step, state, x, y, warmup: int, repeats: int) -> tuple[float, float]:
@@ -108,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--smoke", action="store_true",
                     help="vgg16-cifar10, batch 8, 8 devices, 1 repeat, part 2 on its first 3 layers (CPU check)")
+    add_json_option(ap, __file__, note="; with --smoke none unless given")
     args = ap.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    if args.smoke and not any(a == "--json" or a.startswith("--json=") for a in given):
+        args.json = None
     if args.smoke:
         args.models, args.batch, args.devices, args.batch_per_device = ["vgg16-cifar10"], 8, 8, 2
         args.warmup, args.repeats = 1, 1
@@ -120,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"jax {jax.__version__}, device {dev.platform} ({dev.device_kind}), hardware preset {args.hardware}")
     print("\n1. whole training steps at P = 1 (adam, random data), median of", args.repeats)
     print(f"{'model':16s} {'batch':>5s} {'predicted ms':>13s} {'measured ms':>12s} {'measured/predicted':>19s}")
+    steps, layers = [], []
     for name in args.models:
         r = whole_steps(name, args.hardware, args.batch, args.warmup, args.repeats)
+        steps.append({**r, "measured_over_predicted": r["measured_s"] / r["predicted_s"]})
         print(f"{name:16s} {r['batch']:5d} {r['predicted_s'] * 1e3:13.3f} {r['measured_s'] * 1e3:12.3f} "
               f"{r['measured_s'] / r['predicted_s']:19.3f}")
     print(f"\n2. per-layer shard shapes of the {args.devices}-device plan, timed on this one device "
@@ -143,6 +156,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  total compute: predicted {total_p * 1e3:.3f} ms, measured {total_m * 1e3:.3f} ms, "
               f"ratio {total_m / total_p:.3f}; per-layer ratio median {statistics.median(finite):.2f}, "
               f"min {min(finite):.2f}, max {max(finite):.2f} over {len(finite)} layers")
+        layers.append({"model": name, "mesh": [d, m], "batch": r["batch"], "predicted_s": total_p,
+                       "measured_s": total_m, "measured_over_predicted": total_m / total_p,
+                       "layer_ratio_median": statistics.median(finite), "layer_ratio_min": min(finite),
+                       "layer_ratio_max": max(finite), "layers": len(finite),
+                       "rows": [dict(zip(("layer", "kind", "strategy", "predicted_s", "measured_s"), row, strict=True))
+                                for row in r["rows"]]})
+    summary = {"device": f"{dev.platform} ({dev.device_kind})", "hardware": args.hardware, "devices": args.devices,
+               "shard_kernels": [{k: v for k, v in x.items() if k != "rows"} for x in layers]}
+    write_results(args.json, __file__, "smoke" if args.smoke else "default", summary, steps, argv, shard_kernels=layers)
     return 0
 
 

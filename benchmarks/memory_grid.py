@@ -20,12 +20,13 @@ update, saved activations, the largest workspace and, on CPU, the max-pool
 expansion; XLA ``output - alias + temp``).
 
     PYTHONPATH=. python benchmarks/memory_grid.py [--models vgg16-cifar10] [--batches 256] [--meshes 4x2,2x4]
-        [--limits none,mid,tight] [--breakdown DIR]
+        [--limits none,mid,tight] [--breakdown DIR] [--json PATH]
 
 ``--breakdown DIR`` also dumps each compiled program's buffer assignment
 (XLA ``--xla_dump_to``) under DIR and prints the live set at XLA's peak by
 the op that made each buffer (the ``Stack trace breakdown`` of XLA's
-live-range dump), the top entries.
+live-range dump), the top entries. The rows and a summary go to ``--json PATH``
+(default ``benchmarks/results/memory_grid.json``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ import argparse
 import os
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import add_json_option, write_results  # noqa: E402
 
 
 def _set_flags(dump: str | None) -> None:
@@ -140,6 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hardware", default="dgx-a100")
     ap.add_argument("--breakdown", metavar="DIR", default=None)
     ap.add_argument("--no-margin", action="store_true", help="plan without the CPU margin (to measure the model)")
+    add_json_option(ap, __file__)
     args = ap.parse_args(argv)
     _set_flags(args.breakdown)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -155,6 +160,7 @@ def main(argv=None) -> int:
           f"{'error':>7} {'fits':>4} {'args pred':>12} {'args xla':>12} {'rest pred':>12} {'rest xla':>12} "
           f"{'rest err':>8}")
     start = time.perf_counter()
+    rows = []
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             model, x = build(name, batch)
@@ -165,8 +171,10 @@ def main(argv=None) -> int:
                 for label, made_for, plan in mesh_plans(graph, model, x, mesh, batch, args.limits.split(","),
                                                         args.hardware, margin=not args.no_margin):
                     head = f"{name:25} {batch:>5} {mesh[0]}x{mesh[1]:<3} {label:6} {made_for:>12,.0f}"
+                    case = {"model": name, "batch": batch, "mesh": list(mesh), "limit": label, "made_for_bytes": made_for}
                     if plan is None:
                         print(f"{head} no plan fits", flush=True)
+                        rows.append({**case, "fits": None})
                         continue
                     r = validate(model, plan)
                     mem = {row.part: row for row in r.memory}
@@ -178,9 +186,25 @@ def main(argv=None) -> int:
                           f"{fits:>4} {args_.predicted_bytes:>12,.0f} {args_.compiled_bytes:>12,.0f} "
                           f"{rest.predicted_bytes:>12,.0f} {rest.compiled_bytes:>12,.0f} {rest_err:>+8.1%}",
                           flush=True)
+                    rows.append({**case, "predicted_bytes": tot.predicted_bytes, "compiled_bytes": tot.compiled_bytes,
+                                 "error": err, "fits": bool(mem["limit"].ok),
+                                 "arguments_predicted_bytes": args_.predicted_bytes,
+                                 "arguments_compiled_bytes": args_.compiled_bytes,
+                                 "rest_predicted_bytes": rest.predicted_bytes, "rest_compiled_bytes": rest.compiled_bytes,
+                                 "rest_error": rest_err})
                     if args.breakdown:
-                        print(f"    peak: {peak_breakdown(args.breakdown)}", flush=True)
-    print(f"# {time.perf_counter() - start:.0f} s", file=sys.stderr)
+                        rows[-1]["peak"] = peak_breakdown(args.breakdown)
+                        print(f"    peak: {rows[-1]['peak']}", flush=True)
+    seconds = time.perf_counter() - start
+    print(f"# {seconds:.0f} s", file=sys.stderr)
+    done = [r for r in rows if r["fits"] is not None]
+    errs = [r["error"] for r in done]
+    summary = {"cases": len(rows), "planned": len(done), "fits": sum(r["fits"] for r in done),
+               "within_10_percent": sum(abs(e) <= 0.10 for e in errs), "smallest_error": min(errs, default=None),
+               "largest_error": max(errs, default=None), "margin": not args.no_margin, "seconds": seconds}
+    default = (args.models, args.batches, args.meshes, args.limits) == (
+        ",".join(MODELS), "64,256", ",".join(f"{d}x{m}" for d, m in MESHES), "none,mid,tight")
+    write_results(args.json, __file__, "full grid" if default else "selected cases", summary, rows, argv)
     return 0
 
 

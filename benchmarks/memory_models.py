@@ -62,6 +62,11 @@ than predicted).
 
     PYTHONPATH=. python benchmarks/xla_agreement.py --json grid.json
     PYTHONPATH=. python benchmarks/memory_models.py grid.json
+
+Without a grid it scores ``benchmarks/results/xla_agreement.json`` (the
+grid's recorded run) and writes its numbers to ``--json PATH`` (default
+``benchmarks/results/memory_models.json``); for another grid it writes
+them only where ``--json`` is given.
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np
 import xla_agreement as grid  # the grid's models, hardware and planning
+from _results import RESULTS_DIR, add_json_option, write_results
 
 TOTAL_RTOL = grid.TOTAL_RTOL
 
@@ -173,12 +179,19 @@ MODELS = {
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("grid", help="the JSON benchmarks/xla_agreement.py --json wrote")
+    ap.add_argument("grid", nargs="?", default=str(RESULTS_DIR / "xla_agreement.json"),
+                    help="the JSON benchmarks/xla_agreement.py --json wrote (default: its results file)")
     ap.add_argument("--cases", metavar="MODEL", choices=sorted(MODELS),
                     help="also print every case's error under MODEL, the largest first")
+    add_json_option(ap, __file__, note="; for another grid none unless given")
     args = ap.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    recorded = os.path.abspath(args.grid) == str(RESULTS_DIR / "xla_agreement.json")
+    if not recorded and not any(a == "--json" or a.startswith("--json=") for a in given):
+        args.json = None
     with open(args.grid) as f:
-        rows = json.load(f)["rows"]
+        scored = json.load(f)
+    rows = scored["rows"]
     graphs: dict = {}
     errors = {k: [] for k in MODELS}
     for row in rows:
@@ -187,16 +200,29 @@ def main(argv=None) -> int:
             errors[k].append(row["compiled_total_bytes"] / model(p) - 1.0)
     print(f"{len(rows)} cases from {args.grid}; error = compiled / predicted - 1")
     print(f"{'model':17} {'within 10%':>10} {'smallest':>9} {'largest':>9}")
+    table = []
     for k, e in errors.items():
         e = np.asarray(e)
         print(f"{k:17} {int(np.sum(np.abs(e) <= TOTAL_RTOL)):>6} / {e.size:<3} {e.min():>+8.1%} {e.max():>+8.1%}")
+        table.append({"model": k, "within_10_percent": int(np.sum(np.abs(e) <= TOTAL_RTOL)), "cases": int(e.size),
+                      "smallest_error": float(e.min()), "largest_error": float(e.max())})
     if args.cases:
         print(f"per case under {args.cases}:")
         for i in np.argsort(-np.abs(np.asarray(errors[args.cases]))):
             r = rows[i]
             print(f"  {r['model']:25} {r['batch']:>4} {r['mesh'][0]}x{r['mesh'][1]} {r['limit']:6} "
                   f"{r['strategies']:18} {errors[args.cases][i]:>+7.1%}")
+    summary = {"grid": os.path.relpath(args.grid, grid_root()), "cases": len(rows),
+               "cpu_scheduler": scored.get("cpu_scheduler"),
+               "closest": max(table, key=lambda r: r["within_10_percent"])["model"]}
+    write_results(args.json, __file__, "recorded grid" if recorded else "given grid", summary, table, argv,
+                  errors={k: [float(x) for x in e] for k, e in errors.items()})
     return 0
+
+
+def grid_root() -> str:
+    """The repository root (where ``grid``'s path is shown from)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 if __name__ == "__main__":

@@ -21,13 +21,16 @@ compiled only (nothing runs), side by side in one run (docs/levers.md):
    (``filter+remat``, ``planner.runtime.calls.recomputing_attention``):
    ``planner.validate``'s total memory per device, predicted and compiled.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/remat_xla.py [--tokens 256] [--train 2]
+    PYTHONPATH=. .venv/bin/python benchmarks/remat_xla.py [--tokens 256] [--train 2] [--json PATH]
+
+The rows of the three go to ``--json PATH`` (default ``benchmarks/results/remat_xla.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -35,6 +38,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import add_json_option, write_results  # noqa: E402
 
 LAYERS, CHANNELS, SIZE, BATCH = 8, 64, 32, 32
 
@@ -68,13 +74,13 @@ def _tied(f):
     return g
 
 
-def conv_chain() -> None:
+def conv_chain() -> list[dict]:
     params = [jax.random.normal(jax.random.key(i), (3, 3, CHANNELS, CHANNELS)) * 0.05 for i in range(LAYERS)]
     x = jax.random.normal(jax.random.key(99), (BATCH, SIZE, SIZE, CHANNELS))
     runs = {"kept": [(0, 8)], "whole": [(0, 8)], "halves": [(0, 4), (4, 8)], "pairs": [(0, 2), (2, 4), (4, 6), (6, 8)]}
     print(f"1. {LAYERS} convs 3x3, {CHANNELS} channels, {SIZE}x{SIZE}, batch {BATCH}, one CPU device")
     print(f"   {'runs':8s} {'recompute':14s} {'temp MB':>8s} {'/ kept':>7s} {'convs lowered':>14s} {'compiled':>9s}")
-    kept = None
+    kept, out = None, []
     for label, spans in runs.items():
         for how in (("-",) if label == "kept" else ("checkpoint", "tied")):
             wrap = {"-": lambda f: f, "checkpoint": jax.checkpoint, "tied": _tied}[how]
@@ -88,8 +94,12 @@ def conv_chain() -> None:
             compiled = lowered.compile()
             temp = compiled.memory_analysis().temp_size_in_bytes
             kept = temp if kept is None else kept
+            out.append({"runs": label, "recompute": how, "temp_bytes": temp, "over_kept": temp / kept,
+                        "convs_lowered": lowered.as_text().count("stablehlo.convolution"),
+                        "convs_compiled": compiled.as_text().count("convolution(")})
             print(f"   {label:8s} {how:14s} {temp / 1e6:8.1f} {temp / kept:7.3f} "
-                  f"{lowered.as_text().count('stablehlo.convolution'):>14d} {compiled.as_text().count('convolution('):>9d}")
+                  f"{out[-1]['convs_lowered']:>14d} {out[-1]['convs_compiled']:>9d}")
+    return out
 
 
 class _Stack(nnx.Module):
@@ -104,7 +114,7 @@ class _Stack(nnx.Module):
         return self.head(x.mean(axis=1))
 
 
-def attention(tokens: int) -> None:
+def attention(tokens: int) -> list[dict]:
     import planner
     from planner.runtime.validation import fixed_plan
 
@@ -112,6 +122,7 @@ def attention(tokens: int) -> None:
     spec = jax.ShapeDtypeStruct((8, tokens, 32), jnp.float32)
     print(f"\n2. three nnx.MultiHeadAttention blocks, 4 heads, {tokens} tokens, batch 8, 2x4, heads split")
     print(f"   {'attention':14s} {'predicted MB':>13s} {'compiled MB':>12s} {'compiled / predicted':>21s}")
+    out = []
     for option in ("filter", "filter+remat"):
         strategies = {f"attn/{i}/{part}": option if part == "attention" else "filter"
                       for i in range(3) for part in ("qkv", "attention")}
@@ -119,9 +130,12 @@ def attention(tokens: int) -> None:
         row = {r.part: r for r in planner.validate(model, plan, memory_rtol=1.0, activation_rtol=1.0).memory}["total"]
         print(f"   {option:14s} {row.predicted_bytes / 1e6:13.3f} {row.compiled_bytes / 1e6:12.3f} "
               f"{row.compiled_bytes / row.predicted_bytes:21.3f}")
+        out.append({"attention": option, "predicted_bytes": row.predicted_bytes, "compiled_bytes": row.compiled_bytes,
+                    "compiled_over_predicted": row.compiled_bytes / row.predicted_bytes})
+    return out
 
 
-def cnn_runs(train: int) -> None:
+def cnn_runs(train: int) -> list[dict]:
     import numpy as np
     import optax
 
@@ -132,6 +146,7 @@ def cnn_runs(train: int) -> None:
     print("\n3. runs of recomputed CNN layers, every layer data on 8x1")
     print(f"   {'model':18s} {'activations':12s} {'runs':>5s} {'predicted MB':>13s} {'compiled MB':>12s} "
           f"{'compiled / predicted':>21s}{'  losses' if train else ''}")
+    table = []
     for name in ("vgg16-cifar10", "resnet-2222-64px"):
         if name == "vgg16-cifar10":
             model, x = planner.flax_model(name, batch=512)
@@ -158,7 +173,7 @@ def cnn_runs(train: int) -> None:
             plan = fixed_plan(model, x, (8, 1), strategies=options, batch=int(x.shape[0]))
             row = {r.part: r for r in planner.validate(model, plan, memory_rtol=1.0,
                                                           activation_rtol=1.0).memory}["total"]
-            losses = ""
+            losses, values = "", []
             if train:
                 step, state = planner.shard(weights, plan, optax.adam(1e-4))
                 out = []
@@ -166,19 +181,34 @@ def cnn_runs(train: int) -> None:
                     state, loss = step(state, images, labels)
                     out.append(float(loss))
                 losses = "  " + " ".join(f"{v:.6f}" for v in np.asarray(out))
+                values = out
             print(f"   {name:18s} {label:12s} {len(plan.recompute_runs):5d} {row.predicted_bytes / 1e6:13.3f} "
                   f"{row.compiled_bytes / 1e6:12.3f} {row.compiled_bytes / row.predicted_bytes:21.3f}{losses}")
+            table.append({"model": name, "activations": label, "runs": len(plan.recompute_runs),
+                          "predicted_bytes": row.predicted_bytes, "compiled_bytes": row.compiled_bytes,
+                          "compiled_over_predicted": row.compiled_bytes / row.predicted_bytes, "losses": values})
+    return table
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--train", type=int, default=0, help="also train the CNN plans this many steps (section 3)")
+    add_json_option(ap, __file__)
     args = ap.parse_args(argv)
     print(f"jax {jax.__version__}, {jax.device_count()} {jax.devices()[0].platform} devices")
-    conv_chain()
-    attention(args.tokens)
-    cnn_runs(args.train)
+    chain = conv_chain()
+    heads = attention(args.tokens)
+    runs = cnn_runs(args.train)
+    summary = {"tokens": args.tokens, "train_steps": args.train,
+               "tied_pairs_over_kept": next(r["over_kept"] for r in chain if (r["runs"], r["recompute"]) == ("pairs", "tied")),
+               "checkpoint_pairs_over_kept": next(r["over_kept"] for r in chain
+                                                  if (r["runs"], r["recompute"]) == ("pairs", "checkpoint")),
+               "attention_compiled_over_predicted": {r["attention"]: r["compiled_over_predicted"] for r in heads},
+               "runs_compiled_over_predicted": {f"{r['model']} {r['activations']}": r["compiled_over_predicted"]
+                                                for r in runs}}
+    mode = "default" if (args.tokens, args.train) == (256, 0) else "custom"
+    write_results(args.json, __file__, mode, summary, chain, argv, attention=heads, cnn_runs=runs)
     return 0
 
 

@@ -46,13 +46,17 @@ gradient method's time against that bound.
 
     PYTHONPATH=. .venv/bin/python benchmarks/search_quality.py [--quick] [--models a,b] [--levers all]
         [--remat-runs] [--hardware abci-v100] [--devices 8,256] [--limits tight,levers-only]
-        [--milp-time-limit 60] [--dp-time-limit 300]
+        [--milp-time-limit 60] [--dp-time-limit 300] [--json PATH]
+
+Every row, the summary and the planner timings go to ``--json PATH``
+(default ``benchmarks/results/search_quality.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -86,6 +90,9 @@ from search import (  # noqa: E402
 )
 from search.exact import dp_solves, run_chain  # noqa: E402
 from search.problem import has_runs  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import add_json_option, write_results  # noqa: E402
 
 MODELS = ("vgg16", "resnet50", "resnet152", "alexnet", "cosmoflow-256", "chain1000", "vit-b16", "gpt2-small")
 DEVICES = (8, 64, 256, 1024)
@@ -349,7 +356,8 @@ class _R:
         self.time_s, self.feasible, self.exact = s.time_s, s.feasible, False
 
 
-def summary(rows, timings):
+def summary(rows, timings) -> dict:
+    """Print the run's summary; return its numbers."""
     feas = [r for r in rows if r["exact_feasible"]]
     infeas = [r for r in rows if not r["exact_feasible"]]
     ratios = np.array([r["ratio"] for r in feas if r["ratio"] is not None])
@@ -360,6 +368,11 @@ def summary(rows, timings):
     agg = sum(r["milp_s"] for r in dag) / max(sum(r["grad_s"] for r in dag), 1e-12)
     by_kind = {k: np.array([r["milp_s"] / r["grad_s"] for r in dag if r["kind"] == k])
                for k in ("loose", "tight", "levers-only") if any(r["kind"] == k for r in dag)}
+    out = {"instances": len(rows), "feasible": len(feas), "infeasible": len(infeas),
+           "median_ratio": float(np.median(ratios)), "mean_ratio": float(ratios.mean()),
+           "worst_ratio": float(ratios.max()), "within_0_5_percent": int(sum(ratios <= 1.005)),
+           "within_2_percent": int(sum(ratios <= 1.02)), "rated": int(ratios.size),
+           "feasible_solved": int(solved), "infeasible_reported": int(reported), "timings": timings}
     print()
     print(f"instances {len(rows)} ({len(feas)} feasible, {len(infeas)} infeasible)")
     print(f"gradient / exact time: median {np.median(ratios):.5f}, mean {ratios.mean():.5f}, worst {ratios.max():.5f} "
@@ -375,15 +388,23 @@ def summary(rows, timings):
         most = np.array([r["ratio"] if r["exact_proven"] is not False else r["grad_time"] / r["exact_bound"]
                          for r in feas if r["grad_time"] is not None
                          and (r["exact_proven"] is not False or r["exact_bound"])])
+        out.update(unproven=len(unproven), gradient_over_bound_median=float(np.median(gaps)) if gaps else None,
+                   gradient_over_bound_worst=float(max(gaps)) if gaps else None)
         if most.size:
+            out.update(at_most_median=float(np.median(most)), at_most_worst=float(most.max()))
             print(f"gradient / optimum, proven at most (gradient / lower bound where no optimum is proven): median "
                   f"{np.median(most):.5f}, worst {most.max():.5f} over {most.size} of {len(feas)} feasible instances")
     rated = [r for r in feas if r["ratio"] is not None]
     worst = rated[int(np.argmax([r["ratio"] for r in rated]))]
     print(f"worst instance: {worst['model']} {worst['hardware']} P={worst['P']} {worst['kind']}")
+    out["worst_instance"] = f"{worst['model']} {worst['hardware']} P={worst['P']} {worst['kind']}"
     print(f"feasible instances solved feasibly by the gradient method: {solved} of {len(feas)}")
     print(f"infeasible instances reported infeasible: {reported} of {len(infeas)}")
     if dag:
+        out.update(milp_over_gradient_median=float(np.median(speed)), milp_over_gradient_min=float(speed.min()),
+                   milp_over_gradient_max=float(speed.max()), milp_over_gradient_aggregate=float(agg),
+                   dag_instances=len(dag),
+                   milp_over_gradient_median_by_limit={k: float(np.median(v)) for k, v in by_kind.items()})
         print(f"DAG models and chains the DP does not take (feasible instances), MILP time / gradient time: "
               f"median {np.median(speed):.1f}x, "
               f"min {speed.min():.1f}x, max {speed.max():.1f}x, aggregate {agg:.1f}x over {len(dag)} instances; "
@@ -393,6 +414,7 @@ def summary(rows, timings):
     both = [r for r in rows if r["dp_s"] is not None]
     if both:
         x = np.array([r["dp_s"] / r["milp_s"] for r in both])
+        out.update(dp_over_milp_median=float(np.median(x)), dp_over_milp_max=float(x.max()), chain_instances=len(both))
         print(f"DP time / MILP time on chains: median {np.median(x):.2f}x, max {x.max():.2f}x, aggregate "
               f"{sum(r['dp_s'] for r in both) / sum(r['milp_s'] for r in both):.2f}x over {len(both)} instances")
     timed = [r for r in rows if r.get("plain_grad_s")]
@@ -402,6 +424,7 @@ def summary(rows, timings):
                             ("MILP", "milp_s", "plain_milp_s")):
             x = ratio_of(a, b)
             if x.size:
+                out[f"with_levers_over_lever_free_{label.lower()}_median"] = float(np.median(x))
                 print(f"search time with levers / lever-free menu, {label}: median {np.median(x):.1f}x, "
                       f"max {x.max():.1f}x over {x.size} instances")
     for k, v in timings.items():
@@ -410,9 +433,10 @@ def summary(rows, timings):
                 else "milp_over_gradient_median=n/a (no DAG instances)")
     print(f"SUMMARY median_ratio={np.median(ratios):.5f} worst_ratio={ratios.max():.5f} "
           f"feasible_solved={solved}/{len(feas)} infeasible_reported={reported}/{len(infeas)} {milp_txt}")
+    return out
 
 
-def main():
+def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="two models, two device counts")
     ap.add_argument("--models", help=f"comma-separated subset of {','.join(MODELS)} (the timings first as always)")
@@ -431,7 +455,8 @@ def main():
     ap.add_argument("--limits", help=f"comma-separated subset of the limits {','.join(LIMIT_KINDS)} (default: all)")
     ap.add_argument("--hardware", help=f"comma-separated subset of {','.join(HARDWARE)}")
     ap.add_argument("--devices", help="comma-separated device counts (default: 8,64,256,1024; --quick: 8,256)")
-    args = ap.parse_args()
+    add_json_option(ap, __file__)
+    args = ap.parse_args(argv)
     if args.hardware and set(args.hardware.split(",")) - set(HARDWARE):
         ap.error(f"unknown hardware {args.hardware!r}; choose from {', '.join(HARDWARE)}")
     if args.devices and not all(x.isdigit() and int(x) > 0 for x in args.devices.split(",")):
@@ -458,7 +483,11 @@ def main():
     kinds = tuple(args.limits.split(",")) if args.limits else LIMIT_KINDS
     rows = run(models, devices, hardware, args.levers, args.milp_time_limit, args.remat_runs, args.dp_time_limit,
                kinds)
-    summary(rows, timings)
+    numbers = summary(rows, timings)
+    selected = any((args.models, args.hardware, args.devices, args.limits, args.skip_timings))
+    mode = ("quick" if args.quick else "full") + (", selected" if selected else "")
+    write_results(args.json, __file__, mode, {**numbers, "levers": args.levers, "remat_runs": args.remat_runs},
+                  rows, argv)
 
 
 def planner_timings() -> dict:

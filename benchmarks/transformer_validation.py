@@ -11,11 +11,12 @@ inputs and collectives; nothing runs), and, with ``--train``, one step of
 unsharded model's.
 
     PYTHONPATH=. .venv/bin/python benchmarks/transformer_validation.py [--train] [--models vit-b16,gpt2-small]
-        [--devices P]
+        [--devices P] [--json PATH]
 
 The CPU devices share the host's memory: on 8, GPT-2 small's step needs 8 x
 its ~4 GB per device (32 GB), ViT-B/16's about 5 GB in all; ``--devices 4``
-(a batch of 4) halves GPT-2's.
+(a batch of 4) halves GPT-2's. The numbers go to ``--json PATH`` (default
+``benchmarks/results/transformer_validation.json``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ import planner  # noqa: E402
 from planner.models.flax_zoo import flax_model  # noqa: E402
 from planner.runtime.validation import validate  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import add_json_option, write_results  # noqa: E402
+
 # below pure data parallelism's memory at one sample per device (on 8 and on 4 devices alike), with
 # the cpu platform's margin (planner.plan_inputs.MEMORY_MARGIN) kept free: the plans are compiled on CPU
 LIMITS = {"vit-b16": "1GiB", "gpt2-small": "3.75GiB"}
@@ -55,7 +59,7 @@ PLATFORM = "cpu"
 DEVICES = (4, 8)
 
 
-def run(name: str, train: bool, devices: int) -> None:
+def run(name: str, train: bool, devices: int) -> dict:
     batch = devices  # one sample per device
     t0 = time.perf_counter()
     plan = planner.plan(name, devices=devices, hardware="dgx-a100", batch=batch, memory_limit=LIMITS[name],
@@ -74,8 +78,18 @@ def run(name: str, train: bool, devices: int) -> None:
     for r in report.collectives:
         print(f"    {r.kind:15s} {'+'.join(r.axes):12s} x{r.count:<3d} predicted {r.predicted_bytes:15,.0f} B  "
               f"compiled {r.compiled_bytes:15,.0f} B  {'ok' if r.ok else 'DIFFERS'}")
+    mem = {r.part: r for r in report.memory}
+    out = {"model": name, "devices": devices, "mesh": list(plan.mesh), "strategies": dict(counts),
+           "iteration_s": plan.iteration_s, "memory_limit": LIMITS[name],
+           "predicted_total_bytes": mem["total"].predicted_bytes, "compiled_total_bytes": mem["total"].compiled_bytes,
+           "total_error": mem["total"].compiled_bytes / mem["total"].predicted_bytes - 1.0,
+           "fits": bool(mem["limit"].ok),
+           "state_exact": all(mem[k].ok for k in ("parameters", "optimizer state", "inputs", "arguments")),
+           "collectives_ok": sum(r.ok for r in report.collectives), "collectives": len(report.collectives),
+           "collectives_differ": [f"{r.kind} {'+'.join(r.axes)}" for r in report.collectives if not r.ok],
+           "report": report.to_dict()}
     if not train:
-        return
+        return out
     concrete, _ = flax_model(name, batch=batch, abstract=False)
     key = jax.random.key(0)
     if spec.dtype == jnp.int32:
@@ -91,19 +105,27 @@ def run(name: str, train: bool, devices: int) -> None:
     loss = float(loss)
     print(f"  one sharded step ({time.perf_counter() - t0:.1f} s incl. compilation): loss {loss:.6f}, "
           f"unsharded {want:.6f}, relative difference {abs(loss / want - 1):.1e}")
+    return {**out, "loss": loss, "unsharded_loss": want}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--train", action="store_true", help="also run one sharded training step from real weights")
     ap.add_argument("--models", default="vit-b16,gpt2-small")
     ap.add_argument("--devices", type=int, default=8, choices=DEVICES, help="CPU devices (default 8)")
-    args = ap.parse_args()
+    add_json_option(ap, __file__)
+    args = ap.parse_args(argv)
     print(f"jax {jax.__version__}, {jax.device_count()} {jax.devices()[0].platform} devices, {os.cpu_count()} cpu(s)")
+    rows = []
     for name in args.models.split(","):
         if name not in LIMITS:
             ap.error(f"unknown model {name!r}; choose from {', '.join(LIMITS)}")
-        run(name, args.train, args.devices)
+        rows.append(run(name, args.train, args.devices))
+    summary = {"devices": args.devices, "train": args.train, "fits": sum(r["fits"] for r in rows),
+               "state_exact": sum(r["state_exact"] for r in rows), "models": len(rows),
+               "total_error": {r["model"]: r["total_error"] for r in rows}}
+    mode = ("validate" if not args.train else "validate and train") + ("" if args.devices == 8 else f", {args.devices} devices")
+    write_results(args.json, __file__, mode, summary, rows, argv)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ often agree) is compiled once. Progress goes to stderr; rows and the
 summary to stdout.
 
     PYTHONPATH=. python benchmarks/xla_agreement.py [--quick] [--models a,b] [--batches 64,256]
-        [--meshes 8x1,4x2] [--limits none,mid,tight] [--json OUT]
+        [--meshes 8x1,4x2] [--limits none,mid,tight] [--json PATH]
 
 ``--quick``: vgg16-cifar10, batch 64, meshes 4x2 and 2x4, limits none and
 tight (the selection options override it). The header names the XLA:CPU
@@ -40,6 +40,10 @@ reads it from ``XLA_FLAGS`` once per process, so the other one is a second
 run:
 
     XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false PYTHONPATH=. python benchmarks/xla_agreement.py
+
+Every row (with its validation report) and the summary go to ``--json PATH``
+(default ``benchmarks/results/xla_agreement.json``), which
+``benchmarks/memory_models.py`` reads.
 """
 
 from __future__ import annotations
@@ -47,7 +51,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import inspect
-import json
 import math
 import os
 import sys
@@ -61,6 +64,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import add_json_option, write_results  # noqa: E402
+
 MODELS = ("vgg16-cifar10", "vgg16-cifar10-splitbrain", "resnet-2222-64px", "cnn3d-32px")
 BATCHES = (64, 256)
 MESHES = ((8, 1), (4, 2), (2, 4), (1, 8))
@@ -72,6 +78,7 @@ PLATFORM = "cpu"  # the programs are compiled on CPU: plans keep the cpu platfor
 TOTAL_RTOL = 0.10  # the memory promise: total memory within 10%
 COMM_RTOL = 0.05
 SHORT = {"filter": "f", "channel": "c", "spatial": "s", "replicated": "r"}
+MEMORY_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"  # XLA:CPU's depth-first schedule
 
 
 def build(name: str, batch: int):
@@ -174,7 +181,7 @@ def main(argv=None) -> int:
     ap.add_argument("--meshes", help="comma-separated DxM (default 8x1,4x2,2x4,1x8)")
     ap.add_argument("--limits", help="comma-separated, from none,mid,tight")
     ap.add_argument("--slack", type=float, default=0.02, help="tight = the smallest feasible limit x (1 + slack)")
-    ap.add_argument("--json", metavar="OUT", help="write every row (with its validation report) to OUT")
+    add_json_option(ap, __file__)
     args = ap.parse_args(argv)
 
     models = args.models.split(",") if args.models else (["vgg16-cifar10"] if args.quick else list(MODELS))
@@ -267,12 +274,14 @@ def main(argv=None) -> int:
                     first, report, secs = compiled_cache[key]
                     rows.append(_row(name, batch, mesh, label, p, minimum, report, secs, first if reused else None))
                     _print_row(rows[-1])
-    _summary(rows, len(compiled_cache), time.perf_counter() - start)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"jax": jax.__version__, "cpu_scheduler": scheduler, "hardware": HARDWARE,
-                       "optimizer": OPTIMIZER, "slack": args.slack, "device_memory_bytes": device_memory,
-                       "rows": rows}, f, indent=1)
+    seconds = time.perf_counter() - start
+    _summary(rows, len(compiled_cache), seconds)
+    default = (models, batches, meshes, limits) == (list(MODELS), list(BATCHES), list(MESHES), list(LIMITS))
+    quick = (models, batches, meshes, limits) == (["vgg16-cifar10"], [64], [(4, 2), (2, 4)], ["none", "tight"])
+    write_results(args.json, __file__, "full grid" if default else "quick" if quick else "selected cases",
+                  summary_of(rows, len(compiled_cache), seconds), rows, argv,
+                  env={"XLA_FLAGS": MEMORY_SCHEDULER_FLAG} if scheduler == "memory" else None, cpu_scheduler=scheduler,
+                  hardware=HARDWARE, optimizer=OPTIMIZER, slack=args.slack, device_memory_bytes=device_memory)
     return 0
 
 
@@ -326,6 +335,20 @@ def _print_row(r: dict) -> None:
     print(f"{lead} {_mb(r['predicted_total_bytes']):>10} {_mb(r['compiled_total_bytes']):>10} "
           f"{r['total_error']:>+7.1%} {act:>8} {'exact' if r['state_exact'] else 'NO':5} {_fmt_err(err):>10} "
           f"{at:40} {'yes' if r['fits'] else 'NO':4}{same}", flush=True)
+
+
+def summary_of(rows: list[dict], compiled: int, seconds: float) -> dict:
+    """The counts :func:`_summary` prints, and the range of the total memory's error."""
+    ok = [r for r in rows if "error" not in r]
+    errs = [r["total_error"] for r in ok]
+    return {"cases": len(rows), "compiled": compiled, "failed": len(rows) - len(ok), "seconds": seconds,
+            "fits": sum(r["fits"] for r in ok),
+            "predicted_within_limit": sum(r["predicted_total_bytes"] <= r["limit_bytes"] for r in ok),
+            "total_within": sum(abs(e) <= TOTAL_RTOL for e in errs),
+            "collectives_within": sum(r["collectives_within"] for r in ok),
+            "state_exact": sum(r["state_exact"] for r in ok),
+            "smallest_total_error": min(errs, default=None), "largest_total_error": max(errs, default=None),
+            "total_rtol": TOTAL_RTOL, "comm_rtol": COMM_RTOL}
 
 
 def _summary(rows: list[dict], compiled: int, seconds: float) -> None:

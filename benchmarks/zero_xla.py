@@ -24,7 +24,9 @@ losses beside stage 0's (every layer data, no ZeRO) and their largest
 relative difference.
 
     PYTHONPATH=. .venv/bin/python benchmarks/zero_xla.py [--model vgg16-cifar10] [--batch 64] [--mesh 4x2]
-        [--train 2]
+        [--train 2] [--json PATH]
+
+The rows go to ``--json PATH`` (default ``benchmarks/results/zero_xla.json``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
+from _results import add_json_option, write_results  # noqa: E402
 from xla_agreement import MODELS, build  # noqa: E402
 
 from costmodels import (  # noqa: E402
@@ -114,6 +117,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--mesh", default="4x2", help="d x m, e.g. 8x1")
     ap.add_argument("--train", type=int, default=0, help="also train this many steps under each stage")
+    add_json_option(ap, __file__)
     args = ap.parse_args(argv)
     d, m = (int(v) for v in args.mesh.split("x"))
     model, x = build(args.model, args.batch)
@@ -122,19 +126,27 @@ def main(argv=None) -> int:
     print(f"{args.model}, batch {args.batch}, mesh {d}x{m}, every layer data, adam, float32; "
           f"jax {jax.__version__}, {jax.device_count()} {jax.devices()[0].platform} devices")
     mb = lambda v: f"{v / 1e6:9.3f}"  # noqa: E731
+    stages = []
     for stage in range(4):
         plan = stage_plan(model, x, graph, args.batch, d, m, stage)
         report = validate(model, plan, mesh=mesh)
         print(f"\nZeRO stage {stage}: {len(plan.zero_stages)} layers sharded")
         print(f"  {'MB per device':32s} {'predicted':>9s} {'compiled':>9s} {'ratio':>7s}")
         rows = {r.part: r for r in report.memory}
+        row = {"stage": stage, "layers_sharded": len(plan.zero_stages)}
         for label in ("parameters", "optimizer state", "total"):
             p, c = rows[label].predicted_bytes, rows[label].compiled_bytes
             print(f"  {label:32s} {mb(p)} {mb(c)} {c / p if p else float('nan'):7.3f}")
+            key = label.replace(" ", "_")
+            row.update({f"{key}_predicted_bytes": p, f"{key}_compiled_bytes": c})
+        row["collectives"] = []
         for r in report.collectives:
             label = f"{r.kind} over {'+'.join(r.axes) or '-'}"
             p, c = r.predicted_bytes, r.compiled_bytes
             print(f"  {label:32s} {mb(p)} {mb(c)} {c / p if p else float('inf'):7.3f}")
+            row["collectives"].append({"collective": label, "predicted_bytes": p, "compiled_bytes": c, "ok": r.ok})
+        row["collectives_ok"] = all(x["ok"] for x in row["collectives"])  # validate's tolerance
+        stages.append(row)
     if args.train:
         weights = concrete(args.model)
         images = jax.random.normal(jax.random.key(1), x.shape, x.dtype)
@@ -148,6 +160,12 @@ def main(argv=None) -> int:
             worst = max(abs(a / b - 1) for a, b in zip(losses, base, strict=True))
             print(f"  stage {stage}: losses {' '.join(f'{v:.6f}' for v in losses)}; "
                   f"largest relative difference from stage 0 {worst:.1e}")
+            stages[stage].update({"losses": losses, "loss_difference_from_stage_0": worst})
+    summary = {"model": args.model, "batch": args.batch, "mesh": [d, m], "train_steps": args.train,
+               "total_compiled_over_predicted": {r["stage"]: r["total_compiled_bytes"] / r["total_predicted_bytes"]
+                                                 for r in stages}}
+    mode = "default" if (args.model, args.batch, args.mesh, args.train) == ("vgg16-cifar10", 64, "4x2", 0) else "custom"
+    write_results(args.json, __file__, mode, summary, stages, argv)
     return 0
 
 
