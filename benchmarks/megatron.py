@@ -25,11 +25,12 @@ MLP width ``f``: ``passes x B s l (8 h^2 + 4 h f + 4 s h) + 6 B s h V``,
 ``passes`` 4 with full recomputation (the recomputed forward counts), else 3.
 
 Prints per-row signed errors, their mean and largest absolute value;
-``--json`` (default ``benchmarks/results/megatron.json``) writes
-``{"rows": [...], "memory_rows": [...]}`` with per row its ``id``,
-``measured``, ``predicted`` (the same keys), ``error`` (signed relative, per
-key), the execution costed (choices filled in), the planner's own plan and
-both step times.
+``--json`` (default ``benchmarks/results/megatron.json``, through
+``benchmarks/_results.py``) writes ``rows`` and ``memory_rows`` with per row
+its ``id``, ``measured``, ``predicted`` (the same keys), ``error`` (signed
+relative, per key), the execution costed (choices filled in), the planner's
+own plan and both step times; ``summary``: the hardware, the memory limit and
+the errors' mean and largest absolute values.
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _results import add_json_option, write_results  # noqa: E402
+
 DEFAULT_MEASUREMENTS = next(
     (p for p in (ROOT / "shared/reference/measurements", ROOT.parent / "shared/reference/measurements") if p.is_dir()),
     ROOT.parent / "shared/reference/measurements",
 )
-DEFAULT_JSON = ROOT / "benchmarks/results/megatron.json"
 GIB = 2.0**30
 TIME_KEYS = ("tflops_per_gpu", "iteration_s")
 
@@ -246,18 +249,25 @@ def headline_errors(entries: list[dict]) -> list[float]:
     return [e["error"][k] for e in entries for k in [next((k for k in TIME_KEYS if k in e["error"]), None)] if k]
 
 
-def summary(errs: list[float]) -> str:
-    if not errs:
-        return "no rows"
+def error_summary(errs: list[float]) -> dict:
+    """Mean and largest absolute error, and over how many (None where there are none)."""
     absolute = [abs(e) for e in errs]
-    return f"mean |error| {100 * sum(absolute) / len(absolute):.1f}%, largest {100 * max(absolute):.1f}% " \
-        f"over {len(absolute)}"
+    return {"mean_abs_error": sum(absolute) / len(absolute) if absolute else None,
+            "largest_abs_error": max(absolute, default=None), "count": len(absolute)}
+
+
+def summary(errs: list[float]) -> str:
+    s = error_summary(errs)
+    if not s["count"]:
+        return "no rows"
+    return f"mean |error| {100 * s['mean_abs_error']:.1f}%, largest {100 * s['largest_abs_error']:.1f}% " \
+        f"over {s['count']}"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--measurements", type=Path, default=DEFAULT_MEASUREMENTS)
-    ap.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    add_json_option(ap, __file__)
     ap.add_argument("--hardware", default="dgx-a100")
     ap.add_argument("--memory-limit", type=float, default=80e9, help="bytes per GPU (default 80 GB)")
     args = ap.parse_args(argv)
@@ -280,9 +290,11 @@ def main(argv: list[str] | None = None) -> int:
         for line in mem_lines:
             print(line)
         print(summary([v for e in mem for v in e["error"].values()]))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"hardware": hardware.name, "memory_limit_bytes": args.memory_limit,
-                                     "rows": rows, "memory_rows": mem}, indent=1))
+    mode = "default" if (args.hardware, args.memory_limit) == ("dgx-a100", 80e9) else "custom"
+    numbers = {"hardware": hardware.name, "memory_limit_bytes": args.memory_limit,
+               "files": [name for name, _ in files], **error_summary(headline_errors(rows)),
+               "memory": error_summary([v for e in mem for v in e["error"].values()])}
+    write_results(args.json, __file__, mode, numbers, rows, argv, memory_rows=mem)
     return 0
 
 

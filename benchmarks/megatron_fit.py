@@ -12,7 +12,10 @@ as ``benchmarks/megatron.py`` predicts it under the published execution
 (:func:`megatron.published_plan`); the in-sample value minimises the mean
 absolute error over all rows, and each row's left-out error is its error at
 the value that minimises the mean over the *other* rows. No constant is per
-row. Default ``--json``: ``benchmarks/results/megatron-fit.json``.
+row. Default ``--json`` (through ``benchmarks/_results.py``):
+``benchmarks/results/megatron_fit.json``, with ``--memory``
+``benchmarks/results/megatron_fit_memory.json``; ``rows``: per row its
+in-sample and left-out error and the value chosen without it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import sys
 from pathlib import Path
 
@@ -28,8 +30,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import megatron  # noqa: E402  (the benchmark's own reading and prediction)
+from _results import RESULTS_DIR, add_json_option, write_results  # noqa: E402
 
-DEFAULT_JSON = megatron.ROOT / "benchmarks/results/megatron-fit.json"
+MEMORY_JSON = RESULTS_DIR / "megatron_fit_memory.json"
 MATMUL_GRID = tuple(round(x, 2) for x in np.arange(0.50, 0.951, 0.01))
 MEMORY_GRID = tuple(round(x, 2) for x in np.arange(0.60, 1.001, 0.05))
 
@@ -72,10 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--measurements", type=Path, default=megatron.DEFAULT_MEASUREMENTS)
     ap.add_argument("--hardware", default="dgx-a100")
-    ap.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    add_json_option(ap, __file__, note=f"; with --memory {MEMORY_JSON.relative_to(megatron.ROOT)}")
     ap.add_argument("--memory", action="store_true", help="also choose efficiency.memory")
     ap.add_argument("--memory-limit", type=float, default=80e9)
     args = ap.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    if args.memory and not any(a == "--json" or a.startswith("--json=") for a in given):
+        args.json = MEMORY_JSON
     from costmodels import load_hardware
 
     hardware = load_hardware(args.hardware)
@@ -93,11 +99,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'id':<14} {'in-sample':>10} {'left-out':>10}  value chosen without the row")
     for r, row in enumerate(rows):
         print(f"{row['id']:<14} {100 * err[best, r]:>+9.1f}% {100 * left_out[r]:>+9.1f}%  {name(held[r])}")
-    report = {"hardware": hardware.name, "grid": grid, "in_sample": {"value": grid[best], "errors": err[best].tolist()},
-              "left_out": {"values": [grid[h] for h in held], "errors": left_out.tolist()},
-              "ids": [row["id"] for row in rows]}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1))
+    numbers = {"hardware": hardware.name, "memory_limit_bytes": args.memory_limit, "value": grid[best],
+               "in_sample_mean_abs_error": float(np.abs(err[best]).mean()),
+               "in_sample_largest_abs_error": float(np.abs(err[best]).max()),
+               "left_out_mean_abs_error": float(np.abs(left_out).mean()),
+               "left_out_largest_abs_error": float(np.abs(left_out).max())}
+    table = [{"id": row["id"], "in_sample_error": err[best, r], "left_out_error": left_out[r],
+              "left_out_value": grid[held[r]]} for r, row in enumerate(rows)]
+    mode = "matmul and memory" if args.memory else "matmul"
+    write_results(args.json, __file__, mode, numbers, table, argv, grid=grid,
+                  in_sample={"value": grid[best], "errors": err[best].tolist()},
+                  left_out={"values": [grid[h] for h in held], "errors": left_out.tolist()},
+                  ids=[row["id"] for row in rows])
     return 0
 
 

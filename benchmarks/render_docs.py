@@ -5,7 +5,8 @@
 
 Each section is one claim: what the benchmark measures and why (the text
 here), then one short table of the numbers its script wrote, with the
-command, mode, date, jax version and machine of that run. A section whose
+command, mode, date, jax version and machine of that run; a section may
+also render lines from other results files (its ``also``). A section whose
 results file is missing says how to produce it. tests/test_benchmark_docs.py
 checks that docs/benchmarks.md is what this script renders.
 """
@@ -27,18 +28,16 @@ DOC = ROOT / "docs" / "benchmarks.md"
 INTRO = """\
 # Benchmarks
 
-Every number on this page comes from a script in `benchmarks/` that writes
-its results (command line, mode, date, jax version, machine, summary, rows)
-to `benchmarks/results/<script>.json`; `benchmarks/render_docs.py` renders
-this page from them and tests/test_benchmark_docs.py fails when the two
-drift apart. To refresh a claim, rerun its command from the repository root
-(`PYTHONPATH=.`), then `python benchmarks/render_docs.py`, and commit both.
-History is in CHANGELOG.md and git.
+Every number on this page comes from a script in `benchmarks/` that writes its
+results (command line, mode, date, jax version, machine, summary, rows) to
+`benchmarks/results/<script>.json`; `benchmarks/render_docs.py` renders this
+page from them and tests/test_benchmark_docs.py fails when the two drift apart.
+To refresh a claim, rerun its command from the repository root (`PYTHONPATH=.`),
+then `python benchmarks/render_docs.py`, and commit both. History: CHANGELOG.md.
 
 Wall times are of a 2-core CPU shared with other jobs unless a section says
-otherwise; a load average above 2 means other work slowed the run, so
-compare ratios within one run. Plan qualities, bytes and errors do not
-depend on it.
+otherwise; a load average above 2 means other work slowed the run, so compare
+ratios within one run. Plan qualities, bytes and errors do not depend on it.
 """
 
 
@@ -46,9 +45,10 @@ class Section(NamedTuple):
     title: str
     result: str  # benchmarks/results/<result>.json
     text: str  # what the benchmark measures and why
-    table: Callable[[dict], list[str]]  # the claim's table from the results
+    table: Callable[..., list[str]]  # the claim's table from the results, then from each of ``also`` (None: missing)
     command: str  # how to produce the results file
     needs_gpu: bool = False
+    also: tuple[str, ...] = ()  # further benchmarks/results/<name>.json the table reads
 
 
 # -- formatting ------------------------------------------------------------------------------
@@ -267,8 +267,10 @@ def gpu_steps(r: dict) -> list[str]:
 
 # -- the page --------------------------------------------------------------------------------
 
-def megatron(r: dict) -> list[str]:
-    rows = []
+def megatron(r: dict, fit: dict | None, fit_memory: dict | None) -> list[str]:
+    """`benchmarks/megatron.py`'s table; below it the leave-one-out choices of
+    `benchmarks/megatron_fit.py` (plain and ``--memory``) where recorded."""
+    s, rows = r["summary"], []
     for x in r["rows"]:
         e, p = x["execution"], x["plan"]
         published = f"t{e['tensor']} S{e['pipeline']} d{e['data']} b{e['microbatch']} v{e['interleave']}"
@@ -277,25 +279,37 @@ def megatron(r: dict) -> list[str]:
         rows.append([x["id"], published, num(x["measured"]["tflops_per_gpu"], ".0f"),
                      num(x["predicted"]["tflops_per_gpu"], ".1f"), pct(x["error"]["tflops_per_gpu"]),
                      num(x["published_step_s"], ".2f"), num(x["plan_step_s"], ".2f"), own])
-    errors = [abs(x["error"]["tflops_per_gpu"]) for x in r["rows"]]
-    fit = RESULTS / "megatron-fit.json"
+    every_fits = all(x["plan"] is not None and x["plan_at_least_as_fast"] for x in r["rows"])
     return table(["run", "published (b, v: chosen)", "TFLOP/s measured", "predicted", "error", "step s",
                   "own plan step s", "own plan"], rows) + [
-        "", f"Mean absolute error {pct(sum(errors) / len(errors), False)}, largest {pct(max(errors), False)} over "
-        f"{len(errors)} runs on `{r['hardware']}`; every own plan fits {r['memory_limit_bytes'] / 1e9:g} GB and is "
-        "predicted at least as fast as the published configuration."] + (
-        ["", *_megatron_fit(json.loads(fit.read_text()))] if fit.exists() else [])
+        "", f"Mean absolute error {pct(s['mean_abs_error'], False)}, largest {pct(s['largest_abs_error'], False)} "
+        f"over {s['count']} runs on `{s['hardware']}`; {'every' if every_fits else '**not** every'} own plan fits "
+        f"{s['memory_limit_bytes'] / 1e9:g} GB and is predicted at least as fast as the published configuration."] + (
+        _megatron_fit(fit) if fit else []) + (_megatron_fit_memory(fit_memory) if fit_memory else [])
+
+
+def _left_out_range(r: dict, i: int) -> str:
+    values = [v[i] for v in r["left_out"]["values"]]
+    return f"{min(values):g}-{max(values):g}"
 
 
 def _megatron_fit(r: dict) -> list[str]:
     """`python benchmarks/megatron_fit.py`'s leave-one-out choice of the one constant."""
-    inside, out = r["in_sample"]["errors"], r["left_out"]["errors"]
-    mean = lambda xs: sum(abs(x) for x in xs) / len(xs)  # noqa: E731
-    return [f"The one constant, the 16-bit GEMM efficiency, chosen on a grid by `benchmarks/megatron_fit.py`: in-sample "
-            f"{r['in_sample']['value'][0]:g} (mean |error| {pct(mean(inside), False)}, largest "
-            f"{pct(max(map(abs, inside)), False)}); each run left out, predicted at the value the others choose "
-            f"({min(v[0] for v in r['left_out']['values']):g}-{max(v[0] for v in r['left_out']['values']):g}): "
-            f"mean |error| {pct(mean(out), False)}, largest {pct(max(map(abs, out)), False)}."]
+    s = r["summary"]
+    return [f"The one constant, the 16-bit GEMM efficiency, chosen on a grid by `benchmarks/megatron_fit.py`: "
+            f"in-sample {s['value'][0]:g} (mean |error| {pct(s['in_sample_mean_abs_error'], False)}, largest "
+            f"{pct(s['in_sample_largest_abs_error'], False)}); each run left out, predicted at the value the others "
+            f"choose ({_left_out_range(r, 0)}): mean |error| {pct(s['left_out_mean_abs_error'], False)}, largest "
+            f"{pct(s['left_out_largest_abs_error'], False)}."]
+
+
+def _megatron_fit_memory(r: dict) -> list[str]:
+    """`python benchmarks/megatron_fit.py --memory`: the HBM efficiency chosen too."""
+    s = r["summary"]
+    return [f"With the HBM efficiency chosen too (`--memory`): in-sample matmul {s['value'][0]:g}, memory "
+            f"{s['value'][1]:g} (mean |error| {pct(s['in_sample_mean_abs_error'], False)}); left out "
+            f"({_left_out_range(r, 0)}, {_left_out_range(r, 1)}): mean |error| "
+            f"{pct(s['left_out_mean_abs_error'], False)}, largest {pct(s['left_out_largest_abs_error'], False)}."]
 
 
 def _stage_cuts(r: dict) -> list[str]:
@@ -309,13 +323,15 @@ def _stage_cuts(r: dict) -> list[str]:
                         f"{x['seconds']:.3f} s" for c, x in slowest.items()) + "."]
 
 
-def pipelined_plan(r: dict) -> list[str]:
-    p, cuts = r["pipeline"], RESULTS / "stage_cuts.json"
-    return [f"`{r['command']}`: {r['wall_s']:.1f} s on {r['cpus']} CPUs (target 60 s); mesh "
-            f"{'x'.join(map(str, r['mesh']))} ({', '.join(r['axis_names'])}), {p['schedule']} v={p['chunks']}, "
-            f"{p['microbatches']} micro-batches of {p['micro_batch']}, predicted step {r['iteration_s']:.1f} s, "
-            f"{r['memory_bytes_per_device'] / 1e9:.1f} of {r['memory_limit_bytes'] / 1e9:g} GB per device."] + (
-        ["", *_stage_cuts(json.loads(cuts.read_text()))] if cuts.exists() else [])
+def pipelined_plan(r: dict, cuts: dict | None) -> list[str]:
+    """`benchmarks/pipelined_plan.py`'s one plan; below it `benchmarks/stage_cuts.py`'s slowest cases."""
+    s, (x,) = r["summary"], r["rows"]
+    p = x["pipeline"]
+    return [f"`{x['planned']}`: {s['wall_s']:.1f} s (target {s['target_s']:g} s); mesh "
+            f"{'x'.join(map(str, x['mesh']))} ({', '.join(x['axis_names'])}), {p['schedule']} v={p['chunks']}, "
+            f"{p['microbatches']} micro-batches of {p['micro_batch']}, predicted step {x['iteration_s']:.1f} s, "
+            f"{x['memory_bytes_per_device'] / 1e9:.1f} of {x['memory_limit_bytes'] / 1e9:g} GB per device."] + (
+        _stage_cuts(cuts) if cuts else [])
 
 
 SECTIONS = (
@@ -409,12 +425,13 @@ ViT-B/16 and GPT-2 small at full size, one sample per device, planned for 8
 CPU devices (`--train` adds one sharded step; [transformers.md](transformers.md)).""",
             transformer_validation, "python benchmarks/transformer_validation.py"),
     Section("Megatron-LM's published runs", "megatron", """\
-Megatron-LM's weak-scaling runs (Narayanan et al. 2021: 1.7 B-1 T parameters,
-32-3,072 A100s) on the `dgx-a100` preset: the published execution (its
-unpublished micro-batch size and interleave chosen by the planner) and the
-planner's own plan ([llm-scale.md](llm-scale.md)).""", megatron,
-            "python benchmarks/megatron.py --measurements ../shared/reference/measurements"),
-    Section("Planning with stages", "pipelined_plan", "", pipelined_plan, "python benchmarks/pipelined_plan.py"),
+Megatron-LM's runs (Narayanan et al. 2021: 1.7 B-1 T parameters, 32-3,072
+A100s) on `dgx-a100`, published execution (micro-batch size and interleave,
+unpublished, chosen by the planner) and own plan ([llm-scale.md](llm-scale.md)).""", megatron,
+            "python benchmarks/megatron.py --measurements ../shared/reference/measurements",
+            also=("megatron_fit", "megatron_fit_memory")),
+    Section("Planning with stages", "pipelined_plan", "", pipelined_plan, "python benchmarks/pipelined_plan.py",
+            also=("stage_cuts",)),
     Section("On one accelerator", "gpu_steps", """\
 The P = 1 plans of VGG16 and ResNet-50 as real training steps against their
 predicted `iteration_s`, and the 64-device plans' shard kernels timed on the
@@ -433,8 +450,9 @@ def render(results: Path = RESULTS) -> str:
             missing.append(f"- {s.title}: `{s.command}`" + (" (needs a GPU)." if s.needs_gpu else "."))
             continue
         r = json.loads(path.read_text())
+        also = [json.loads(p.read_text()) if p.exists() else None for p in (results / f"{a}.json" for a in s.also)]
         lines += [f"## {s.title}", ""] + ([*s.text.splitlines(), ""] if s.text else [])
-        lines += ([provenance(r), ""] if "machine" in r else []) + [*s.table(r), ""]
+        lines += ([provenance(r), ""] if "machine" in r else []) + [*s.table(r, *also), ""]
     if missing:
         lines += ["## Not recorded here", "", *missing, ""]
     return "\n".join(lines).rstrip() + "\n"

@@ -1,7 +1,7 @@
 """Wall time of the exact stage-cut search (``search.solve_stage_cuts``) on
 long chains, and how many cut sets' DPs it ran.
 
-    python benchmarks/stage_cuts.py [--repeats 3] [--json benchmarks/results/stage_cuts.json]
+    python benchmarks/stage_cuts.py [--repeats 3] [--json PATH]
 
 Cases: ``L`` layers in ``S`` stages for ``m`` micro-batches, 1F1B and
 GPipe, either a chain of identical blocks between a lighter first and last
@@ -10,22 +10,27 @@ log-uniform over a factor of 400, boundaries over a factor of 1000,
 seeded), each without a memory limit and at 5% over the smallest limit any
 cut set fits. Prints, per case, the best of ``--repeats`` wall times, the
 DPs run (bisection and sweep) and the distinct candidate stage times;
-writes them as JSON.
+writes them as ``rows`` (through ``benchmarks/_results.py``, default
+``benchmarks/results/stage_cuts.json``), the slowest and the most DPs in
+``summary``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from search import StageCutProblem, StageCutsInfeasibleError, solve_stage_cuts
-from search.exact import stage_cuts as module
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _results import add_json_option, write_results  # noqa: E402
+from search import StageCutProblem, StageCutsInfeasibleError, solve_stage_cuts  # noqa: E402
+from search.exact import stage_cuts as module  # noqa: E402
+
 SHAPES = [(128, 64, 128), (128, 64, 8), (128, 64, 2), (128, 64, 1), (128, 8, 64), (96, 24, 96)]
 
 
@@ -72,11 +77,11 @@ def measure(p: StageCutProblem, repeats: int) -> dict:
             "candidates": int(np.unique(seg.time_s[np.isfinite(seg.time_s)]).size)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "stage_cuts.json"))
-    args = parser.parse_args()
+    add_json_option(parser, __file__)
+    args = parser.parse_args(argv)
     rows = []
     print(f"{'chain':7} {'L':>4} {'S':>3} {'m':>4} {'schedule':8} {'limit':6} {'seconds':>8} {'DPs':>5} "
           f"{'candidates':>10}")
@@ -90,10 +95,13 @@ def main() -> None:
             rows.append(row)
             print(f"{chain:7} {L:4} {S:3} {m:4} {schedule:8} {limit:6} {row['seconds']:8.3f} {row['dps']:5} "
                   f"{row['candidates']:10}")
-    print(f"slowest: {max(r['seconds'] for r in rows):.3f} s; most DPs: {max(r['dps'] for r in rows)}")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"repeats": args.repeats, "rows": rows}, indent=1) + "\n")
+    slowest_s, most_dps = max(r["seconds"] for r in rows), max(r["dps"] for r in rows)
+    print(f"slowest: {slowest_s:.3f} s; most DPs: {most_dps}")
+    write_results(args.json, __file__, "default" if args.repeats == 3 else "custom",
+                  {"repeats": args.repeats, "cases": len(rows), "slowest_s": slowest_s, "most_dps": most_dps},
+                  rows, argv)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

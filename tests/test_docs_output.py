@@ -67,7 +67,7 @@ EXEMPT_BLOCKS = {
     ("llm-scale.md", "id               t   S   d     B    b   v measured"):
         "a recorded run of benchmarks/megatron.py (benchmarks/results/megatron.json)",
     ("llm-scale.md", "In-sample: matmul"):
-        "a recorded run of benchmarks/megatron_fit.py (benchmarks/results/megatron-fit.json)",
+        "a recorded run of benchmarks/megatron_fit.py (benchmarks/results/megatron_fit.json)",
     ("multi-host.md", "python -m planner.launch: error: process 1 (pid 41873) exited with signal SIGKILL"):
         "a sample error line (its pid and time vary); tests/test_multiprocess.py checks the message",
 }
