@@ -1,19 +1,27 @@
-"""Small layer graphs, Flax models and random cost tables that several test
-modules build the same way."""
+"""Small layer graphs, Flax models, cost tables and brute-force oracles that
+several test modules build the same way. Test modules share helpers only
+through this module (tests/test_imports.py checks that none imports
+another test module)."""
 
 from __future__ import annotations
 
 import itertools
+import textwrap
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from costmodels import CostTable
 from costmodels.strategies import NUM_STRATEGIES as S
 from planner.ir.builder import GraphBuilder
-from search.exact import minimum_memory
+from search import solve_dp
+from search.exact import minimum_memory, solve_brute_limits
+from search.problem import plan_memories, plan_memory, plan_times, run_terms
+
+# --- Flax models: the tiny CNN, the tiny ResNet -------------------------------------------------
 
 TINY_CNN_BATCH = 16  # the tiny CNN's global batch; input 16x16x3
 
@@ -79,6 +87,19 @@ class TinyResNet(nnx.Module):
         return self.head(x.mean(axis=(1, 2)))
 
 
+# A model factory module's source for ``shardplan validate <module>:make`` (the tiny CNN); the
+# tests write it to a file and put that file's folder and tests/ on sys.path.
+TINY_CNN_FACTORY = textwrap.dedent("""
+    import jax, jax.numpy as jnp
+    from flax import nnx
+    import builders as t
+    def make():
+        return t.tiny_cnn()
+""")
+
+
+# --- layer graphs built by hand -----------------------------------------------------------------
+
 def tiny_oracle_graph(t_sample: float | None = 1e-3):
     """conv 3x3 2->4, relu, conv 3x3 4->4, max pool 2x2/2, flatten, dense 64->10 on 2x8x8.
     Per sample: conv1 x 128 y 256 w 72; relu 256/256; conv2 256/256 w 144;
@@ -92,6 +113,8 @@ def tiny_oracle_graph(t_sample: float | None = 1e-3):
     b.dense("fc", x, 10, bias=False)
     return b.build(measured_time_per_sample_s=t_sample)
 
+
+# --- random cost tables over the five strategies, and their edges and limits -------------------
 
 L_PAD, E_PAD = 8, 16  # synthetic_table's default padding
 
@@ -175,3 +198,134 @@ def limit_between(p, seed: int) -> float:
                                                                           axis=1))))
     frac = np.random.default_rng(seed + 2).uniform(-0.1, 1.0)
     return float(np.floor(lo + frac * (hi - lo))) + 0.5
+
+
+# --- runs of recomputing layers: tables by hand (menu "remat": K = 3, O = 15) -------------------
+# option 0 keeps its activations, 1 recomputes them (remat), 2 recomputes them in the run of the layer
+# before (remat+join)
+
+HAND_ACT = np.array([100.0, 200.0, 300.0])  # saved activations without the lever
+HAND_INPUT = np.array([50.0, 100.0, 200.0])  # each layer's input: what recomputing keeps
+HAND_WORK = np.array([10.0, 20.0, 30.0])  # backward-step transient without the lever
+
+
+def hand_table(edges, shares, act=HAND_ACT, inputs=HAND_INPUT, work=HAND_WORK) -> CostTable:
+    """Layers with the activation, input and workspace bytes given (by
+    default the three above); only options 0 (data), 1 (data+remat) and 2
+    (data+remat+join) can run. A recomputing option keeps its input and
+    holds its activations at its backward step (costmodels/levers.py)."""
+    ACT, INPUT, WORK = (np.asarray(v, float) for v in (act, inputs, work))
+    n, O = ACT.size, 15
+    feasible = np.zeros((n, O), bool)
+    feasible[:, :3] = True
+    act, work, rec, ckpt = (np.zeros((n, O)) for _ in range(4))
+    act[:, 0], work[:, 0] = ACT, WORK
+    for o in (1, 2):
+        act[:, o], work[:, o], rec[:, o], ckpt[:, o] = INPUT, WORK + ACT, ACT, INPUT
+    z = jnp.zeros((n, O))
+    f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    e = len(edges)
+    return CostTable(
+        feasible=jnp.asarray(feasible), compute_s=f(np.ones((n, O)) * 1e-3), backward_compute_s=z, grad_sync_s=z,
+        weight_gather_s=z, halo_s=z, output_s=z, state_bytes=z, update_bytes=z, activation_bytes=f(act),
+        workspace_bytes=f(work), recompute_bytes=f(rec), checkpoint_bytes=f(ckpt),
+        reshard_s=jnp.zeros((e, 5, 5)), layer_mask=jnp.ones(n),
+        edge_src=jnp.asarray([u for u, _ in edges], jnp.int32), edge_dst=jnp.asarray([v for _, v in edges], jnp.int32),
+        edge_mask=jnp.ones(e), edge_input_share=f(shares), gradient_overlap=f(0.0), memory_capacity_bytes=f(1e9),
+    )
+
+
+HAND_CHAIN = hand_table([(0, 1), (1, 2)], [1.0, 1.0])  # three layers in a chain, the bytes above
+
+
+# --- runs of recomputing layers: random tables --------------------------------------------------
+
+def random_run_table(seed: int, n: int) -> CostTable:
+    """Random bytes on a chain with a skip edge; recomputing costs more compute
+    (its forward again), joining the same."""
+    rng = np.random.default_rng(seed)
+    act, inputs, work = (rng.integers(1, 100, n).astype(float) for _ in range(3))
+    edges = [(i, i + 1) for i in range(n - 1)] + ([(0, n - 1)] if n > 2 else [])
+    shares = [0.5 if v == n - 1 and n > 2 else 1.0 for _, v in edges]
+    t = hand_table(edges, shares, act, inputs, work)
+    compute = np.zeros((n, 15))
+    compute[:, 0] = rng.uniform(1, 2, n)
+    compute[:, 1] = compute[:, 2] = compute[:, 0] * rng.uniform(1.2, 1.5, n)
+    return t._replace(compute_s=jnp.asarray(compute, jnp.float32))
+
+
+def rich_table(seed: int, n: int, edges=None, state_most: int = 100, workspace_most: int = 100,
+               update_share: float = 0.0):
+    """A chain of ``n`` layers (or ``edges``) with five strategies under the
+    "remat" menu (keep, remat, remat+join), about 60 % of the options
+    runnable, random costs (state and workspace bytes below ``state_most``
+    and ``workspace_most``; up to ``update_share`` of the state is the
+    optimizer's update, which the backward phase does not hold, so that
+    the optimizer phase can be the larger)."""
+    rng = np.random.default_rng(seed)
+    edges = [(i, i + 1) for i in range(n - 1)] if edges is None else edges
+    t = hand_table(edges, [1.0] * len(edges), *(rng.integers(1, 100, n).astype(float) for _ in range(3)))
+    O = 15
+    feasible = rng.random((n, O)) < 0.6
+    feasible[:, 0] = True
+    recomputes = np.arange(O) % 3 > 0
+    f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    compute = rng.uniform(1, 2, (n, O))
+    state = rng.integers(0, state_most, (n, O))
+    update = np.floor(state * np.random.default_rng([seed, 1]).uniform(0, update_share, (n, O)))
+    return t._replace(
+        feasible=jnp.asarray(feasible), compute_s=f(compute), state_bytes=f(state), update_bytes=f(update),
+        activation_bytes=f(rng.integers(1, 200, (n, O))), workspace_bytes=f(rng.integers(1, workspace_most, (n, O))),
+        recompute_bytes=f(np.where(recomputes, rng.integers(1, 150, (n, O)), 0)),
+        checkpoint_bytes=f(np.where(recomputes, rng.integers(1, 80, (n, O)), 0)),
+        reshard_s=f(rng.uniform(0, 0.5, (len(edges), 5, 5))),
+    )
+
+
+DAG_TABLE_EDGES = [(0, 1), (1, 2), (2, 3), (1, 4), (3, 5), (4, 5), (0, 5)]  # dag_table's six layers
+
+
+def dag_table(seed: int, skip_reshard: bool):
+    """rich_table on DAG_TABLE_EDGES (skip edges 1 -> 4, 3 -> 5, 0 -> 5), every
+    layer able to keep, recompute or join under strategy 0, large
+    checkpoints, random input shares; the skip edges reshard for free unless
+    ``skip_reshard``."""
+    t = rich_table(seed, 6, edges=DAG_TABLE_EDGES)
+    skip = np.array([v != u + 1 for u, v in DAG_TABLE_EDGES])
+    rng = np.random.default_rng(100 + seed)
+    # every layer may keep, recompute or join (strategy 0), and checkpoints are large: skip credits matter
+    feasible = np.asarray(t.feasible).copy()
+    feasible[:, :3] = True
+    ckpt = np.where(np.arange(15) % 3 > 0, rng.integers(50, 300, (6, 15)), 0)
+    t = t._replace(feasible=jnp.asarray(feasible), checkpoint_bytes=jnp.asarray(ckpt, jnp.float32),
+                   edge_input_share=jnp.asarray(rng.uniform(0.3, 1.0, len(DAG_TABLE_EDGES)), jnp.float32))
+    if not skip_reshard:
+        t = t._replace(reshard_s=jnp.where(jnp.asarray(skip)[:, None, None], 0.0, t.reshard_s))
+    return t
+
+
+# --- brute-force oracles on small problems ------------------------------------------------------
+
+def every_plan(p):
+    """Every plan of a small problem, with its time, memory and largest transient."""
+    n = p.num_layers
+    plans = np.array(list(itertools.product(*[np.flatnonzero(p.feasible[i]) for i in range(n)])))
+    _, transient = run_terms(p, plans)
+    peak = (p.workspace_bytes[np.arange(n), plans] + transient).max(axis=1)
+    return plans, plan_times(p, plans), plan_memories(p, plans), peak
+
+
+def assert_dp_matches_brute_force(p, full, count: int):
+    """solve_dp at ``count`` limits from below brute force's smallest memory
+    (``full``: its result without a limit) to above its fastest plan's: the
+    same feasibility and time, proven, within the limit; without a plan,
+    the smallest memory."""
+    limits = np.linspace(full.min_memory_bytes * 0.99, full.memory_bytes * 1.02, count)
+    for limit, brute in zip(limits, solve_brute_limits(p, limits), strict=True):
+        dp = solve_dp(p, limit)
+        assert dp.feasible == brute.feasible
+        if brute.feasible:
+            assert dp.exact and dp.time_s == pytest.approx(brute.time_s, rel=1e-9)
+            assert plan_memory(p, dp.choice) == dp.memory_bytes <= limit
+        else:
+            assert dp.memory_bytes == pytest.approx(full.min_memory_bytes, rel=1e-12)

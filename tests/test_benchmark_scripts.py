@@ -102,7 +102,7 @@ def test_search_quality_layer_order_bounds_hold_on_the_graph():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT / "tests"))
     from search_quality import with_layer_order_bounds
-    from test_dp_runs import rich_table
+    from builders import rich_table
 
     from search import discrete_problem, solve_brute
     from search.exact import MILPResult

@@ -8,41 +8,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_remat_runs import CHAIN, hand_table
+from builders import HAND_CHAIN, assert_dp_matches_brute_force, every_plan, rich_table
 
 from search import discrete_problem, smallest_memory, solve, solve_brute, solve_dp
-from search.exact import dp_solves, minimum_memory_milp, pareto, run_chain, solve_brute_limits, solve_milp, viterbi
+from search.exact import dp_solves, minimum_memory_milp, pareto, run_chain, solve_milp, viterbi
 from search.exact.dp_runs import lighter_runs, minimum_memory_runs
 from search.exact.pareto import nondominated_rows
 from search.problem import has_runs, plan_memory, plan_time
-
-
-def rich_table(seed: int, n: int, edges=None, state_most: int = 100, workspace_most: int = 100,
-               update_share: float = 0.0):
-    """A chain of ``n`` layers (or ``edges``) with five strategies under the
-    "remat" menu (keep, remat, remat+join), about 60 % of the options
-    runnable, random costs (state and workspace bytes below ``state_most``
-    and ``workspace_most``; up to ``update_share`` of the state is the
-    optimizer's update, which the backward phase does not hold, so that
-    the optimizer phase can be the larger)."""
-    rng = np.random.default_rng(seed)
-    edges = [(i, i + 1) for i in range(n - 1)] if edges is None else edges
-    t = hand_table(edges, [1.0] * len(edges), *(rng.integers(1, 100, n).astype(float) for _ in range(3)))
-    O = 15
-    feasible = rng.random((n, O)) < 0.6
-    feasible[:, 0] = True
-    recomputes = np.arange(O) % 3 > 0
-    f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-    compute = rng.uniform(1, 2, (n, O))
-    state = rng.integers(0, state_most, (n, O))
-    update = np.floor(state * np.random.default_rng([seed, 1]).uniform(0, update_share, (n, O)))
-    return t._replace(
-        feasible=jnp.asarray(feasible), compute_s=f(compute), state_bytes=f(state), update_bytes=f(update),
-        activation_bytes=f(rng.integers(1, 200, (n, O))), workspace_bytes=f(rng.integers(1, workspace_most, (n, O))),
-        recompute_bytes=f(np.where(recomputes, rng.integers(1, 150, (n, O)), 0)),
-        checkpoint_bytes=f(np.where(recomputes, rng.integers(1, 80, (n, O)), 0)),
-        reshard_s=f(rng.uniform(0, 0.5, (len(edges), 5, 5))),
-    )
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -58,22 +30,6 @@ def test_dp_over_runs_matches_brute_force(seed):
     mm = smallest_memory(p)
     assert mm.exact and plan_memory(p, mm.choice) == pytest.approx(full.min_memory_bytes, rel=1e-12)
     assert_dp_matches_brute_force(p, full, 6)
-
-
-def assert_dp_matches_brute_force(p, full, count: int):
-    """solve_dp at ``count`` limits from below brute force's smallest memory
-    (``full``: its result without a limit) to above its fastest plan's: the
-    same feasibility and time, proven, within the limit; without a plan,
-    the smallest memory."""
-    limits = np.linspace(full.min_memory_bytes * 0.99, full.memory_bytes * 1.02, count)
-    for limit, brute in zip(limits, solve_brute_limits(p, limits), strict=True):
-        dp = solve_dp(p, limit)
-        assert dp.feasible == brute.feasible
-        if brute.feasible:
-            assert dp.exact and dp.time_s == pytest.approx(brute.time_s, rel=1e-9)
-            assert plan_memory(p, dp.choice) == dp.memory_bytes <= limit
-        else:
-            assert dp.memory_bytes == pytest.approx(full.min_memory_bytes, rel=1e-12)
 
 
 def test_solve_uses_the_dp_over_runs_where_runs_are_needed():
@@ -137,11 +93,11 @@ def test_runs_need_a_chain_in_layer_order():
 
 
 def test_lighter_runs_is_the_smallest_plan_no_slower_per_layer():
-    """On the hand chain (tests/test_remat_runs.py: every layer's options
+    """On HAND_CHAIN (tests/builders.py: every layer's options
     cost 1 ms, so any lever of the same strategy is allowed), from the plan
     keeping everything (630 bytes) lighter_runs finds the smallest memory,
-    580 (by hand there); and it never leaves a plan's strategies."""
-    p = discrete_problem(CHAIN)
+    580 (by hand in tests/test_remat_runs.py); and it never leaves a plan's strategies."""
+    p = discrete_problem(HAND_CHAIN)
     fixed = lighter_runs(p, np.zeros(3, np.int64))
     assert plan_memory(p, fixed) == 580
     q = discrete_problem(rich_table(2, 5))
@@ -192,19 +148,6 @@ def test_viterbi_with_weighted_pairs_is_viterbi_with_the_pairs_added():
     assert np.allclose(v1, v2) and np.array_equal(p1, p2)
 
 
-def _every_plan(p):
-    """Every plan of a small problem, with its time, memory and largest transient."""
-    import itertools
-
-    from search.problem import plan_memories, plan_times, run_terms
-
-    n = p.num_layers
-    plans = np.array(list(itertools.product(*[np.flatnonzero(p.feasible[i]) for i in range(n)])))
-    _, transient = run_terms(p, plans)
-    peak = (p.workspace_bytes[np.arange(n), plans] + transient).max(axis=1)
-    return plans, plan_times(p, plans), plan_memories(p, plans), peak
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_bucketed_viterbi_is_a_relaxation_exact_where_buckets_are(seed):
     """bucket_viterbi at caps on the largest transient, against every plan.
@@ -219,7 +162,7 @@ def test_bucketed_viterbi_is_a_relaxation_exact_where_buckets_are(seed):
     t = t._replace(recompute_bytes=16.0 * jnp.ceil(t.recompute_bytes / 16.0), workspace_bytes=t.workspace_bytes + 17.0)
     p = discrete_problem(t)
     rc = run_chain(p)
-    plans, times, _, peak = _every_plan(p)
+    plans, times, _, peak = every_plan(p)
     caps = np.array([128.0, 256.0])
     assert np.all([(peak <= c).any() and (peak > c).any() for c in caps])
     unary = np.stack([np.where(p.workspace_bytes <= c, p.layer_time_s, np.inf) for c in caps])
@@ -240,7 +183,7 @@ def test_the_dp_intervals_cover_every_plan_that_fits(seed):
     from search.exact.dp_runs import run_intervals
 
     p = discrete_problem(rich_table(seed, 4))
-    plans, _, memory, peak = _every_plan(p)
+    plans, _, memory, peak = every_plan(p)
     for limit in np.quantile(memory, [0.01, 0.3, 0.8]):
         caps, floors, bound = run_intervals(p, run_chain(p), float(limit))
         fits = memory <= limit
@@ -384,7 +327,7 @@ def test_a_byte_grid_makes_the_label_search_a_relaxation():
     for seed in range(4):
         p = discrete_problem(rich_table(seed, 5))
         rc = run_chain(p)
-        _, times, memory, peak = _every_plan(p)
+        _, times, memory, peak = every_plan(p)
         for limit in np.quantile(memory, [0.05, 0.3]):
             caps, floors, _ = run_intervals(p, rc, float(limit))
             for cap, floor in zip(caps, floors, strict=True):
@@ -415,7 +358,7 @@ def test_search_runs_refuses_bounds_to_go_built_for_other_arguments():
 
     p = discrete_problem(rich_table(3, 5))
     rc = run_chain(p)
-    _, times, memory, peak = _every_plan(p)
+    _, times, memory, peak = every_plan(p)
     limit = float(np.quantile(memory, 0.3))
     caps, floors, _ = run_intervals(p, rc, limit)
     held = [k for k in range(caps.size) if ((peak > floors[k]) & (peak <= caps[k]) & (memory <= limit)).any()]

@@ -1,6 +1,8 @@
 """The direction of dependency (docs/design.md): ``costmodels`` <- ``search``
-<- ``planner``. Read from the source (every import statement, the ones inside
-functions included), not from what happens to be loaded."""
+<- ``planner``; and tests share helpers through tests/builders.py and
+fixtures, never by importing another test module. Read from the source
+(every import statement, the ones inside functions included), not from what
+happens to be loaded."""
 
 from __future__ import annotations
 
@@ -135,6 +137,29 @@ def test_import_and_help_load_neither_jax_nor_flax(code):
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1]).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def imported_test_modules(path: Path) -> list[str]:
+    """The ``test_*`` modules that ``path`` imports, in any import statement."""
+    return sorted(m for m in imports_of(path, "") if m.startswith("test_"))
+
+
+def test_imported_test_modules_by_hand(tmp_path):
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("import numpy\nfrom builders import rich_table\nfrom test_dp_runs import x\n"
+                     "def f():\n    import test_validate as t\n", encoding="utf-8")
+    assert imported_test_modules(probe) == ["test_dp_runs", "test_validate"]
+    probe.write_text("from builders import rich_table\nimport testing\n", encoding="utf-8")
+    assert imported_test_modules(probe) == []
+
+
+def test_no_test_module_imports_another():
+    """Shared helpers live in tests/builders.py (or fixtures in tests/conftest.py)."""
+    files = sorted((ROOT / "tests").glob("*.py"))
+    assert len(files) > 50  # the reader sees the test modules at all
+    offenders = {p.name: imported_test_modules(p) for p in files if imported_test_modules(p)}
+    assert not offenders, f"test modules importing other test modules (move the helpers to tests/builders.py): " \
+        f"{offenders}"
 
 
 # -- the faces: planner imports costmodels and search, search imports costmodels, only through __init__ --

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_dp_runs import _every_plan, rich_table
+from builders import every_plan, rich_table
 
 from search import discrete_problem, solve_brute
 from search.exact import lagrangian_plans, run_chain, smallest_memory
@@ -27,7 +27,7 @@ def test_run_sums_rounded_up_restrict_where_rounded_down_relax():
         t = t._replace(workspace_bytes=t.workspace_bytes + 65.0)
         p = discrete_problem(t)
         rc = run_chain(p)
-        plans, times, _, peak = _every_plan(p)
+        plans, times, _, peak = every_plan(p)
         cap = 200.0
         assert (peak <= cap).any() and (peak > cap).any()
         fastest = times[peak <= cap].min()

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_dp_runs import _every_plan, assert_dp_matches_brute_force, rich_table
+from builders import assert_dp_matches_brute_force, dag_table, every_plan, rich_table
 
 from search import discrete_problem, smallest_memory, solve_brute, solve_dp
 from search.exact import (
@@ -29,24 +29,6 @@ from search.options import with_strategies_of, without_joins
 from search.problem import has_runs, plan_memory, plan_time, run_terms
 
 # a downsampling block (1 -> 2 -> 3 -> 5 beside 1 -> 4 -> 5: no edge joins 3 and 4) and a longer skip over it
-EDGES = [(0, 1), (1, 2), (2, 3), (1, 4), (3, 5), (4, 5), (0, 5)]
-
-
-def dag_table(seed: int, skip_reshard: bool):
-    t = rich_table(seed, 6, edges=EDGES)
-    skip = np.array([v != u + 1 for u, v in EDGES])
-    rng = np.random.default_rng(100 + seed)
-    # every layer may keep, recompute or join (strategy 0), and checkpoints are large: skip credits matter
-    feasible = np.asarray(t.feasible).copy()
-    feasible[:, :3] = True
-    ckpt = np.where(np.arange(15) % 3 > 0, rng.integers(50, 300, (6, 15)), 0)
-    t = t._replace(feasible=jnp.asarray(feasible), checkpoint_bytes=jnp.asarray(ckpt, jnp.float32),
-                   edge_input_share=jnp.asarray(rng.uniform(0.3, 1.0, len(EDGES)), jnp.float32))
-    if not skip_reshard:
-        t = t._replace(reshard_s=jnp.where(jnp.asarray(skip)[:, None, None], 0.0, t.reshard_s))
-    return t
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_dp_over_runs_with_skip_edges_matches_brute_force(seed):
@@ -210,7 +192,7 @@ def test_skip_to_go_is_the_least_kept_bytes_with_its_first_option(seed):
         inside = np.isfinite(rc.time)
         A = np.where(inside, rc.persistent, np.inf)
         go = skip_to_go(rc, inside, A, -rc.credit)
-        plans, _, _, _ = _every_plan(p)
+        plans, _, _, _ = every_plan(p)
         credit, _ = run_terms(p, plans)
         kept = p.persistent_bytes[np.arange(p.num_layers), plans].sum(axis=1) - credit
         starts = np.flatnonzero(inside[0])
@@ -287,7 +269,7 @@ def test_bucketed_viterbi_with_skip_states_is_the_least_priced_plan(seed):
     p = discrete_problem(_exact_bucket_table(seed, reshard=False))
     rc = run_chain(p)
     skips = skip_moves(rc)
-    plans, times, _, peak = _every_plan(p)
+    plans, times, _, peak = every_plan(p)
     credit, _ = run_terms(p, plans)
     rows = np.arange(p.num_layers)
     kept = p.persistent_bytes[rows, plans].sum(axis=1) - credit

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import optax
 import pytest
-from test_validate import B, tiny
+from builders import TINY_CNN_BATCH, TINY_CNN_FACTORY, tiny_cnn
 
 from costmodels import (
     CostSettings,
@@ -29,6 +29,8 @@ from planner.planning import (
     plan,
 )
 from search import discrete_problem, minimum_memory
+
+B = TINY_CNN_BATCH  # the tiny CNN's global batch
 
 
 def test_margin_values_and_bytes():
@@ -98,7 +100,7 @@ def test_plan_file_records_limit_margin_and_platform(tmp_path):
 @pytest.fixture(scope="module")
 def tight_tiny(devices):
     """The tiny CNN planned at 0.1% above the smallest limit any plan fits, for XLA:CPU."""
-    model, x = tiny()
+    model, x = tiny_cnn()
     graph = extract(model, x)
     with pytest.raises(InfeasibleMemoryError) as err:
         plan(graph, devices=8, hardware="dgx-a100", batch=B, memory_limit="1kB", platform="cpu")
@@ -137,13 +139,11 @@ def test_validate_fails_naming_the_part_when_over_the_limit(tight_tiny, tmp_path
     # the arguments are exact, so the part that grew is what the cost model estimates
     assert "the part that grew: activations and temporaries" in r.over_limit.note
     # the CLI: exit status 1 and a line naming it
-    from test_validate import FACTORY
-
     from planner.cli import main
 
     path = tmp_path / "plan.json"
     over.write(path)
-    (tmp_path / "tiny_factory.py").write_text(FACTORY)
+    (tmp_path / "tiny_factory.py").write_text(TINY_CNN_FACTORY)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
     assert main(["validate", "tiny_factory:make", "--plan", str(path), "--json", "--memory-rtol", "1",

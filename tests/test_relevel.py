@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_dp_runs import _every_plan, rich_table
-from test_layer_chain import dag_table
+from builders import dag_table, every_plan, rich_table
 
 from search import discrete_problem
 from search.local.relevel import relevel
@@ -31,7 +30,7 @@ def test_relevel_is_the_fastest_plan_with_the_same_strategies(name, p):
     fastest such plan that fits, or the given plan where none is faster;
     where those strategies allow no runs, the given plan."""
     assert has_runs(p)
-    plans, times, memories, _ = _every_plan(p)
+    plans, times, memories, _ = every_plan(p)
     strategies = p.option_strategy[plans]  # [plans, n]
     rng = np.random.default_rng(0)
     improved = exact = 0
@@ -67,7 +66,7 @@ def test_relevel_takes_the_strategies_of_other_plans_too():
     gives it: brute force over those plans, from plans whose strategies
     differ on some layers."""
     p = discrete_problem(rich_table(1, 5))
-    plans, times, memories, _ = _every_plan(p)
+    plans, times, memories, _ = every_plan(p)
     strategies = p.option_strategy[plans]
     rng = np.random.default_rng(1)
     limit = (memories.min() + memories[np.argmin(times)]) / 2

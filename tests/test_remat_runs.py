@@ -9,49 +9,16 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from builders import HAND_CHAIN, hand_table, random_run_table
 
-from costmodels import CostTable, memory_per_device
+from costmodels import memory_per_device
 from costmodels.evaluate import one_hot
 from planner import GraphBuilder
 from search import discrete_problem, plan_memory, solve, solve_brute, solve_dp
 from search.options import compact_options, recomputing_saves_no_time, without_joins, without_recomputing
 from search.problem import has_runs
 
-# option 0 keeps its activations, 1 recomputes them (remat), 2 recomputes them in the run of the layer
-# before (remat+join); menu "remat": K = 3, O = 15
-ACT = np.array([100.0, 200.0, 300.0])  # saved activations without the lever
-INPUT = np.array([50.0, 100.0, 200.0])  # each layer's input: what recomputing keeps
-WORK = np.array([10.0, 20.0, 30.0])  # backward-step transient without the lever
-
-
-def hand_table(edges, shares, act=ACT, inputs=INPUT, work=WORK) -> CostTable:
-    """Layers with the activation, input and workspace bytes given (by
-    default the three above); only options 0 (data), 1 (data+remat) and 2
-    (data+remat+join) can run. A recomputing option keeps its input and
-    holds its activations at its backward step (costmodels/levers.py)."""
-    ACT, INPUT, WORK = (np.asarray(v, float) for v in (act, inputs, work))
-    n, O = ACT.size, 15
-    feasible = np.zeros((n, O), bool)
-    feasible[:, :3] = True
-    act, work, rec, ckpt = (np.zeros((n, O)) for _ in range(4))
-    act[:, 0], work[:, 0] = ACT, WORK
-    for o in (1, 2):
-        act[:, o], work[:, o], rec[:, o], ckpt[:, o] = INPUT, WORK + ACT, ACT, INPUT
-    z = jnp.zeros((n, O))
-    f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-    e = len(edges)
-    return CostTable(
-        feasible=jnp.asarray(feasible), compute_s=f(np.ones((n, O)) * 1e-3), backward_compute_s=z, grad_sync_s=z,
-        weight_gather_s=z, halo_s=z, output_s=z, state_bytes=z, update_bytes=z, activation_bytes=f(act),
-        workspace_bytes=f(work), recompute_bytes=f(rec), checkpoint_bytes=f(ckpt),
-        reshard_s=jnp.zeros((e, 5, 5)), layer_mask=jnp.ones(n),
-        edge_src=jnp.asarray([u for u, _ in edges], jnp.int32), edge_dst=jnp.asarray([v for _, v in edges], jnp.int32),
-        edge_mask=jnp.ones(e), edge_input_share=f(shares), gradient_overlap=f(0.0), memory_capacity_bytes=f(1e9),
-    )
-
-
-CHAIN = hand_table([(0, 1), (1, 2)], [1.0, 1.0])
-
+# HAND_CHAIN (tests/builders.py): activations 100, 200, 300 bytes, inputs 50, 100, 200, workspaces 10, 20, 30
 # plan (0 keep, 1 remat, 2 remat+join) -> bytes, by hand:
 CHAIN_BY_HAND = {
     # nothing recomputed: 100 + 200 + 300 kept, the largest workspace 30
@@ -76,9 +43,9 @@ CHAIN_BY_HAND = {
 
 @pytest.mark.parametrize("plan", sorted(CHAIN_BY_HAND))
 def test_run_memory_by_hand_on_a_chain(plan):
-    p = discrete_problem(CHAIN)
+    p = discrete_problem(HAND_CHAIN)
     assert plan_memory(p, np.array(plan)) == CHAIN_BY_HAND[plan]
-    assert float(memory_per_device(CHAIN, one_hot(jnp.asarray(plan), 15))) == CHAIN_BY_HAND[plan]
+    assert float(memory_per_device(HAND_CHAIN, one_hot(jnp.asarray(plan), 15))) == CHAIN_BY_HAND[plan]
 
 
 def test_a_run_reaches_only_as_far_as_its_layers_recompute():
@@ -109,7 +76,7 @@ def test_relaxed_run_memory_between_plans():
     probs = jnp.zeros((3, 15)).at[0, 1].set(1.0).at[1, 0].set(0.5).at[1, 2].set(0.5).at[2, 2].set(1.0)
     kept = 50 + (0.5 * 200 + 0.5 * 100) + 200  # activations in expectation
     freed = 0.5 * 100 + 0.5 * 200
-    assert float(memory_per_device(CHAIN, probs)) == pytest.approx(kept - freed + 330 + 150, rel=1e-6)
+    assert float(memory_per_device(HAND_CHAIN, probs)) == pytest.approx(kept - freed + 330 + 150, rel=1e-6)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -155,20 +122,20 @@ def test_solve_plans_runs_with_every_exact_method(limit):
     smallest memory then), else with the DP over runs. The smallest memory is
     (1, 2, 1)'s: the run 0-1 keeps 50 bytes, layer 2 its input, 200, and its
     step holds 300 + 30: 580; below it no plan fits."""
-    assert has_runs(discrete_problem(CHAIN))
-    brute = solve_brute(discrete_problem(CHAIN), limit)
+    assert has_runs(discrete_problem(HAND_CHAIN))
+    brute = solve_brute(discrete_problem(HAND_CHAIN), limit)
     for method in ("auto", "dp", "milp"):
-        sol = solve(CHAIN, memory_limit=limit, method=method)
+        sol = solve(HAND_CHAIN, memory_limit=limit, method=method)
         assert sol.feasible and sol.memory_bytes <= limit
         assert sol.time_s == pytest.approx(brute.time_s, rel=1e-6)
         assert sol.method == ("milp" if method == "milp" else "dp")
         if method != "milp" and limit >= 630:
             assert sol.min_memory_bytes is None
         else:
-            assert sol.min_memory_bytes == 580 == solve_brute(discrete_problem(CHAIN)).min_memory_bytes
+            assert sol.min_memory_bytes == 580 == solve_brute(discrete_problem(HAND_CHAIN)).min_memory_bytes
     for method in ("auto", "dp", "milp"):
-        assert not solve(CHAIN, memory_limit=579.0, method=method).feasible
-    r = solve_dp(discrete_problem(CHAIN), limit)
+        assert not solve(HAND_CHAIN, memory_limit=579.0, method=method).feasible
+    r = solve_dp(discrete_problem(HAND_CHAIN), limit)
     assert r.feasible and r.exact and r.time_s == pytest.approx(brute.time_s, rel=1e-6)
 
 
@@ -214,9 +181,10 @@ def test_gradient_search_on_runs_fits_and_never_beats_brute_force(seed):
 def test_recomputing_is_never_merged_with_keeping():
     """An option equal to another in every per-layer cost but whether it
     recomputes stays: in a run it costs differently."""
-    t = CHAIN._replace(activation_bytes=CHAIN.activation_bytes.at[:, 1].set(CHAIN.activation_bytes[:, 0]),
-                       workspace_bytes=CHAIN.workspace_bytes.at[:, 1].set(CHAIN.workspace_bytes[:, 0]),
-                       recompute_bytes=jnp.zeros((3, 15)), checkpoint_bytes=CHAIN.checkpoint_bytes)
+    t = HAND_CHAIN._replace(
+        activation_bytes=HAND_CHAIN.activation_bytes.at[:, 1].set(HAND_CHAIN.activation_bytes[:, 0]),
+        workspace_bytes=HAND_CHAIN.workspace_bytes.at[:, 1].set(HAND_CHAIN.workspace_bytes[:, 0]),
+        recompute_bytes=jnp.zeros((3, 15)), checkpoint_bytes=HAND_CHAIN.checkpoint_bytes)
     c = compact_options(discrete_problem(t))
     assert list(c.option_ids) == [0, 1, 2]
 
@@ -239,20 +207,6 @@ def test_each_input_edge_carries_its_part_of_the_input():
              for s, d, v, k in zip(t.edge_src, t.edge_dst, t.edge_input_share, t.edge_mask, strict=True) if k > 0}
     assert share == {("a", "cat"): 0.25, ("c", "cat"): 0.75, ("cat", "d"): 1.0, ("cat", "sum"): 0.5,
                      ("d", "sum"): 0.5}
-
-
-def random_run_table(seed: int, n: int) -> CostTable:
-    """Random bytes on a chain with a skip edge; recomputing costs more compute
-    (its forward again), joining the same."""
-    rng = np.random.default_rng(seed)
-    act, inputs, work = (rng.integers(1, 100, n).astype(float) for _ in range(3))
-    edges = [(i, i + 1) for i in range(n - 1)] + ([(0, n - 1)] if n > 2 else [])
-    shares = [0.5 if v == n - 1 and n > 2 else 1.0 for _, v in edges]
-    t = hand_table(edges, shares, act, inputs, work)
-    compute = np.zeros((n, 15))
-    compute[:, 0] = rng.uniform(1, 2, n)
-    compute[:, 1] = compute[:, 2] = compute[:, 0] * rng.uniform(1.2, 1.5, n)
-    return t._replace(compute_s=jnp.asarray(compute, jnp.float32))
 
 
 @pytest.mark.parametrize("seed", range(6))

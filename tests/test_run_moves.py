@@ -7,12 +7,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from builders import hand_table, random_run_table, rich_table
 
 from search import discrete_problem
 from search.local.moves import pair_memory_floors, pair_moves, single_moves
 from search.local.run_moves import moved_run_memories
 from search.problem import has_runs, plan_memories
-from test_remat_runs import hand_table
 
 
 def skip_problem(seed: int, n: int = 14):
@@ -130,7 +130,6 @@ def test_cheapest_pair_is_the_full_scorings_and_scores_fewer_moves(seed, weaker,
     import search.local._repair as repair_module
     from search.local import local_search
     from search.local.moves import current_state, with_overlap
-    from test_dp_runs import rich_table
 
     n = 12
     edges = [(i, i + 1) for i in range(n - 1)] + [(0, 3), (4, 7), (6, 9)]
@@ -177,7 +176,6 @@ def test_cheapest_pair_without_runs_is_the_full_scorings():
     import search.local._repair as repair_module
     from search.local.moves import current_state, with_overlap
     from search.options import without_joins
-    from test_dp_runs import rich_table
 
     n = 10
     edges = [(i, i + 1) for i in range(n - 1)] + [(0, 3), (4, 7)]
@@ -205,7 +203,6 @@ def test_repair_makes_pair_moves_with_runs_only_where_allowed(monkeypatch):
     random plans and limits; the search must find one)."""
     import search.local._repair as repair_module
     from search import plan_memory, solve_brute
-    from test_remat_runs import random_run_table
 
     calls = []
     cheapest = repair_module._cheapest_pair

@@ -3,11 +3,10 @@
 Oracles are hand-computed byte counts of a tiny CNN and what XLA reports."""
 
 import json
-import textwrap
 
 import numpy as np
 import pytest
-from builders import TINY_CNN_BATCH, TinyCNN, tiny_cnn  # noqa: E402
+from builders import TINY_CNN_BATCH, TINY_CNN_FACTORY, TinyCNN, tiny_cnn  # noqa: E402
 from flax import nnx
 
 from costmodels.collective_list import auxiliary_collectives, sharded_parameters
@@ -179,15 +178,6 @@ def test_bad_inputs(devices):
         fixed_plan(model, x, (4, 2), strategies={"nope": "data"}, batch=B)
 
 
-FACTORY = textwrap.dedent("""
-    import jax, jax.numpy as jnp
-    from flax import nnx
-    import test_validate as t
-    def make():
-        return t.tiny()
-""")
-
-
 @pytest.mark.slow
 def test_cli(tmp_path, monkeypatch, capsys, devices):
     from planner.cli import main
@@ -196,7 +186,7 @@ def test_cli(tmp_path, monkeypatch, capsys, devices):
     plan = fixed_plan(model, x, (2, 4), strategies=CASES["megatron"][1], batch=B)
     path = tmp_path / "plan.json"
     plan.write(path)
-    (tmp_path / "tiny_factory.py").write_text(FACTORY)
+    (tmp_path / "tiny_factory.py").write_text(TINY_CNN_FACTORY)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
     assert main(["validate", "tiny_factory:make", "--plan", str(path), "--json",
