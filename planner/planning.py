@@ -27,6 +27,7 @@ from costmodels import (
     AXIS_NAMES,
     Calibration,
     CostSettings,
+    LEVER_CHOICES,
     Hardware,
     Strategy,
     calibration_arrays,
@@ -103,7 +104,7 @@ def plan(
     platform: str | None = None,
     simplicity_tolerance: float = 0.01,
     milp_time_limit_s: float | None = MILP_TIME_LIMIT_S,
-    levers: str = "all",
+    levers: str = "auto",
     time_budget_s: float | None = TIME_BUDGET_S,
     cache_dir: str | Path | None = None,
     pipeline: str = "auto",
@@ -129,11 +130,15 @@ def plan(
     plan that fits (:func:`search.solve_many`).
 
     ``levers`` puts memory levers on each layer's menu beside its strategy
-    (:mod:`costmodels.levers`): ``all`` (the default, as on the command
-    line), ``zero`` (ZeRO stages 1-3 over the layer's data-parallel group),
-    ``remat`` (recompute its activations in the backward pass; on a model
-    without attention, in runs of layers:
-    :func:`planner.evaluation.remat_runs_offered`) or ``none``. The plan
+    (:mod:`costmodels.levers`): ``zero`` (ZeRO stages 1-3 over the layer's
+    data-parallel group), ``remat`` (recompute its activations in the
+    backward pass; on a model without attention, in runs of layers:
+    :func:`planner.evaluation.remat_runs_offered`), ``all`` or ``none``;
+    ``auto`` (the default, as on the command line) searches without levers
+    and, only when no such plan fits, with ``all`` (the callback hears a
+    ``levers`` event): a plan that fits without levers needs nothing the
+    export applies to nnx modules only (ZeRO stages 2-3, recomputation,
+    ``docs/levers.md``), and the lever-free search is the faster. The plan
     records each layer's levers (``LayerCost.zero_stage``, ``LayerCost.remat``,
     ``LayerCost.joins``); a lever that buys nothing is not kept
     (:func:`search.drop_idle_levers`).
@@ -167,6 +172,8 @@ def plan(
         raise ValueError(f"simplicity_tolerance must be a fraction in [0, 1), e.g. 0.01, got {simplicity_tolerance!r}")
     if pipeline not in PIPELINE_CHOICES:
         raise ValueError(f"pipeline must be one of {', '.join(PIPELINE_CHOICES)}, got {pipeline!r}")
+    if levers == LEVERS_AUTO:
+        return _plan_with_levers_when_needed(dict(locals()))
     start = _time.perf_counter()
     decoder = decoder_config(model, name)
     if pipeline == "always" and decoder is None:
@@ -300,6 +307,26 @@ def _memory_limit_bytes(memory_limit: float | int | str | None, hw: Hardware) ->
             f"({format_bytes_up(hw.device.memory_bytes)}); give at most that, or a hardware file with the right "
             "memory_bytes")
     return limit
+
+
+LEVERS_AUTO = "auto"  # planner.plan's default: no levers unless nothing fits without them
+LEVER_CHOICES_OF_PLAN = (LEVERS_AUTO, *LEVER_CHOICES)
+
+
+def _plan_with_levers_when_needed(args: dict) -> Plan:
+    """:func:`plan` of the call's ``args`` under ``levers="auto"``: without
+    memory levers (and, under ``pipeline="auto"``, without stages), and only
+    when nothing fits that way, with every lever and the call's own pipeline
+    choice."""
+    callback = args["callback"]
+    if args["pipeline"] == "always":  # the pipelined search has its own levers (ZeRO-1, recomputation)
+        return plan(**{**args, "levers": "none"})
+    try:
+        return plan(**{**args, "levers": "none", "pipeline": "never"})
+    except InfeasibleMemoryError:
+        if callback is not None:
+            callback(SearchEvent("levers", "no plan without memory levers fits: searching with ZeRO and recomputation"))
+        return plan(**{**args, "levers": "all"})
 
 
 def _cost_tables(graph: LayerGraph, hw: Hardware, batch: int, meshes: list[tuple[int, int]], settings: CostSettings,

@@ -391,3 +391,49 @@ def test_zero3_batch_norm_updates_its_statistics(devices):
     for a, b in zip(stats, ref_stats, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     assert got.params["bn"]["scale"].sharding.spec == P(("data", "model"))
+
+
+class _Attention(nnx.Module):
+    """Tokens through an embedding, one nnx.MultiHeadAttention and a classifier."""
+
+    def __init__(self, rngs):
+        self.embed = nnx.Embed(32, 16, rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=16, decode=False, rngs=rngs)
+        self.head = nnx.Linear(16, 8, rngs=rngs)
+
+    def __call__(self, x):
+        h = self.embed(x)
+        return self.head(self.attn(h).mean(axis=1))
+
+
+def test_zero_shards_the_projections_of_a_multi_head_attention(devices):
+    """ZeRO on an nnx.MultiHeadAttention's fused layers (``attn/qkv``,
+    ``attn/out``) shards its query, key, value and output kernels along their
+    last axis (head_dim, output features) over the data-parallel group, as it
+    shards a plain kernel's output channels: by hand, (16, 2, 8) -> P(None,
+    None, (data, model)) and (2, 8, 16) -> P(None, None, (data, model)); and
+    the step trains like the unsharded one."""
+    from planner.plans.specs import partition_specs
+
+    model = _Attention(nnx.Rngs(0))
+    x = jax.random.randint(jax.random.key(1), (16, 8), 0, 32)
+    y = jax.random.randint(jax.random.key(2), (16,), 0, 8)
+    every = {n: "data" for n in extract(model, x).names}
+    zero = {"attn/qkv": 3, "attn/out": 3}
+    specs = partition_specs(nnx.state(model, nnx.Param), every, frozenset(zero))
+    assert specs["attn"]["query"]["kernel"] == P(None, None, ("data", "model"))
+    assert specs["attn"]["out"]["kernel"] == P(None, None, ("data", "model"))
+    runs = {}
+    for label, stages in (("plain", None), ("zero3", zero)):
+        step, state = shard_training(_Attention(nnx.Rngs(0)), every, make_mesh(8, 1), optax.sgd(0.1),
+                                     zero_stages=stages)
+        losses = []
+        for _ in range(3):
+            state, loss = step(state, x, y)
+            losses.append(float(loss))
+        runs[label] = losses, state
+    (losses, got), (ref_losses, ref) = runs["zero3"], runs["plain"]
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(ref.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    assert got.params["attn"]["query"]["kernel"].sharding.spec == P(None, None, ("data", "model"))

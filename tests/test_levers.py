@@ -604,3 +604,23 @@ def test_free_levers_changes_only_zero_stages_and_never_costs_time_or_memory(see
                 x[lay] = o
                 assert not (plan_time(p, x) <= t and plan_memory(p, x) < m), (lay, o)
     assert changed
+
+
+def test_auto_levers_search_without_levers_first_and_with_all_only_when_nothing_fits():
+    """levers="auto" (the default): where a lever-free plan fits it is that
+    plan; where none fits, the plan with every lever, and the callback says
+    so. VGG16-CIFAR-10 on 8 DGX A100s at batch 64: 1 GB fits without levers,
+    55 MB does not (test above). (The plan with every lever is not compared
+    with another search's: the time budget may stop one and not the other.)"""
+    import planner
+    from search import SearchEvent
+
+    kw = dict(devices=8, hardware="dgx-a100", batch=64)
+    loose = planner.plan("vgg16-cifar10", memory_limit="1GB", **kw)
+    assert loose.levers == "none"
+    assert loose.to_dict() | {"seconds": 0} == planner.plan("vgg16-cifar10", memory_limit="1GB", levers="none",
+                                                           **kw).to_dict() | {"seconds": 0}
+    events: list[SearchEvent] = []
+    tight = planner.plan("vgg16-cifar10", memory_limit="55MB", callback=events.append, **kw)
+    assert tight.levers == "all" and tight.zero_stages and tight.memory_bytes_per_device <= 55e6
+    assert any(e.stage == "levers" for e in events)

@@ -200,11 +200,11 @@ def add_plan_commands(sub: Any) -> None:
     pl.add_argument("--platform", choices=("cpu", "gpu", "tpu"), default=None,
                     help="XLA platform the plan will be compiled on; the search keeps its memory margin free "
                          "(default: the hardware's, cpu for cpu-local, else gpu)")
-    pl.add_argument("--levers", choices=LEVER_CHOICES, default="all",
+    pl.add_argument("--levers", choices=("auto", *LEVER_CHOICES), default="auto",
                     help="memory levers each layer may take beside its strategy: zero (ZeRO stages 1-3 over its "
                          "data-parallel group), remat (recompute its activations in the backward pass; on a CNN, in runs "
-                         "of layers), all or "
-                         "none (default all; a lever that buys nothing is dropped, docs/levers.md)")
+                         "of layers), all, none, or auto (the default: none, and all only when no plan without "
+                         "levers fits; a lever that buys nothing is dropped, docs/levers.md)")
     pl.add_argument("--allow-cross-node-model-axis", action="store_true",
                     help="also try model axes larger than one node")
     pl.add_argument("--pipeline", choices=("auto", "always", "never"), default="auto",

@@ -250,6 +250,18 @@ def head_projection(layer: str, strategies: Mapping[str, str]) -> tuple[str, str
     return None
 
 
+def _with_zero_group(spec: P, strategy: str, ndim: int) -> P:
+    """``spec`` with its last dim also split over the layer's data-parallel
+    group, as :func:`zero_spec_entries` splits a plain layer's: a head
+    projection's head_dim (to) or output features (from)."""
+    if ndim == 0:
+        return spec
+    entries = list(spec) + [None] * (ndim - len(spec))
+    last, group = entries[-1], zero_group_axes(strategy)
+    entries[-1] = group if last is None else ((last,) if isinstance(last, str) else tuple(last)) + group
+    return P(*(e[0] if isinstance(e, tuple) and len(e) == 1 else e for e in entries))
+
+
 def _head_param_spec(strategy: str, direction: str, ndim: int) -> P:
     """A head projection's kernel or bias: ``filter`` splits the heads (to) or
     the output features (from), ``channel`` the input features (to) or the
@@ -310,9 +322,9 @@ def partition_specs(state: Any, strategies: Mapping[str, str], zero: frozenset[s
         heads = head_projection(layer, strategies)
         # a projection from heads has a rank-3 kernel; an nnx.Linear "out" beside a fused qkv is a dense layer
         if heads is not None and (heads[1] == "to" or ndim == 3):
-            if layer in zero or layer_path(layer.rpartition("/")[0], "qkv") in zero:
-                raise ValueError(f"ZeRO does not shard the projections of a multi-head attention ({layer!r})")
-            return _head_param_spec(*heads, ndim)
+            fused = layer if heads[1] == "from" else layer_path(layer.rpartition("/")[0], "qkv")
+            spec = _head_param_spec(*heads, ndim)
+            return _with_zero_group(spec, heads[0], ndim) if fused in zero else spec
         # a parameter a module owns beside its submodules' (a root's learned positions) is a layer of its own
         strategy = strategies.get(layer) or strategies.get(layer_path(layer, name), "replicated")
         return P(*zero_spec_entries(strategy, ndim)) if layer in zero else param_spec(strategy, ndim)
