@@ -49,8 +49,7 @@ discrete plan's value.
 
 The rules, and the ``cpu`` platform's memory margin the search keeps free,
 were measured on jaxlib :data:`MEASURED_JAXLIB`'s XLA; another XLA schedules
-differently (on jaxlib 0.12.0.1 a tight plan's compiled step exceeds its
-limit by 2%). :func:`schedule_note` says so where the installed jaxlib is of
+differently (docs/validation.md, "The memory promise"). :func:`schedule_note` says so where the installed jaxlib is of
 another minor release, and ``planner.plan``/``planner.validate`` pass it on.
 """
 

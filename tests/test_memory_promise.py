@@ -123,12 +123,7 @@ def tight_tiny(devices):
     return model, x, graph, plan(graph, devices=8, hardware="dgx-a100", batch=B, memory_limit=limit, platform="cpu")
 
 
-# checks of XLA:CPU's own schedule, as measured on costmodels.MEASURED_JAXLIB (docs/validation.md, "Which XLA")
-XLA_CPU_AS_MEASURED = pytest.mark.skipif(bool(schedule_note()), reason=schedule_note() or "measured")
-
-
 @pytest.mark.slow
-@XLA_CPU_AS_MEASURED
 def test_a_tight_plan_fits_once_compiled(tight_tiny):
     from planner.runtime.export import lower_training, make_mesh
     from planner.runtime.sharding import export_options
@@ -144,7 +139,6 @@ def test_a_tight_plan_fits_once_compiled(tight_tiny):
 
 
 @pytest.mark.slow
-@XLA_CPU_AS_MEASURED
 def test_validate_fails_naming_the_part_when_over_the_limit(tight_tiny, tmp_path, monkeypatch, capsys):
     from planner.runtime.validation import validate
 
