@@ -116,7 +116,7 @@ if TYPE_CHECKING:  # loaded on first use (module docstring)
         strategy_mask,
     )
     from costmodels.table import OPTIMIZER_SLOTS, CostSettings, CostTable, cost_table
-    from costmodels.xla_cpu import XlaCpuBuffers, scheduled_memory_per_device
+    from costmodels.xla_cpu import MEASURED_JAXLIB, XlaCpuBuffers, schedule_note, scheduled_memory_per_device
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -132,6 +132,7 @@ __all__ = [
     "MAX_SPATIAL_DIMS",
     "MAX_TIERS",
     "MAX_WORK_POINTS",
+    "MEASURED_JAXLIB",
     "MIN_BUCKET",
     "MODEL_AXIS",
     "NUM_SEGMENTS",
@@ -228,6 +229,7 @@ __all__ = [
     "preset_names",
     "read_json",
     "reshard_per_edge",
+    "schedule_note",
     "scheduled_memory_per_device",
     "segment_costs",
     "shard_shapes",
@@ -365,6 +367,8 @@ _LAZY = {  # public name -> the module that defines it, imported on first use
     "CostTable": "costmodels.table",
     "cost_table": "costmodels.table",
     "XlaCpuBuffers": "costmodels.xla_cpu",
+    "MEASURED_JAXLIB": "costmodels.xla_cpu",
+    "schedule_note": "costmodels.xla_cpu",
     "scheduled_memory_per_device": "costmodels.xla_cpu",
 }
 

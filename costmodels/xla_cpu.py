@@ -46,6 +46,11 @@ where it exceeds it.
 Pure and jit-compiled like :func:`costmodels.memory_per_device`, over a
 relaxed plan ``probs`` ``[L, O]``; at one-hot probabilities it is the
 discrete plan's value.
+
+The rules, and the ``cpu`` platform's memory margin the search keeps free,
+were measured on jaxlib :data:`MEASURED_JAXLIB`'s XLA; another XLA schedules
+differently (docs/validation.md, "The memory promise"). :func:`schedule_note` says so where the installed jaxlib is of
+another minor release, and ``planner.plan``/``planner.validate`` pass it on.
 """
 
 from __future__ import annotations
@@ -54,12 +59,26 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 
 from costmodels.layers import LayerKind
 from costmodels.levers import strategy_probs
 from costmodels.strategies import Strategy, layout_split
 
-__all__ = ["XlaCpuBuffers", "scheduled_memory_per_device", "xla_cpu_buffers"]
+__all__ = ["MEASURED_JAXLIB", "XlaCpuBuffers", "schedule_note", "scheduled_memory_per_device", "xla_cpu_buffers"]
+
+MEASURED_JAXLIB = "0.10.2"  # the jaxlib whose XLA:CPU the rules were measured on (docs/validation.md)
+
+
+def schedule_note(jaxlib_version: str | None = None) -> str:
+    """"" where XLA:CPU's schedule is modelled as measured, ``jaxlib_version``
+    (default: the installed jaxlib) being of :data:`MEASURED_JAXLIB`'s minor
+    release; otherwise a sentence naming the version the model describes."""
+    version = jaxlib.__version__ if jaxlib_version is None else jaxlib_version
+    if version.split(".")[:2] == MEASURED_JAXLIB.split(".")[:2]:
+        return ""
+    return (f"XLA:CPU's memory schedule (costmodels.xla_cpu) and the cpu memory margin are modelled on jaxlib "
+            f"{MEASURED_JAXLIB}; this is jaxlib {version}, whose XLA may schedule more memory than predicted")
 
 
 class XlaCpuBuffers(NamedTuple):

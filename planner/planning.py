@@ -37,6 +37,7 @@ from costmodels import (
     lever_menu,
     load_hardware,
     option_name,
+    schedule_note,
 )
 from planner._format import format_bytes_up
 from planner._table_cache import cached_cost_table, cost_model_fingerprint
@@ -205,6 +206,8 @@ def plan(
     K = len(menu)
     if callback is not None:
         callback(SearchEvent("tables", f"{graph.model_name}: {len(meshes)} mesh shape(s) on {P} devices, batch {B}"))
+        if platform == "cpu" and schedule_note():  # the XLA:CPU schedule and margin of another jaxlib
+            callback(SearchEvent("schedule", schedule_note()))
     tables = _cost_tables(graph, hw, B, meshes, settings, calibration, allow_other_hardware, cache_dir)
     # (at least 1 byte: a limit the margin eats whole fits nothing, and says so below). The
     # search sums memory in float32 in its own order; the plan's reported memory is another

@@ -335,7 +335,7 @@ API_CASES = [
     pytest.param(lambda p: get_model("resnet5"), "unknown model 'resnet5'", id="get_model-unknown"),
     pytest.param(lambda p: get_model("resnet5"), "did you mean 'resnet50'", id="get_model-unknown-hint"),
     pytest.param(lambda p: load_hardware("h100"), "did you mean 'dgx-h100'", id="load_hardware-unknown-hint"),
-    pytest.param(lambda p: _plan(model=42), "built-in model name or a LayerGraph", id="plan-model-not-a-name"),
+    pytest.param(lambda p: _plan(model=42), "built-in model name, a LayerGraph or a TransformerConfig", id="plan-model-not-a-name"),
     pytest.param(lambda p: _plan(method="annealing"), "annealing", id="plan-unknown-method"),
     pytest.param(lambda p: _evaluate(strategy="diagonal"), "unknown strategy", id="evaluate-unknown-strategy"),
     pytest.param(lambda p: _evaluate(strategy="data", dtype="float64"), "unknown dtype", id="evaluate-unknown-dtype"),

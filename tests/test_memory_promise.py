@@ -17,6 +17,7 @@ from costmodels import (
     hardware_arrays,
     load_hardware,
     one_hot,
+    schedule_note,
     scheduled_memory_per_device,
 )
 from planner import extract
@@ -55,6 +56,22 @@ def test_the_search_plans_against_the_limit_less_the_margin():
     # the unlimited plan needs more than that, so the margin did constrain the search
     free = plan("vgg16-cifar10", devices=8, hardware="dgx-a100", batch=256, platform="cpu")
     assert free.memory_bytes_per_device > 240e6
+
+
+def test_a_cpu_plan_on_another_jaxlib_says_which_it_models(monkeypatch):
+    import jaxlib
+
+    assert schedule_note("0.10.2") == schedule_note("0.10.7") == ""  # the measured minor release
+    note = schedule_note("0.12.0.1")
+    assert "jaxlib 0.10.2" in note and "jaxlib 0.12.0.1" in note
+    assert schedule_note() == schedule_note(jaxlib.__version__)  # default: the installed jaxlib
+    graph = extract(*tiny())
+    # only XLA:CPU's schedule is version-bound
+    for version, platform, notes in (("0.12.0.1", "cpu", [note]), ("0.12.0.1", "gpu", []), ("0.10.2", "cpu", [])):
+        monkeypatch.setattr(jaxlib, "__version__", version)
+        events = []
+        plan(graph, devices=8, hardware="dgx-a100", batch=B, platform=platform, levers="none", callback=events.append)
+        assert [e.message for e in events if e.stage == "schedule" and "jaxlib" in e.message] == notes
 
 
 def test_default_platform_is_the_hardware_s():

@@ -4,6 +4,7 @@ Oracles are hand-computed byte counts of a tiny CNN and what XLA reports."""
 
 import json
 
+import jaxlib
 import numpy as np
 import pytest
 from builders import TINY_CNN_BATCH, TINY_CNN_FACTORY, TinyCNN, tiny_cnn  # noqa: E402
@@ -64,6 +65,9 @@ def test_every_case_validates(reports):
         assert not any(r.crosses_processes for r in report.collectives)  # one process
         # this process's XLA:CPU scheduler (parsing tested below), in the report and its JSON
         assert report.scheduler == cpu_scheduler() and report.to_dict()["scheduler"] == report.scheduler
+        # the XLA:CPU schedule's version note on a jaxlib of another minor release than 0.10.2's
+        assert bool(report.notes) == (jaxlib.__version__.split(".")[:2] != ["0", "10"])
+        assert report.to_dict()["notes"] == list(report.notes)
 
 
 def test_cpu_scheduler_is_read_from_xla_flags():

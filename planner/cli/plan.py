@@ -102,7 +102,7 @@ def _render_pipelined(result: Any, output: str | None) -> None:
 
 def _run_plan(args: argparse.Namespace) -> int:
     from costmodels import load_calibration, load_hardware
-    from costmodels import check_writable
+    from costmodels import check_writable, schedule_note
     from planner.cli import cost_table_cache_dir
     from planner.cli.common import PROG
     from planner.models.loading import load_model, transformer_of
@@ -150,6 +150,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     finally:
         if status is not None:
             status.stop()
+    if result.platform == "cpu" and schedule_note():
+        print(f"{PROG}: note: {schedule_note()}", file=sys.stderr)
     if args.output:
         result.write(args.output)  # atomic (costmodels/files.py); the path was checked before the search
     data = result.to_dict()

@@ -74,6 +74,8 @@ def _render(report: Any) -> None:
         col.add_row(r.kind, ",".join(r.axes), _exact_bytes(r.predicted_bytes), _exact_bytes(r.compiled_bytes),
                     str(r.count), mark(r.ok), r.note + (" (crosses processes)" if r.crosses_processes else ""))
     console.print(col)
+    for note in report.notes:
+        console.print(f"[yellow]note[/]: {note}")
     if report.over_limit is not None:
         console.print(f"[bold red]memory: the compiled program does not fit the plan's limit[/]: {report.over_limit.note}")
     console.print("[green]all figures within tolerance[/]" if report.ok else

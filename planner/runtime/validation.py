@@ -72,6 +72,7 @@ from costmodels import (
     load_hardware,
     parse_strategy,
     plan_collectives,
+    schedule_note,
     sharded_parameters,
 )
 from planner.models.extraction import extract
@@ -81,12 +82,7 @@ from planner.runtime.export import lower_training
 from planner.runtime.layouts import local_gradient_layers, scatter_layouts
 from planner.runtime.collective_rows import CollectiveRow, close_to, compare_collectives
 from planner.runtime.linen import as_nnx
-from planner.runtime.sharding import (
-    example_input,
-    export_options,
-    plan_mesh,
-    planned_graph,
-)
+from planner.runtime.sharding import example_input, export_options, plan_mesh, planned_graph
 
 __all__ = ["CollectiveRow", "MemoryRow", "ValidationReport", "collective_rows", "cpu_scheduler", "default_optimizer",
            "fixed_plan", "validate"]
@@ -118,6 +114,7 @@ class ValidationReport:
     collectives: tuple[CollectiveRow, ...]
     # on CPU, the XLA:CPU scheduler the step was ordered by (cpu_scheduler): compiled memory depends on it
     scheduler: str = ""
+    notes: tuple[str, ...] = ()  # on CPU, costmodels.schedule_note where this jaxlib is not the one measured
 
     @property
     def ok(self) -> bool:
@@ -136,6 +133,7 @@ class ValidationReport:
             "optimizer": self.optimizer,
             "platform": self.platform,
             "scheduler": self.scheduler,
+            "notes": list(self.notes),
             "memory_rtol": self.memory_rtol,
             "activation_rtol": self.activation_rtol,
             "comm_rtol": self.comm_rtol,
@@ -226,8 +224,9 @@ def validate(
     memory = _memory_rows(graph, plan, compiled, abstract, x, memory_rtol, activation_rtol)
     platform = mesh.devices.flat[0].platform
     colls = _collective_rows(graph, plan, compiled.as_text(), mesh, platform, comm_rtol)
+    notes = tuple(n for n in (schedule_note(),) if n and platform == "cpu")
     return ValidationReport(plan.model, (d, m), plan.batch, plan.optimizer, platform, memory_rtol, activation_rtol,
-                            comm_rtol, memory, colls, cpu_scheduler() if platform == "cpu" else "")
+                            comm_rtol, memory, colls, cpu_scheduler() if platform == "cpu" else "", notes)
 
 
 def _choice(graph: Any, plan: Plan) -> np.ndarray:
