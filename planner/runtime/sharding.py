@@ -65,8 +65,17 @@ def shard(
     optimizer state, gradients and weights as their stage says, and the
     layers it recomputes run again in the backward pass
     (:func:`planner.runtime.export.shard_training`'s ``zero_stages``,
-    ``remat_layers`` and ``recompute_runs``)."""
-    plan.require_one_stage("planner.shard")
+    ``remat_layers`` and ``recompute_runs``).
+
+    A pipelined plan (``plan.pipeline``) trains on its ``(stage, data,
+    model)`` mesh under its schedule (:func:`planner.runtime.pipelined.shard_pipelined`):
+    ``model`` is an nnx decoder calling a list of blocks one by one, or its
+    parts ``(first, blocks, head)``; the state is a
+    :class:`~planner.runtime.pipelined.PipelinedState` and the step donates it."""
+    if plan.pipeline is not None:
+        from planner.runtime.pipelined import shard_pipelined
+
+        return shard_pipelined(model, plan, optimizer, mesh, loss_fn=loss_fn)
     graph = planned_graph(model, plan)
     model = as_nnx(model, example_input(plan, 2), variables)
     mesh = plan_mesh(plan, mesh)

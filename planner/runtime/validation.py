@@ -107,7 +107,7 @@ class MemoryRow:
 @dataclasses.dataclass(frozen=True)
 class ValidationReport:
     model: str
-    mesh: tuple[int, int]  # (d, m)
+    mesh: tuple[int, ...]  # (d, m); a pipelined plan's (stages, d, m)
     batch: int  # global
     optimizer: str
     platform: str  # jax backend the step was compiled for
@@ -198,10 +198,15 @@ def validate(
     for low precision on XLA:CPU, which computes it in float32) at the plan's global batch on ``mesh`` (default: the
     plan's ``d x m`` mesh over the local devices) and compare predicted with
     compiled memory and communication per device. ``optimizer`` defaults to
-    :func:`default_optimizer` of ``plan.optimizer``."""
+    :func:`default_optimizer` of ``plan.optimizer``. A pipelined plan: its
+    step's stage memory and transfers (:mod:`planner.runtime.pipeline_validation`)."""
     if not (memory_rtol >= 0 and activation_rtol >= 0 and comm_rtol >= 0):
         raise ValueError("memory_rtol, activation_rtol and comm_rtol must be non-negative fractions, e.g. 0.1")
-    plan.require_one_stage("validate")
+    if plan.pipeline is not None:  # the pipelined step and its stage-to-stage transfers
+        from planner.runtime.pipeline_validation import validate_pipelined
+
+        return validate_pipelined(model, plan, mesh=mesh, optimizer=optimizer, memory_rtol=memory_rtol,
+                                  activation_rtol=activation_rtol, comm_rtol=comm_rtol)
     if not plan.input_shape:
         raise ValueError("the plan does not record its model's input shape; plan the model again with this "
                          "version of shardplan to validate it")
