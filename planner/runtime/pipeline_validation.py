@@ -48,9 +48,10 @@ from costmodels import state_bytes
 from planner.plans.record import Plan
 from planner.runtime.collective_rows import CollectiveRow, close_to
 from planner.runtime.hlo import parse_collectives
+from planner.runtime.inputs import example_input
 from planner.runtime.pipeline import pipeline_step
 from planner.runtime.pipelined import check_runnable, pipelined_chain, plan_mesh, stage_specs
-from planner.runtime.validation import MemoryRow, ValidationReport, _limit_row, cpu_scheduler, default_optimizer
+from planner.runtime.report import MemoryRow, ValidationReport, cpu_scheduler, default_optimizer, limit_row
 
 __all__ = ["validate_pipelined"]
 
@@ -77,8 +78,6 @@ def validate_pipelined(model: Any, plan: Plan, *, mesh: Any = None, optimizer: o
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
     step, param_sh, opt_sh, batch_sh = pipeline_step(chain, abstract, tx, mesh, micro_batches=p.microbatches,
                                                      schedule=p.schedule, stages=p.stages, **stage_specs(plan))
-    from planner.runtime.sharding import example_input
-
     x = example_input(plan, plan.batch)
     xs = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sh)
     ys = jax.ShapeDtypeStruct(x.shape, jnp.int32, sharding=batch_sh)
@@ -114,7 +113,7 @@ def _memory_rows(plan: Plan, compiled: Any, args: tuple, inputs: float, rtol: fl
         MemoryRow("total", total, got_total, rtol, close_to(total, got_total, rtol),
                   "the plan's largest stage (peak_bytes) + the input batch; XLA argument + output - alias + temp"),
     )
-    return (*rows, _limit_row(plan, rows, got_total))
+    return (*rows, limit_row(plan, rows, got_total))
 
 
 def _transfer_rows(plan: Plan, hlo: str, mesh: Any, sample_bytes: float, rtol: float

@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 from planner.plans.record import Plan
 from planner.plans.specs import partition_specs
 from planner.runtime._model_chain import model_chain
+from planner.runtime.inputs import example_input
 from planner.runtime._pipeline_chain import nnx_chain
 from planner.runtime.pipeline import Chain, ChainParams, pipeline_mesh, pipeline_training
 
@@ -96,8 +97,6 @@ def pipelined_chain(model: Any, plan: Plan, loss_fn: Callable | None = None) -> 
     the plan's layer graph), or its parts ``(first, blocks, head)`` (the
     blocks a list of identical modules or an ``nnx.vmap`` stack)."""
     from planner.models.extraction import extract
-    from planner.runtime.sharding import example_input
-
     loss_fn = _cross_entropy if loss_fn is None else loss_fn
     blocks = plan.pipeline.blocks
     if isinstance(model, (tuple, list)):
