@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # loaded on first use (module docstring)
     from planner.paradl.report import OracleReport, oracle
     from planner.planning import InfeasibleMemoryError, Plan, plan
     from planner.plot import plot_plan
-    from search import GradientConfig
+    from search import GradientConfig, PipelineSpace
     from planner.models.extraction import extract
     from planner.models.flax_zoo import flax_model
     from planner.runtime.sharding import shard
@@ -64,6 +64,7 @@ __all__ = [
     "LayerKind",
     "OracleReport",
     "ParametricGraph",
+    "PipelineSpace",
     "Plan",
     "PlanBatch",
     "PlanConfig",
@@ -142,6 +143,7 @@ _LAZY = {  # public name -> the module it is defined in, imported on first use
     "ValidationReport": "planner.runtime.validation",
     "validate": "planner.runtime.validation",
     "GradientConfig": "search",
+    "PipelineSpace": "search",
 }
 
 

@@ -61,7 +61,8 @@ def _stage_plan(graph: LayerGraph, sequence_parallel: bool) -> dict[str, str]:
 def pipelined_plan(config: TransformerConfig, name: str, graph: LayerGraph, hw: Hardware, devices: int, batch: int,
                    limit: float, margin: float, *, dtype: str, optimizer: str, platform: str, seed: int,
                    started_s: float, meshes: tuple[MeshResult, ...] = (),
-                   callback: Callable[[SearchEvent], None] | None = None) -> Plan:
+                   callback: Callable[[SearchEvent], None] | None = None,
+                   space: PipelineSpace | None = None) -> Plan:
     """The fastest pipelined plan of the decoder ``config`` (``graph`` its
     whole layer graph, for the fingerprint and input shape) on ``devices``
     devices of ``hw`` at a global ``batch`` that fits ``limit - margin``
@@ -69,7 +70,9 @@ def pipelined_plan(config: TransformerConfig, name: str, graph: LayerGraph, hw: 
     smallest pipelined configuration's memory when none fits; ``ValueError``
     when no configuration divides. ``meshes``: the one-stage search's
     results, kept in the plan; ``started_s``: when planning started
-    (``time.perf_counter``)."""
+    (``time.perf_counter``); ``space``: the configurations searched
+    (default: every size that divides, 1F1B or interleaved 1F1B, ZeRO-1 on
+    or off)."""
     import time
 
     from planner._version import __version__
@@ -78,7 +81,7 @@ def pipelined_plan(config: TransformerConfig, name: str, graph: LayerGraph, hw: 
     bc = block_chain(config, dtype=dtype, optimizer=optimizer, dropout=False, name=name)
     budget = max(limit - margin, 1.0)
     found = search_pipeline(bc.graph, bc.segment, bc.chain, hw, devices, batch, memory_limit_bytes=budget,
-                            space=_SPACE)
+                            space=_SPACE if space is None else space)
     if found.best is None:
         s = found.smallest
         need = s.peak_bytes + margin

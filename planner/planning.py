@@ -60,7 +60,7 @@ from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION  # the file format
 from planner.plans.record import MeshResult, Plan
 from planner.plans.specs import layer_specs
 from planner.schedule_fit import fit_schedule
-from search import TIME_BUDGET_S, GradientConfig, SearchEvent, Solution, solve_many
+from search import TIME_BUDGET_S, GradientConfig, PipelineSpace, SearchEvent, Solution, solve_many
 
 __all__ = [
     "PLAN_SCHEMA",
@@ -108,7 +108,7 @@ def plan(
     levers: str = "auto",
     time_budget_s: float | None = TIME_BUDGET_S,
     cache_dir: str | Path | None = None,
-    pipeline: str = "auto",
+    pipeline: str | PipelineSpace = "auto",
     name: str | None = None,
 ) -> Plan:
     """The fastest plan of ``model`` (a zoo name or a :class:`LayerGraph`) on
@@ -164,17 +164,23 @@ def plan(
     micro-batches, schedule, recomputation; the callback hears a
     ``pipeline`` event), returning the fastest that fits (a plan with a
     ``pipeline``); ``always`` searches only the pipelined ones, ``never``
-    only the one-stage ones. When neither fits, the
+    only the one-stage ones; a :class:`search.PipelineSpace` (``planner.PipelineSpace``)
+    searches only the pipelined configurations within it (fixed stage, tensor
+    or micro-batch sizes, the schedule: ``schedule=("gpipe",)``, the
+    recomputation). When neither fits, the
     :class:`InfeasibleMemoryError` names the smallest pipelined
     configuration's memory too."""
+    if levers == LEVERS_AUTO:  # first, so that the call's arguments are all locals() holds
+        return _plan_with_levers_when_needed(dict(locals()))
     if milp_time_limit_s is not None and not (isinstance(milp_time_limit_s, (int, float)) and milp_time_limit_s > 0):
         raise ValueError(f"milp_time_limit_s must be a positive number of seconds or None, got {milp_time_limit_s!r}")
     if not (isinstance(simplicity_tolerance, (int, float)) and 0 <= simplicity_tolerance < 1):
         raise ValueError(f"simplicity_tolerance must be a fraction in [0, 1), e.g. 0.01, got {simplicity_tolerance!r}")
+    space = pipeline if isinstance(pipeline, PipelineSpace) else None
+    if space is not None:
+        pipeline = "always"
     if pipeline not in PIPELINE_CHOICES:
-        raise ValueError(f"pipeline must be one of {', '.join(PIPELINE_CHOICES)}, got {pipeline!r}")
-    if levers == LEVERS_AUTO:
-        return _plan_with_levers_when_needed(dict(locals()))
+        raise ValueError(f"pipeline must be one of {', '.join(PIPELINE_CHOICES)} or a PipelineSpace, got {pipeline!r}")
     start = _time.perf_counter()
     decoder = decoder_config(model, name)
     if pipeline == "always" and decoder is None:
@@ -196,7 +202,7 @@ def plan(
     margin = memory_margin_bytes(limit, platform) + inputs
     staged = functools.partial(pipelined_plan, *(decoder or (None, None)), graph, hw, P, B, limit, margin,
                                dtype=dtype, optimizer=optimizer, platform=platform, seed=seed, started_s=start,
-                               callback=callback)
+                               callback=callback, space=space)
     if pipeline == "always":
         return staged()
     meshes = mesh_shapes(P, B, hw.devices_per_node, allow_cross_node_model_axis)
@@ -322,7 +328,7 @@ def _plan_with_levers_when_needed(args: dict) -> Plan:
     when nothing fits that way, with every lever and the call's own pipeline
     choice."""
     callback = args["callback"]
-    if args["pipeline"] == "always":  # the pipelined search has its own levers (ZeRO-1, recomputation)
+    if args["pipeline"] == "always" or isinstance(args["pipeline"], PipelineSpace):  # its own levers (ZeRO-1, ...)
         return plan(**{**args, "levers": "none"})
     try:
         return plan(**{**args, "levers": "none", "pipeline": "never"})

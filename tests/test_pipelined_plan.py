@@ -191,13 +191,17 @@ def test_gpt3_175b_on_1024_a100s_is_pipelined():
     assert p.fits_memory and p.memory_bytes_per_device <= 80e9 and p.devices == 1024 and p.batch == 1536
 
 
-def test_shard_validate_and_evaluate_refuse_a_pipelined_plan(small_pipelined, tmp_path, capsys):
+def test_evaluate_refuses_a_pipelined_plan_and_shard_what_it_cannot_run(small_pipelined, tmp_path, capsys):
     from planner import shard, validate
+    from planner.runtime.pipelined import check_runnable
 
-    with pytest.raises(ValueError, match="planner.shard runs one-stage plans; this plan is pipelined"):
-        shard(None, small_pipelined, None)
-    with pytest.raises(ValueError, match="validate runs one-stage plans"):
-        validate(None, small_pipelined)
+    try:  # what the pipelined runtime cannot run (tests/test_pipelined_shard.py runs what it can)
+        check_runnable(small_pipelined)
+    except ValueError as e:
+        for run in (lambda: shard(None, small_pipelined, None), lambda: validate(None, small_pipelined)):
+            with pytest.raises(ValueError, match="pipelined runtime|GPipe and 1F1B"):
+                run()
+        assert "PipelineSpace" in str(e)
     path = tmp_path / "plan.json"
     small_pipelined.write(path)
     assert main(["evaluate", "decoder-tiny", "--devices", "8", "--plan", str(path)]) == 2

@@ -53,10 +53,9 @@ def _render(report: Any) -> None:
     def mark(ok: bool) -> str:
         return "[green]ok[/]" if ok else "[bold red]OUT[/]"
 
-    d, m = report.mesh
     console = Console()
     where = report.platform + (f" ({report.scheduler} scheduler)" if report.scheduler else "")
-    mem = Table(title=f"{report.model}, mesh {d}x{m}, batch {report.batch}, {report.optimizer}, {where}: "
+    mem = Table(title=f"{report.model}, mesh {'x'.join(map(str, report.mesh))}, batch {report.batch}, {report.optimizer}, {where}: "
                       "memory per device", box=box.SIMPLE_HEAD)
     for col, justify in (("part", "left"), ("predicted", "right"), ("compiled", "right"), ("error", "right"),
                          ("tolerance", "right"), ("", "left"), ("note", "left")):

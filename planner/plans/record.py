@@ -181,15 +181,6 @@ class Plan:
         """Layer name -> (input, output) ``PartitionSpec`` (None: XLA decides)."""
         return {s.name: (to_partition_spec(s.input_spec), to_partition_spec(s.output_spec)) for s in self.layer_specs}
 
-    def require_one_stage(self, what: str) -> None:
-        """``ValueError`` when the plan is pipelined: ``what`` (``planner.shard``,
-        ``validate``) runs one-stage plans only (docs/limits.md)."""
-        if self.pipeline is not None:
-            raise ValueError(
-                f"{what} runs one-stage plans; this plan is pipelined ({self.pipeline.stages} stages x "
-                f"{self.pipeline.data} data x {self.pipeline.tensor} model), which is planned and costed but not "
-                "executed yet: plan with pipeline='never' (--pipeline never) for a plan it can run")
-
     @property
     def fits_memory(self) -> bool:
         return self.memory_bytes_per_device <= self.memory_capacity_bytes

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # loaded on first use (module docstring)
         pipeline_loss_and_grads,
         pipeline_mesh,
         pipeline_shardings,
+        pipeline_step,
         pipeline_training,
     )
 
@@ -41,6 +42,7 @@ __all__ = [
     "pipeline_mesh",
     "pipeline_schedule",
     "pipeline_shardings",
+    "pipeline_step",
     "pipeline_training",
 ]
 
@@ -58,6 +60,7 @@ _LAZY = {  # public name -> the module it is defined in, imported on first use
     "pipeline_loss_and_grads": "planner.runtime.pipeline",
     "pipeline_mesh": "planner.runtime.pipeline",
     "pipeline_shardings": "planner.runtime.pipeline",
+    "pipeline_step": "planner.runtime.pipeline",
     "pipeline_training": "planner.runtime.pipeline",
 }
 

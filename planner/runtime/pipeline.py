@@ -47,6 +47,7 @@ __all__ = [
     "pipeline_loss_and_grads",
     "pipeline_mesh",
     "pipeline_shardings",
+    "pipeline_step",
     "pipeline_training",
 ]
 
@@ -185,17 +186,14 @@ def pipeline_loss_and_grads(chain: Chain, mesh: Mesh, *, micro_batches: int, sch
     return loss_and_grads
 
 
-def pipeline_training(chain: Chain, params: ChainParams, optimizer: optax.GradientTransformation, mesh: Mesh, *,
-                      micro_batches: int, schedule: str = "1f1b", stages: int | None = None,
-                      block_specs: Any = None, first_specs: Any = None, head_specs: Any = None,
-                      axis: str = "stage", data_axis: str | None = "data"):
-    """``(train_step, params, opt_state)``: ``params`` and the optimizer's
-    state placed on ``mesh`` (:func:`pipeline_shardings`) and the jitted
-    ``train_step(params, opt_state, (x, y)) -> (params, opt_state, loss)``
-    of :func:`pipeline_loss_and_grads`, the optimizer applied once per step
-    to the gradient accumulated over the micro-batches. The step donates
-    ``params`` and ``opt_state``; the ones returned here are copies, so the
-    caller's ``params`` stay valid."""
+def pipeline_step(chain: Chain, params: Any, optimizer: optax.GradientTransformation, mesh: Mesh, *,
+                  micro_batches: int, schedule: str = "1f1b", stages: int | None = None, block_specs: Any = None,
+                  first_specs: Any = None, head_specs: Any = None, axis: str = "stage",
+                  data_axis: str | None = "data"):
+    """``(train_step, param_shardings, opt_shardings, batch_sharding)``: the
+    jitted step of :func:`pipeline_training` and the layouts of its
+    arguments, nothing placed (``params`` may be abstract:
+    ``jax.ShapeDtypeStruct`` leaves), e.g. to lower and compile it."""
     param_sh = pipeline_shardings(mesh, params, block_specs, first_specs=first_specs, head_specs=head_specs,
                                   axis=axis)
     # optimizer state laid out like the parameters it belongs to (jax-notes.md §2, item 3)
@@ -212,6 +210,23 @@ def pipeline_training(chain: Chain, params: ChainParams, optimizer: optax.Gradie
 
     train_step = jax.jit(step, in_shardings=(param_sh, opt_sh, (batch_sh, batch_sh)),
                          out_shardings=(param_sh, opt_sh, NamedSharding(mesh, P())), donate_argnums=(0, 1))
+    return train_step, param_sh, opt_sh, batch_sh
+
+
+def pipeline_training(chain: Chain, params: ChainParams, optimizer: optax.GradientTransformation, mesh: Mesh, *,
+                      micro_batches: int, schedule: str = "1f1b", stages: int | None = None,
+                      block_specs: Any = None, first_specs: Any = None, head_specs: Any = None,
+                      axis: str = "stage", data_axis: str | None = "data"):
+    """``(train_step, params, opt_state)``: ``params`` and the optimizer's
+    state placed on ``mesh`` (:func:`pipeline_shardings`) and the jitted
+    ``train_step(params, opt_state, (x, y)) -> (params, opt_state, loss)``
+    of :func:`pipeline_loss_and_grads`, the optimizer applied once per step
+    to the gradient accumulated over the micro-batches. The step donates
+    ``params`` and ``opt_state``; the ones returned here are copies, so the
+    caller's ``params`` stay valid."""
+    train_step, param_sh, opt_sh, _ = pipeline_step(
+        chain, params, optimizer, mesh, micro_batches=micro_batches, schedule=schedule, stages=stages,
+        block_specs=block_specs, first_specs=first_specs, head_specs=head_specs, axis=axis, data_axis=data_axis)
     placed = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=param_sh)(params)  # the step donates its own
     opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(placed)
     return train_step, placed, opt_state

@@ -8,7 +8,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import Mesh
@@ -22,6 +21,7 @@ from planner.runtime.export import (
     make_mesh,
     shard_training,
 )
+from planner.runtime.inputs import example_input
 from planner.runtime.linen import as_nnx
 from planner.runtime.layouts import (
     block_layouts,
@@ -30,7 +30,7 @@ from planner.runtime.layouts import (
     scatter_layouts,
 )
 
-__all__ = ["export_options", "plan_mesh", "planned_graph", "recomputed_layers", "shard"]
+__all__ = ["example_input", "export_options", "plan_mesh", "planned_graph", "recomputed_layers", "shard"]
 
 
 def shard(
@@ -65,8 +65,17 @@ def shard(
     optimizer state, gradients and weights as their stage says, and the
     layers it recomputes run again in the backward pass
     (:func:`planner.runtime.export.shard_training`'s ``zero_stages``,
-    ``remat_layers`` and ``recompute_runs``)."""
-    plan.require_one_stage("planner.shard")
+    ``remat_layers`` and ``recompute_runs``).
+
+    A pipelined plan (``plan.pipeline``) trains on its ``(stage, data,
+    model)`` mesh under its schedule (:func:`planner.runtime.pipelined.shard_pipelined`):
+    ``model`` is an nnx decoder calling a list of blocks one by one, or its
+    parts ``(first, blocks, head)``; the state is a
+    :class:`~planner.runtime.pipelined.PipelinedState` and the step donates it."""
+    if plan.pipeline is not None:
+        from planner.runtime.pipelined import shard_pipelined
+
+        return shard_pipelined(model, plan, optimizer, mesh, loss_fn=loss_fn)
     graph = planned_graph(model, plan)
     model = as_nnx(model, example_input(plan, 2), variables)
     mesh = plan_mesh(plan, mesh)
@@ -106,16 +115,6 @@ def recomputed_layers(plan: Plan) -> dict[str, tuple]:
                   if len(run) == 1 and kinds[run[0]] in ("attention", "causal_attention"))
     return {"remat_layers": alone,
             "recompute_runs": tuple(run for run in plan.recompute_runs if run[0] not in alone)}
-
-
-def example_input(plan: Plan, batch: int) -> jax.ShapeDtypeStruct:
-    """An input of ``batch`` samples for the model ``plan`` was made for:
-    ``(batch, *spatial, channels)`` float32, or ``(batch, tokens)`` int32 token
-    ids where the plan's model looks its input up in an embedding."""
-    c, *spatial = plan.input_shape
-    if c == 1 and len(spatial) == 1 and any(r.kind == "embed" for r in plan.layers):
-        return jax.ShapeDtypeStruct((batch, *spatial), jnp.int32)
-    return jax.ShapeDtypeStruct((batch, *spatial, c), jnp.float32)
 
 
 def planned_graph(model: nnx.Module, plan: Plan) -> LayerGraph:

@@ -49,9 +49,7 @@ between modules keep the plan's layouts.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,8 +69,8 @@ from costmodels import (
     auxiliary_collectives,
     load_hardware,
     parse_strategy,
-    plan_collectives,
     schedule_note,
+    plan_collectives,
     sharded_parameters,
 )
 from planner.models.extraction import extract
@@ -82,97 +80,18 @@ from planner.runtime.export import lower_training
 from planner.runtime.layouts import local_gradient_layers, scatter_layouts
 from planner.runtime.collective_rows import CollectiveRow, close_to, compare_collectives
 from planner.runtime.linen import as_nnx
-from planner.runtime.sharding import example_input, export_options, plan_mesh, planned_graph
+from planner.runtime.report import MemoryRow, ValidationReport, cpu_scheduler, default_optimizer, limit_row
+from planner.runtime.sharding import (
+    example_input,
+    export_options,
+    plan_mesh,
+    planned_graph,
+)
 
 __all__ = ["CollectiveRow", "MemoryRow", "ValidationReport", "collective_rows", "cpu_scheduler", "default_optimizer",
            "fixed_plan", "validate"]
 
 _COUNTER_BYTES = {"sgd": 0, "momentum": 0, "adam": 4}  # optax's int32 step count (ScaleByAdamState.count)
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryRow:
-    part: str  # parameters | optimizer state | batch statistics | inputs | arguments | activations and temporaries | total | limit
-    predicted_bytes: float  # per device
-    compiled_bytes: float  # per device
-    rtol: float  # allowed |compiled - predicted| / predicted (0: exact)
-    ok: bool
-    note: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class ValidationReport:
-    model: str
-    mesh: tuple[int, int]  # (d, m)
-    batch: int  # global
-    optimizer: str
-    platform: str  # jax backend the step was compiled for
-    memory_rtol: float  # total memory
-    activation_rtol: float  # activations and temporaries
-    comm_rtol: float  # collective bytes per (kind, axes)
-    memory: tuple[MemoryRow, ...]
-    collectives: tuple[CollectiveRow, ...]
-    # on CPU, the XLA:CPU scheduler the step was ordered by (cpu_scheduler): compiled memory depends on it
-    scheduler: str = ""
-    notes: tuple[str, ...] = ()  # on CPU, costmodels.schedule_note where this jaxlib is not the one measured
-
-    @property
-    def ok(self) -> bool:
-        return all(r.ok for r in self.memory) and all(r.ok for r in self.collectives)
-
-    @property
-    def over_limit(self) -> MemoryRow | None:
-        """The ``limit`` row when the compiled program exceeds the plan's memory limit, else None."""
-        return next((r for r in self.memory if r.part == "limit" and not r.ok), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "mesh": list(self.mesh),
-            "batch": self.batch,
-            "optimizer": self.optimizer,
-            "platform": self.platform,
-            "scheduler": self.scheduler,
-            "notes": list(self.notes),
-            "memory_rtol": self.memory_rtol,
-            "activation_rtol": self.activation_rtol,
-            "comm_rtol": self.comm_rtol,
-            "ok": self.ok,
-            "memory": [dataclasses.asdict(r) for r in self.memory],
-            "collectives": [{**dataclasses.asdict(r), "axes": list(r.axes)} for r in self.collectives],
-        }
-
-
-def cpu_scheduler(xla_flags: str | None = None) -> str:
-    """Which XLA:CPU scheduler orders a step compiled in this process, from
-    ``xla_flags`` (default: the ``XLA_FLAGS`` environment variable, which XLA
-    reads once, when the process starts): ``concurrency`` (XLA's default,
-    ``--xla_cpu_enable_concurrency_optimized_scheduler``: its breadth-first
-    ``BFSMemoryScheduler``, which trades memory for concurrency) or
-    ``memory`` (that flag false: the depth-first ``DFSMemoryScheduler``;
-    XLA's cpu_compiler.cc). The last setting of the flag wins, as in XLA's
-    flag parsing. A CPU step's compiled memory depends on it
-    (docs/validation.md, "The memory promise")."""
-    flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
-    value = "true"
-    for flag in flags.split():
-        name, _, v = flag.lstrip("-").partition("=")
-        if name == "xla_cpu_enable_concurrency_optimized_scheduler":
-            value = v.lower() or "true"
-    return "memory" if value in ("false", "0") else "concurrency"
-
-
-def default_optimizer(name: str) -> optax.GradientTransformation:
-    """The optax optimizer ``validate`` builds for a plan's optimizer name.
-    The hyper-parameters (sgd and momentum: learning rate 0.01, momentum 0.9;
-    adam: 1e-3) change no buffer size."""
-    if name == "sgd":
-        return optax.sgd(1e-2)
-    if name == "momentum":
-        return optax.sgd(1e-2, momentum=0.9)
-    if name == "adam":
-        return optax.adam(1e-3)
-    raise ValueError(f"unknown optimizer {name!r}; choose from sgd, momentum, adam")
 
 
 def _shard_bytes(leaf: Any, sharding: Any) -> float:
@@ -196,10 +115,15 @@ def validate(
     for low precision on XLA:CPU, which computes it in float32) at the plan's global batch on ``mesh`` (default: the
     plan's ``d x m`` mesh over the local devices) and compare predicted with
     compiled memory and communication per device. ``optimizer`` defaults to
-    :func:`default_optimizer` of ``plan.optimizer``."""
+    :func:`default_optimizer` of ``plan.optimizer``. A pipelined plan: its
+    step's stage memory and transfers (:mod:`planner.runtime.pipeline_validation`)."""
     if not (memory_rtol >= 0 and activation_rtol >= 0 and comm_rtol >= 0):
         raise ValueError("memory_rtol, activation_rtol and comm_rtol must be non-negative fractions, e.g. 0.1")
-    plan.require_one_stage("validate")
+    if plan.pipeline is not None:  # the pipelined step and its stage-to-stage transfers
+        from planner.runtime.pipeline_validation import validate_pipelined
+
+        return validate_pipelined(model, plan, mesh=mesh, optimizer=optimizer, memory_rtol=memory_rtol,
+                                  activation_rtol=activation_rtol, comm_rtol=comm_rtol)
     if not plan.input_shape:
         raise ValueError("the plan does not record its model's input shape; plan the model again with this "
                          "version of shardplan to validate it")
@@ -296,22 +220,7 @@ def _memory_rows(graph: Any, plan: Plan, compiled: Any, abstract: Any, x: Any, r
             "gradients (or kernel copies), update, saved activations, workspace; XLA output - alias + temp"),
         row("total", total, got_total, rtol, "XLA argument + output - alias + temp"),
     )
-    return (*rows, _limit_row(plan, rows, got_total))
-
-
-def _limit_row(plan: Plan, rows: tuple[MemoryRow, ...], compiled_total: float) -> MemoryRow:
-    """The plan's memory limit against the compiled total (the promise the plan
-    makes); when broken, the note names the part that grew most."""
-    limit = float(plan.memory_limit_bytes)
-    kept = f", {plan.memory_margin_bytes:,.0f} B of it kept free for {plan.platform}" if plan.memory_margin_bytes else ""
-    if compiled_total <= limit:
-        return MemoryRow("limit", limit, compiled_total, 0.0, True, f"the plan's memory limit{kept}; fits")
-    parts = [r for r in rows if r.part not in ("arguments", "total")]
-    grown = max(parts, key=lambda r: r.compiled_bytes - r.predicted_bytes)
-    note = (f"compiled {compiled_total:,.0f} B exceed the plan's limit {limit:,.0f} B{kept} by "
-            f"{compiled_total - limit:,.0f} B; the part that grew: {grown.part}, "
-            f"{grown.compiled_bytes - grown.predicted_bytes:+,.0f} B over its prediction")
-    return MemoryRow("limit", limit, compiled_total, 0.0, False, note)
+    return (*rows, limit_row(plan, rows, got_total))
 
 
 def collective_rows(model: nnx.Module, plan: Plan, hlo_text: str, *, mesh: Mesh | None = None,

@@ -14,7 +14,9 @@ parallelism that divides what it must divide.
 * ``v > 1`` (interleaved 1F1B) divides the blocks per stage and needs
   ``S > 1`` and ``m`` a multiple of ``S`` (Megatron-LM's interleaved
   schedule runs micro-batches in groups of ``S``);
-* sequence parallelism needs ``t > 1``.
+* sequence parallelism needs ``t > 1``;
+* the schedule: GPipe or 1F1B at ``v = 1`` (whichever the space names),
+  interleaved 1F1B at ``v > 1``.
 
 A :class:`PipelineSpace` narrows any of them to given values (a published
 configuration fixes some, the search chooses the rest).
@@ -27,7 +29,7 @@ import itertools
 
 import numpy as np
 
-from costmodels import RECOMPUTE_NAMES, Schedule, parse_recompute
+from costmodels import RECOMPUTE_NAMES, Schedule, parse_recompute, parse_schedule
 
 __all__ = ["Candidates", "PipelineSpace", "candidates"]
 
@@ -46,6 +48,7 @@ class PipelineSpace:
     recompute: tuple[str, ...] = RECOMPUTE_NAMES
     sequence_parallel: tuple[bool, ...] = (False, True)
     distributed_optimizer: tuple[bool, ...] = (False,)
+    schedule: tuple[str, ...] = ("1f1b", "interleaved")  # gpipe | 1f1b (at v = 1) | interleaved (at v > 1)
 
     def __post_init__(self) -> None:
         for name in ("tensor", "stages", "micro_batch", "chunks"):
@@ -54,6 +57,10 @@ class PipelineSpace:
                 raise ValueError(f"pipeline space {name} must be positive whole numbers, got {values!r}")
         for r in self.recompute:
             parse_recompute(r)
+        if not self.schedule:
+            raise ValueError("pipeline space schedule must name at least one of gpipe, 1f1b, interleaved")
+        for name in self.schedule:
+            parse_schedule(name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +98,8 @@ def candidates(layers: int, heads: int, devices: int, batch: int, devices_per_no
     rows: list[tuple] = []
     grid: dict[tuple[int, int, bool], int] = {}
     recomputes = [int(parse_recompute(r)) for r in space.recompute]
+    flat = [int(parse_schedule(n)) for n in ("gpipe", "1f1b") if n in space.schedule]  # the schedules at v = 1
+    interleaved = "interleaved" in space.schedule
     # a tensor size the space names may span nodes; the search's own stay inside one
     tensors = _divisors(devices) if space.tensor is not None else _divisors(min(devices_per_node, devices))
     for t in _allowed(space.tensor, [k for k in tensors if heads % k == 0]):
@@ -102,15 +111,15 @@ def candidates(layers: int, heads: int, devices: int, batch: int, devices_per_no
             for b in _allowed(space.micro_batch, [k for k in _divisors(per_replica) if k <= MAX_MICRO_BATCH]):
                 m = per_replica // b
                 chunks = [v for v in _allowed(space.chunks, _divisors(layers // S))
-                          if v == 1 or (S > 1 and m % S == 0)]
+                          if (v == 1 and flat) or (v > 1 and interleaved and S > 1 and m % S == 0)]
                 for v, r, sp, zero in itertools.product(chunks, recomputes, space.sequence_parallel,
                                                         space.distributed_optimizer):
                     if sp and t == 1:
                         continue
                     key = (t, b, bool(sp))
                     seg = grid.setdefault(key, len(grid))
-                    schedule = Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B
-                    rows.append((t, S, d, b, m, v, int(schedule), r, float(sp), float(zero), seg))
+                    for schedule in (flat if v == 1 else [int(Schedule.INTERLEAVED)]):
+                        rows.append((t, S, d, b, m, v, schedule, r, float(sp), float(zero), seg))
     if not rows:
         raise ValueError(
             f"no pipelined configuration of {layers} blocks ({heads} heads) on {devices} devices divides a batch "
