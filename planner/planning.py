@@ -27,7 +27,6 @@ from costmodels import (
     AXIS_NAMES,
     Calibration,
     CostSettings,
-    LEVER_CHOICES,
     Hardware,
     Strategy,
     calibration_arrays,
@@ -47,6 +46,7 @@ from planner.infeasible import FLOAT32_ROUNDING, InfeasibleMemoryError, infeasib
 from planner.ir.graph import LayerGraph
 from planner.models.transformer import TransformerConfig
 from planner.pipelining import PIPELINE_CHOICES, decoder_config, pipelined_plan
+from planner.preferred_plan import fastest_and_simplest, preferred_gap
 from planner.plan_inputs import (
     MEMORY_MARGIN,
     memory_margin_bytes,
@@ -80,9 +80,6 @@ __all__ = [
 MILP_TIME_LIMIT_S = 120.0  # per mesh shape: the MILP stops there with its best plan and its gap
 
 
-# Plans whose predicted times differ by less than this share are equally fast (the simpler is
-# returned): the exact solvers certify to a relative gap of 1e-7 (search.exact.milp's mip_rel_gap).
-TIE_RTOL = 1e-6
 
 
 def plan(
@@ -172,15 +169,7 @@ def plan(
     configuration's memory too."""
     if levers == LEVERS_AUTO:  # first, so that the call's arguments are all locals() holds
         return _plan_with_levers_when_needed(dict(locals()))
-    if milp_time_limit_s is not None and not (isinstance(milp_time_limit_s, (int, float)) and milp_time_limit_s > 0):
-        raise ValueError(f"milp_time_limit_s must be a positive number of seconds or None, got {milp_time_limit_s!r}")
-    if not (isinstance(simplicity_tolerance, (int, float)) and 0 <= simplicity_tolerance < 1):
-        raise ValueError(f"simplicity_tolerance must be a fraction in [0, 1), e.g. 0.01, got {simplicity_tolerance!r}")
-    space = pipeline if isinstance(pipeline, PipelineSpace) else None
-    if space is not None:
-        pipeline = "always"
-    if pipeline not in PIPELINE_CHOICES:
-        raise ValueError(f"pipeline must be one of {', '.join(PIPELINE_CHOICES)} or a PipelineSpace, got {pipeline!r}")
+    pipeline, space = _checked_options(milp_time_limit_s, simplicity_tolerance, pipeline)
     start = _time.perf_counter()
     decoder = decoder_config(model, name)
     if pipeline == "always" and decoder is None:
@@ -242,7 +231,7 @@ def plan(
     base = _data_parallel(graph, hw, P, B, meshes, tables, settings, calibration, allow_other_hardware)
     if base is not None:
         dp_time, dp_memory = base.iteration_s, base.memory_bytes_per_device
-    top, simple = _fastest_and_simplest(graph, solutions, meshes, fitting, K, base if base is not None and
+    top, simple = fastest_and_simplest(graph, solutions, meshes, fitting, K, base if base is not None and
                                         dp_memory <= budget else None, simplicity_tolerance)
     fastest_s = top[0]
     if simple[2] is None:  # pure data parallelism, as evaluated above
@@ -254,7 +243,7 @@ def plan(
         ev = evaluation_of(graph, hw, P, meshes[simple[2]], B, settings, tables[simple[2]], plan=mapping)
     preferred = simple[0] > fastest_s
     fastest_mesh = ((P, 1) if top[2] is None else meshes[top[2]]) if preferred else None
-    gap = _gap(solutions[top[2] if top[2] is not None else fastest].optimality_gap, simple[0], fastest_s) \
+    gap = preferred_gap(solutions[top[2] if top[2] is not None else fastest].optimality_gap, simple[0], fastest_s) \
         if preferred else sol.optimality_gap
     if dp_time is not None and ev.iteration_s > 0:
         speedup = dp_time / ev.iteration_s
@@ -267,6 +256,20 @@ def plan(
         platform=platform, fastest_iteration_s=fastest_s if preferred else None, on_unsupported=graph.on_unsupported,
         fastest_mesh=fastest_mesh, levers=levers,
     )
+
+
+def _checked_options(milp_time_limit_s, simplicity_tolerance, pipeline) -> tuple[str, PipelineSpace | None]:
+    """``plan``'s search options checked: ``(pipeline choice, the space a
+    PipelineSpace gives, else None)``."""
+    if milp_time_limit_s is not None and not (isinstance(milp_time_limit_s, (int, float)) and milp_time_limit_s > 0):
+        raise ValueError(f"milp_time_limit_s must be a positive number of seconds or None, got {milp_time_limit_s!r}")
+    if not (isinstance(simplicity_tolerance, (int, float)) and 0 <= simplicity_tolerance < 1):
+        raise ValueError(f"simplicity_tolerance must be a fraction in [0, 1), e.g. 0.01, got {simplicity_tolerance!r}")
+    if isinstance(pipeline, PipelineSpace):
+        return "always", pipeline
+    if pipeline not in PIPELINE_CHOICES:
+        raise ValueError(f"pipeline must be one of {', '.join(PIPELINE_CHOICES)} or a PipelineSpace, got {pipeline!r}")
+    return pipeline, None
 
 
 def _graph_of(model: str | LayerGraph | TransformerConfig, name: str | None) -> LayerGraph:
@@ -319,7 +322,6 @@ def _memory_limit_bytes(memory_limit: float | int | str | None, hw: Hardware) ->
 
 
 LEVERS_AUTO = "auto"  # planner.plan's default: no levers unless nothing fits without them
-LEVER_CHOICES_OF_PLAN = (LEVERS_AUTO, *LEVER_CHOICES)
 
 
 def _plan_with_levers_when_needed(args: dict) -> Plan:
@@ -330,8 +332,8 @@ def _plan_with_levers_when_needed(args: dict) -> Plan:
     callback = args["callback"]
     if args["pipeline"] == "always" or isinstance(args["pipeline"], PipelineSpace):  # its own levers (ZeRO-1, ...)
         return plan(**{**args, "levers": "none"})
-    try:
-        return plan(**{**args, "levers": "none", "pipeline": "never"})
+    try:  # stages only after the levers: the inner call checks any other pipeline value
+        return plan(**{**args, "levers": "none", "pipeline": "never" if args["pipeline"] == "auto" else args["pipeline"]})
     except InfeasibleMemoryError:
         if callback is not None:
             callback(SearchEvent("levers", "no plan without memory levers fits: searching with ZeRO and recomputation"))
@@ -375,29 +377,3 @@ def _data_parallel(graph: LayerGraph, hw: Hardware, P: int, batch: int, meshes, 
                              strategy=Strategy.DATA)
     return evaluate(graph, hw, P, mesh=(P, 1), strategy="data", batch=batch, dtype=settings.dtype,
                     optimizer=settings.optimizer, calibration=calibration, allow_other_hardware=allow_other_hardware)
-
-
-def _fastest_and_simplest(graph: LayerGraph, solutions: list[Solution], meshes, fitting: list[int], menu_size: int,
-                          data_parallel, simplicity_tolerance: float) -> tuple[tuple, tuple]:
-    """The fastest candidate and the simplest within ``simplicity_tolerance``
-    of it, each ``(time, (layers off data parallelism, model axis), mesh
-    index or None for pure data parallelism)``: the best plan of each mesh
-    that fits, and ``data_parallel`` (an Evaluation, where it fits)."""
-    def off_data(sol: Solution) -> int:  # layers of the graph not on plain data parallelism (no lever)
-        return sum(c != int(Strategy.DATA) * menu_size for c in list(sol.choice)[: graph.num_layers])
-
-    candidates = [(solutions[i].time_s, (off_data(solutions[i]), meshes[i][1]), i) for i in fitting]
-    if data_parallel is not None:
-        candidates.append((data_parallel.iteration_s, (0, 1), None))
-    top = min(candidates, key=lambda c: (c[0], c[1]))  # the fastest (the simpler of equals)
-    # Times within TIE_RTOL are equal: the MILP certifies its plan to a relative gap of 1e-7.
-    simple = min((c for c in candidates if c[0] <= top[0] * (1.0 + max(simplicity_tolerance, TIE_RTOL))),
-                 key=lambda c: (c[1], c[0]))
-    return top, simple
-
-
-def _gap(fastest_gap: float | None, time_s: float, fastest_s: float) -> float | None:
-    """The optimality gap of a plan of ``time_s`` preferred (simpler) to the
-    fastest plan of ``fastest_s``, against the optimum the fastest was
-    certified near (its ``fastest_gap``)."""
-    return None if fastest_gap is None else (1.0 + fastest_gap) * time_s / fastest_s - 1.0

@@ -65,7 +65,7 @@ def test_a_cpu_plan_on_another_jaxlib_says_which_it_models(monkeypatch):
     note = schedule_note("0.12.0.1")
     assert "jaxlib 0.10.2" in note and "jaxlib 0.12.0.1" in note
     assert schedule_note() == schedule_note(jaxlib.__version__)  # default: the installed jaxlib
-    graph = extract(*tiny())
+    graph = extract(*tiny_cnn())
     # only XLA:CPU's schedule is version-bound
     for version, platform, notes in (("0.12.0.1", "cpu", [note]), ("0.12.0.1", "gpu", []), ("0.10.2", "cpu", [])):
         monkeypatch.setattr(jaxlib, "__version__", version)
