@@ -116,13 +116,14 @@ def test_plan_file_records_limit_margin_and_platform(tmp_path):
 
 @pytest.fixture(scope="module")
 def tight_tiny(devices):
-    """The tiny CNN planned at 0.1% above the smallest limit any plan fits, for XLA:CPU."""
+    """The tiny CNN planned at 0.1% above the smallest limit any lever-free plan fits, for XLA:CPU
+    (whose schedule the search checks lever-free plans against: planner.schedule_fit)."""
     model, x = tiny_cnn()
     graph = extract(model, x)
+    kw = dict(devices=8, hardware="dgx-a100", batch=B, platform="cpu", levers="none")
     with pytest.raises(InfeasibleMemoryError) as err:
-        plan(graph, devices=8, hardware="dgx-a100", batch=B, memory_limit="1kB", platform="cpu")
-    limit = err.value.required_bytes * 1.001
-    return model, x, graph, plan(graph, devices=8, hardware="dgx-a100", batch=B, memory_limit=limit, platform="cpu")
+        plan(graph, memory_limit="1kB", **kw)
+    return model, x, graph, plan(graph, memory_limit=err.value.required_bytes * 1.001, **kw)
 
 
 @pytest.mark.slow
