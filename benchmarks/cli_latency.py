@@ -17,7 +17,8 @@ load. The cases and their targets:
   --json``, its second run (under 2 s);
 * ``resnet152``: ``shardplan plan resnet152 --devices 64 --hardware
   abci-v100 --batch-per-device 32 --memory-limit 6GB --json`` with the
-  command line's default levers (``all``), its second run (under 60 s).
+  command line's default levers (``auto``: none, then all where nothing fits; the
+  baseline's default, ``all``), its second run (under 60 s).
 
 For the plan cases it prints the plan's predicted time per iteration
 beside the wall time: a faster answer must not be a worse plan unnoticed.
