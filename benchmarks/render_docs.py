@@ -159,10 +159,14 @@ def automl_throughput(r: dict) -> list[str]:
 
 
 def cli_latency(r: dict) -> list[str]:
+    base = r["summary"].get("baseline")  # the revision timed beside this tree, if any
+    ms = lambda s: num(s and s * 1e3, ".3f")  # noqa: E731
+    head = ["case", "run timed", "target", "wall time", *([f"at {base}"] if base else []), "plan ms / iteration",
+            *([f"at {base}"] if base else []), "met"]
     rows = [[f"`{x['case']}`", x["run"], f"{x['target_s']:g} s", num(x["this_tree_s"], ".2f") + " s",
-             num(x["this_tree_iteration_s"] and x["this_tree_iteration_s"] * 1e3, ".3f"), yes(x["met"])]
-            for x in r["rows"]]
-    return table(["case", "run timed", "target", "wall time", "plan ms / iteration", "met"], rows)
+             *([num(x["baseline_s"], ".2f") + " s"] if base else []), ms(x["this_tree_iteration_s"]),
+             *([ms(x["baseline_iteration_s"])] if base else []), yes(x["met"])] for x in r["rows"]]
+    return table(head, rows)
 
 
 def calibration(r: dict) -> list[str]:
@@ -373,10 +377,10 @@ evaluation is one configuration's cost table and exact DP on one mesh
 `cost_fn` is the differentiable cost of a parametric architecture.""", automl_throughput,
             "python benchmarks/automl_throughput.py"),
     Section("Command-line latency", "cli_latency", """\
-Each case is a fresh process with a new compilation cache
-(`SHARDPLAN_CACHE_DIR`): run 1 compiles, run 2 reads the cache, as a user's
-second command does. The plan's predicted time is shown beside the wall
-time, so a faster answer cannot hide a worse plan.""", cli_latency, "python benchmarks/cli_latency.py"),
+Each case is a fresh process with a new cache (`SHARDPLAN_CACHE_DIR`): run 1
+compiles, run 2 reads compiled programs and cost tables, as a user's second
+command does. Predicted plan times beside wall times (ResNet-50's moved with
+the `dgx-a100` preset's fitted GEMM efficiency, not the search).""", cli_latency, "python benchmarks/cli_latency.py"),
     Section("Calibration on the local device", "calibration", """\
 Two `planner.profile_layers` runs on this CPU: the first calibrates, the
 second is measured; each shard predicted by the `cpu-local` roofline and by
