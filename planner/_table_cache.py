@@ -17,8 +17,7 @@ entry is one ``.npz`` of the table's arrays, written atomically.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
+import io
 import zipfile
 from pathlib import Path
 from typing import Any, Callable
@@ -80,17 +79,18 @@ def _read(path: Path):
 
 
 def _write(path: Path, table) -> None:
-    """``table``'s arrays into ``path`` (atomically; nothing when the folder cannot be written)."""
+    """``table``'s arrays into ``path`` (:func:`costmodels.write_atomic`; nothing when it cannot be written)."""
+    from costmodels import write_atomic
+
     arrays = {k: np.asarray(v) for k, v in table._asdict().items() if k != "xla_cpu"}
     if table.xla_cpu is not None:
         arrays.update({_XLA_CPU + k: np.asarray(v) for k, v in table.xla_cpu._asdict().items()})
+    data = io.BytesIO()
+    np.savez(data, **arrays)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except OSError:
+        write_atomic(path, data.getvalue())
+    except (OSError, ValueError):  # ValueError: costmodels.check_writable's "folder not writable"
         return
 
 

@@ -54,6 +54,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from costmodels import in_flight_microbatches as held_microbatches
+from costmodels import parse_schedule
+
 __all__ = [
     "MAX_CUT_SETS",
     "SCHEDULES",
@@ -110,12 +113,12 @@ class _Segments(NamedTuple):
 
 def in_flight_microbatches(num_stages: int, num_microbatches: int, schedule: str) -> np.ndarray:
     """``[S]`` micro-batches whose activations stage ``i`` holds at its peak
-    (module docstring: GPipe ``m``, 1F1B ``min(S - i, m)``)."""
+    (GPipe ``m``, 1F1B ``min(S - i, m)``): :func:`costmodels.in_flight_microbatches`
+    for each stage, as float64."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    if schedule == "gpipe":
-        return np.full(num_stages, float(num_microbatches))  # Megatron-LM SC21 §2.2.1
-    return np.minimum(num_stages - np.arange(num_stages), num_microbatches).astype(float)  # Megatron-LM SC21 §2.2.1
+    held = held_microbatches(parse_schedule(schedule), num_stages, num_microbatches, 1.0, np.arange(num_stages))
+    return np.asarray(held, dtype=np.float64)
 
 
 def _checked(p: StageCutProblem) -> StageCutProblem:
