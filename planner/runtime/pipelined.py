@@ -22,6 +22,7 @@ import optax
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from planner.ir.graph import LayerGraph
 from planner.plans.record import Plan
 from planner.plans.specs import partition_specs
 from planner.runtime._model_chain import model_chain
@@ -29,7 +30,7 @@ from planner.runtime.inputs import example_input
 from planner.runtime._pipeline_chain import nnx_chain
 from planner.runtime.pipeline import Chain, ChainParams, pipeline_mesh, pipeline_training
 
-__all__ = ["PipelinedState", "check_runnable", "model_parameters", "pipelined_chain", "plan_mesh", "shard_pipelined",
+__all__ = ["PipelinedState", "chain_and_graph", "check_runnable", "model_parameters", "pipelined_chain", "plan_mesh", "shard_pipelined",
            "stage_specs"]
 
 BLOCK_PREFIX = "blocks/0/"  # the plan's layers of one block (planner.models.block_chain) are named blocks/0/...
@@ -96,6 +97,14 @@ def pipelined_chain(model: Any, plan: Plan, loss_fn: Callable | None = None) -> 
     ``__call__`` calls a list ``blocks`` one by one (checked to extract to
     the plan's layer graph), or its parts ``(first, blocks, head)`` (the
     blocks a list of identical modules or an ``nnx.vmap`` stack)."""
+    chain, params, _ = chain_and_graph(model, plan, loss_fn)
+    return chain, params
+
+
+def chain_and_graph(model: Any, plan: Plan, loss_fn: Callable | None = None
+                    ) -> tuple[Chain, ChainParams, LayerGraph | None]:
+    """:func:`pipelined_chain` and the layer graph the whole model extracts
+    to (None for a model given in parts)."""
     from planner.models.extraction import extract
     loss_fn = _cross_entropy if loss_fn is None else loss_fn
     blocks = plan.pipeline.blocks
@@ -107,7 +116,7 @@ def pipelined_chain(model: Any, plan: Plan, loss_fn: Callable | None = None) -> 
         layers = {leaf.shape[0] for leaf in jax.tree.leaves(params.blocks)}
         if layers != {blocks}:
             raise ValueError(f"the plan cuts {blocks} blocks into stages; the blocks given hold {sorted(layers)}")
-        return chain, params
+        return chain, params, None
     if not isinstance(model, nnx.Module):
         raise ValueError(f"a pipelined plan runs a Flax nnx model (or its parts); got {type(model).__name__}")
     x = example_input(plan, max(2, plan.batch))
@@ -116,7 +125,7 @@ def pipelined_chain(model: Any, plan: Plan, loss_fn: Callable | None = None) -> 
         raise ValueError(f"this plan was made for another model (plan {plan.model!r}, fingerprint "
                          f"{plan.graph_fingerprint}; the model given extracts to {graph.fingerprint}); plan this "
                          "model with planner.plan first")
-    return model_chain(model, x, loss_fn, blocks=blocks)
+    return (*model_chain(model, x, loss_fn, blocks=blocks), graph)
 
 
 def shard_pipelined(model: Any, plan: Plan, optimizer: optax.GradientTransformation, mesh: Any = None, *,
