@@ -23,10 +23,12 @@ if TYPE_CHECKING:  # loaded on first use (module docstring)
     from costmodels.collectives import MAX_TIERS
     from costmodels.compute import HardwareArrays, hardware_arrays
     from costmodels.evaluate import expected_time, iteration_time, memory_per_device, one_hot, reshard_per_edge
-    from costmodels.files import check_writable, parse_json, read_json, write_atomic
+    from costmodels.files import MAX_INPUT_BYTES, check_not_input, check_writable, parse_json, read_input, read_json
+    from costmodels.files import write_atomic
     from costmodels.hardware import (
         HARDWARE_SCHEMA,
         HARDWARE_VERSION,
+        MAX_DEVICES,
         OP_CLASSES,
         Device,
         Hardware,
@@ -129,6 +131,8 @@ __all__ = [
     "LAYER_TYPES",
     "LEVER_CHOICES",
     "MASK_FAMILIES",
+    "MAX_DEVICES",
+    "MAX_INPUT_BYTES",
     "MAX_SPATIAL_DIMS",
     "MAX_TIERS",
     "MAX_WORK_POINTS",
@@ -183,6 +187,7 @@ __all__ = [
     "calibration_arrays",
     "chain_cost",
     "check_hardware",
+    "check_not_input",
     "check_writable",
     "cost_table",
     "expected_time",
@@ -227,6 +232,7 @@ __all__ = [
     "pipeline_step_s",
     "plan_collectives",
     "preset_names",
+    "read_input",
     "read_json",
     "reshard_per_edge",
     "schedule_note",
@@ -269,8 +275,12 @@ _LAZY = {  # public name -> the module that defines it, imported on first use
     "memory_per_device": "costmodels.evaluate",
     "one_hot": "costmodels.evaluate",
     "reshard_per_edge": "costmodels.evaluate",
+    "MAX_DEVICES": "costmodels.hardware",
+    "MAX_INPUT_BYTES": "costmodels.files",
+    "check_not_input": "costmodels.files",
     "check_writable": "costmodels.files",
     "parse_json": "costmodels.files",
+    "read_input": "costmodels.files",
     "read_json": "costmodels.files",
     "write_atomic": "costmodels.files",
     "HARDWARE_SCHEMA": "costmodels.hardware",

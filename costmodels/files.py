@@ -1,14 +1,25 @@
 """Reading and writing the project's files (layer graphs, hardware, plans,
 calibrations as JSON; plots) in one strict way.
 
-Reading refuses, with one line naming the file: bytes that are not UTF-8,
-malformed JSON, ``NaN`` / ``Infinity`` and numbers that overflow to them
-(``1e999``), integers longer than :data:`MAX_INT_DIGITS` digits, and nesting
-deeper than :data:`MAX_DEPTH` (none of the formats nests past a handful of
-levels). Writing is atomic: the text goes to a temporary file in the target's
-folder, is flushed and fsynced, then renamed over the target, so a full disk,
-a kill mid-write or two concurrent writers leave either the old file or one
-whole new one, never a truncated or interleaved mix (POSIX ``rename``).
+Reading (:func:`read_input`) opens only regular files of at most
+:data:`MAX_INPUT_BYTES` (a device such as ``/dev/zero``, a pipe, a socket
+or a folder is refused before anything is read), then refuses, with one
+line naming the file: bytes that are not UTF-8, malformed JSON, ``NaN`` /
+``Infinity`` and numbers that overflow to them (``1e999``), integers longer
+than :data:`MAX_INT_DIGITS` digits, and nesting deeper than
+:data:`MAX_DEPTH` (none of the formats nests past a handful of levels).
+
+Writing (:func:`write_atomic`) never destroys what the path names: a
+symbolic link is followed and its target written; a regular file (or a new
+one) is written atomically: the text goes to a temporary file in the
+target's folder, is flushed and fsynced, then renamed over the target, so a
+full disk, a kill mid-write or two concurrent writers leave either the old
+file or one whole new one, never a truncated or interleaved mix (POSIX
+``rename``); a character device or a pipe (``/dev/null``, a FIFO) and an
+already open descriptor (``/dev/stdout``, ``/dev/fd/N``) are written in
+place, appending, never replaced; a folder is refused.
+:func:`check_not_input` refuses an output that is one of a command's input
+files, however named (hard or symbolic links included).
 """
 
 from __future__ import annotations
@@ -16,14 +27,21 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "check_writable", "parse_json", "read_json", "write_atomic"]
+__all__ = ["MAX_DEPTH", "MAX_INPUT_BYTES", "MAX_INT_DIGITS", "check_not_input", "check_writable", "parse_json",
+           "read_input", "read_json", "write_atomic"]
 
 MAX_DEPTH = 64  # objects and lists inside each other
 MAX_INT_DIGITS = 18  # every count the formats hold (batch, devices, layers) is far below 10**18
+MAX_INPUT_BYTES = 64 * 2**20  # the largest file read: the biggest plan or layer graph is a few MiB
+MAX_LINK_HOPS = 40  # symbolic links followed from an output path (Linux's own limit, path_resolution(7))
+_DESCRIPTOR_FOLDER = re.compile(r"/proc/[^/]+/fd")  # /dev/stdout, /dev/fd/N: a descriptor already open
+
 
 
 def _int(text: str, source: str) -> int:
@@ -76,16 +94,45 @@ def parse_json(text: str, source: str) -> Any:
     return data
 
 
-def read_json(path: str | os.PathLike[str], what: str) -> Any:
-    """The JSON in file ``path``, a ``what`` ("hardware JSON file", "plan
-    file", ...), parsed strictly; one-line errors name the file and what was expected."""
+def read_input(path: str | os.PathLike[str], what: str) -> bytes:
+    """The bytes of the regular file ``path``, a ``what``; one-line
+    ``ValueError`` naming the file and what was expected if it is missing, a
+    folder, not a regular file (a device, a pipe, a socket: ``/dev/zero``
+    would never end) or more than :data:`MAX_INPUT_BYTES`, each refused
+    before anything is read."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # opening a pipe does not wait for a writer
     except IsADirectoryError:
         raise ValueError(f"{p}: is a folder; expected a {what}") from None
     except OSError as e:
         raise ValueError(f"cannot read {p}: {e.strerror}; expected a {what}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ValueError(f"{p}: is a folder; expected a {what}")
+        raise ValueError(f"{p}: not a regular file (a device, pipe or socket); expected a {what}")
+    with os.fdopen(fd, "rb") as f:
+        too_big = (f"{p}: larger than {MAX_INPUT_BYTES // 2**20} MiB, the most an input file may hold; "
+                   f"expected a {what}")
+        if st.st_size > MAX_INPUT_BYTES:
+            raise ValueError(too_big)
+        try:
+            raw = f.read(MAX_INPUT_BYTES + 1)  # a file growing while read stops at the bound too
+        except OSError as e:
+            raise ValueError(f"cannot read {p}: {e.strerror}; expected a {what}") from None
+    if len(raw) > MAX_INPUT_BYTES:
+        raise ValueError(too_big)
+    return raw
+
+
+def read_json(path: str | os.PathLike[str], what: str) -> Any:
+    """The JSON in file ``path``, a ``what`` ("hardware JSON file", "plan
+    file", ...), read by :func:`read_input` and parsed strictly; one-line
+    errors name the file and what was expected."""
+    p = Path(path)
+    raw = read_input(p, what)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -96,30 +143,106 @@ def read_json(path: str | os.PathLike[str], what: str) -> Any:
         raise ValueError(f"{e}; expected a {what}") from None
 
 
+def _resolve(path: str | os.PathLike[str]) -> tuple[Path, bool]:
+    """The file ``path`` names once its symbolic links are followed (a
+    dangling link: the file it would create), and whether it is an open
+    descriptor (``/dev/stdout``, ``/dev/fd/1``), which is written in place."""
+    p = os.path.abspath(os.fspath(path))
+    for _ in range(MAX_LINK_HOPS):
+        folder = os.path.realpath(os.path.dirname(p))
+        if _DESCRIPTOR_FOLDER.fullmatch(folder):
+            return Path(p), True
+        p = os.path.join(folder, os.path.basename(p))
+        if not os.path.islink(p):
+            return Path(p), False
+        p = os.path.abspath(os.path.join(folder, os.readlink(p)))
+    raise ValueError(f"cannot write {path}: more than {MAX_LINK_HOPS} symbolic links to follow")
+
+
+def _in_place(target: Path, descriptor: bool) -> bool:
+    """Whether ``target`` is written in place (a device, a pipe, an open
+    descriptor) rather than replaced atomically."""
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return False
+    return descriptor or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def check_writable(path: str | os.PathLike[str], what: str = "output") -> Path:
-    """``path`` as a :class:`Path`, or a one-line ``ValueError`` if a file
-    could not be written there (its folder missing or not writable, or the
-    path a folder); for checking ``-o`` before long work, not after."""
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"cannot write {what} {p}: it is a folder; give a file name")
-    parent = p.parent if str(p.parent) else Path(".")
+    """The file ``path`` names, symbolic links followed, or a one-line
+    ``ValueError`` if :func:`write_atomic` could not write it (its folder
+    missing or not writable, the path a folder, the file or device not
+    writable); for checking ``-o`` before long work, not after."""
+    shown = Path(path)
+    given_folder = os.path.dirname(os.fspath(path)) or "."
+    if not os.path.isdir(given_folder):  # as the system resolves it: "missing/../x" names no folder
+        raise ValueError(f"cannot write {what} {shown}: folder {given_folder} does not exist")
+    target, descriptor = _resolve(path)
+    if target.is_dir():
+        raise ValueError(f"cannot write {what} {shown}: it is a folder; give a file name")
+    if _in_place(target, descriptor):
+        if not os.access(target, os.W_OK):
+            raise ValueError(f"cannot write {what} {shown}: it is not writable")
+        return target
+    parent = target.parent
     if not parent.is_dir():
-        raise ValueError(f"cannot write {what} {p}: folder {parent} does not exist")
+        raise ValueError(f"cannot write {what} {shown}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"cannot write {what} {p}: folder {parent} is not writable")
-    if p.exists() and not os.access(p, os.W_OK):
-        raise ValueError(f"cannot write {what} {p}: the file is not writable")
-    return p
+        raise ValueError(f"cannot write {what} {shown}: folder {parent} is not writable")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise ValueError(f"cannot write {what} {shown}: the file is not writable")
+    return target
+
+
+def check_not_input(output: str | os.PathLike[str], inputs: list[str | os.PathLike[str]], what: str = "-o") -> None:
+    """A one-line ``ValueError`` if ``output`` is one of the files ``inputs``,
+    however named (same device and inode: hard links and symbolic links
+    included); paths that name no file, and outputs that are not regular
+    files (``/dev/null``), are never the same."""
+    try:
+        out = os.stat(_resolve(output)[0])  # the file write_atomic would write
+    except (OSError, ValueError):
+        return
+    if not stat.S_ISREG(out.st_mode):
+        return
+    for source in inputs:
+        try:
+            st = os.stat(source)
+        except (OSError, ValueError):
+            continue
+        if (st.st_dev, st.st_ino) == (out.st_dev, out.st_ino):
+            same = "" if os.fspath(source) == os.fspath(output) else f" (the same file as {source})"
+            raise ValueError(f"{what} {output} is one of this command's input files{same}; writing it would "
+                             "destroy the input: give another output file")
+
+
+def _write_in_place(target: Path, data: bytes) -> None:
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
-    """Write ``data`` (text as UTF-8, or bytes) to ``path`` atomically (module docstring)."""
+    """Write ``data`` (text as UTF-8, or bytes) to ``path`` without destroying
+    what it names (module docstring): a regular file atomically, a device,
+    pipe or open descriptor in place, through symbolic links."""
     p = check_writable(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent if str(p.parent) else ".")
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    if _in_place(p, _resolve(path)[1]):
+        try:
+            _write_in_place(p, payload)
+        except OSError as e:
+            raise ValueError(f"cannot write {path}: {e.strerror}") from None
+        return
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.write(payload)
             f.flush()
             os.fsync(f.fileno())
         if p.exists():  # keep the old file's permissions
@@ -135,10 +258,11 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
         except OSError:
             pass
         if isinstance(e, OSError):
-            raise ValueError(f"cannot write {p}: {e.strerror}; {'the old file is unchanged' if p.exists() else 'nothing written'}") from None
+            raise ValueError(f"cannot write {path}: {e.strerror}; "
+                             f"{'the old file is unchanged' if p.exists() else 'nothing written'}") from None
         raise
     try:  # make the rename itself durable
-        dir_fd = os.open(p.parent if str(p.parent) else ".", os.O_RDONLY)
+        dir_fd = os.open(p.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:

@@ -35,6 +35,7 @@ __all__ = [
     "Hardware",
     "HARDWARE_SCHEMA",
     "HARDWARE_VERSION",
+    "MAX_DEVICES",
     "OP_CLASSES",
     "preset_names",
     "load_hardware",
@@ -43,6 +44,9 @@ __all__ = [
 
 HARDWARE_SCHEMA = "shardplan/hardware"
 HARDWARE_VERSION = 1
+# The most devices a plan, an evaluation or an oracle row may span: 2^20, far above any machine
+# trained on (tens of thousands of accelerators), so a typo such as 2^41 is an error, not a plan.
+MAX_DEVICES = 2**20
 DTYPES = ("float32", "bfloat16", "float16")
 # Tensor-core math modes a peak may be given for: the dtypes, plus TF32 (float32 matmuls
 # and convolutions on tensor cores, NVIDIA A100/H100 datasheets).
@@ -187,7 +191,7 @@ def load_hardware(name_or_path: str | Path | Hardware) -> Hardware:
         source = f"preset {key!r}"
     else:
         path = Path(key)
-        if not path.is_file():
+        if not path.exists():  # a folder or a device exists: read_json says what it is
             if "/" in key or "\\" in key or path.suffix == ".json":
                 raise ValueError(
                     f"no such hardware file: {key}; give a preset ({', '.join(preset_names())}) or an existing JSON file"

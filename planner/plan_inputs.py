@@ -2,8 +2,9 @@
 :func:`parse_memory_limit`), the share of it kept free per XLA platform
 (:data:`MEMORY_MARGIN`), the mesh shapes ``d x m`` of ``P`` devices a
 search tries (:func:`mesh_shapes`), the device count, the global batch and
-a mesh given by hand (:func:`positive_int`, :func:`resolve_batch`,
-:func:`resolve_mesh`)."""
+a mesh given by hand (:func:`positive_int`, :func:`device_count`,
+:func:`resolve_batch`, :func:`resolve_mesh`), the search's seed
+(:func:`check_seed`)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from costmodels import Hardware
+from costmodels import MAX_DEVICES, Hardware
 
-__all__ = ["MEMORY_MARGIN", "memory_margin_bytes", "mesh_shapes", "parse_memory_limit", "platform_of", "positive_int",
-           "resolve_batch", "resolve_mesh"]
+__all__ = ["MAX_SEED", "MEMORY_MARGIN", "check_seed", "device_count", "memory_margin_bytes", "mesh_shapes",
+           "parse_memory_limit", "platform_of", "positive_int", "resolve_batch", "resolve_mesh"]
+
+MAX_SEED = 2**32  # seeds are 32-bit: 0 <= seed < 2^32, which a plan file holds and reads back
 
 
 # The share of a memory limit the search keeps free, per XLA platform: what
@@ -137,7 +140,7 @@ def resolve_batch(devices: int, batch: int | None, batch_per_device: int | None)
         raise ValueError("give either batch or batch_per_device, not both")
     if batch is None:
         b = 32 if batch_per_device is None else batch_per_device
-        return positive_int(b, "batch per device") * positive_int(devices, "devices")
+        return positive_int(b, "batch per device") * device_count(devices)
     return positive_int(batch, "batch")
 
 
@@ -150,10 +153,27 @@ def positive_int(x: Any, what: str) -> int:
     return int(x)
 
 
+def device_count(x: Any, what: str = "devices") -> int:
+    """``x`` as a device count: a positive integer (:func:`positive_int`) of
+    at most :data:`costmodels.MAX_DEVICES`."""
+    n = positive_int(x, what)
+    if n > MAX_DEVICES:
+        raise ValueError(f"{what} must be at most {MAX_DEVICES} (2^20), got {n}")
+    return n
+
+
+def check_seed(seed: Any, what: str = "seed") -> int:
+    """``seed`` if it is an integer with ``0 <= seed <`` :data:`MAX_SEED`
+    (bools and floats refused); else a one-line ``ValueError``."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < MAX_SEED:
+        raise ValueError(f"{what} must be a non-negative integer below 2^32, got {seed!r}")
+    return int(seed)
+
+
 def resolve_mesh(devices: int, mesh: tuple[int, int] | None, hardware: Hardware) -> tuple[int, int]:
     """``mesh`` checked against ``devices``; by default the model axis is one
     node (``min(devices, devices_per_node)``), SplitBrain's groups."""
-    devices = positive_int(devices, "devices")
+    devices = device_count(devices)
     if mesh is None:
         m = min(devices, hardware.devices_per_node)
         if devices % m:

@@ -49,11 +49,12 @@ from planner.pipelining import PIPELINE_CHOICES, decoder_config, pipelined_plan
 from planner.preferred_plan import fastest_and_simplest, preferred_gap
 from planner.plan_inputs import (
     MEMORY_MARGIN,
+    check_seed,
+    device_count,
     memory_margin_bytes,
     mesh_shapes,
     parse_memory_limit,
     platform_of,
-    positive_int,
     resolve_batch,
 )
 from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION  # the file format
@@ -111,7 +112,10 @@ def plan(
     """The fastest plan of ``model`` (a zoo name or a :class:`LayerGraph`) on
     ``devices`` devices of ``hardware`` within ``memory_limit`` per device
     (default: the device's memory), searching every mesh shape. Raises
-    :class:`InfeasibleMemoryError` (a ``ValueError``) when nothing fits.
+    :class:`InfeasibleMemoryError` (a ``ValueError``) when nothing fits, and
+    ``ValueError`` for what it cannot be asked: ``devices`` above
+    :data:`costmodels.MAX_DEVICES` (2^20), a ``seed`` outside
+    ``0 <= seed < 2**32`` (:func:`planner.plan_inputs.check_seed`).
 
     The search plans against the limit less the share :data:`MEMORY_MARGIN`
     keeps free for ``platform``, the XLA platform the plan will be compiled
@@ -178,7 +182,8 @@ def plan(
                          "pipeline='never' or 'auto'")
     graph = _graph_of(model, name)
     hw = load_hardware(hardware)
-    P = positive_int(devices, "devices")
+    P = device_count(devices)
+    seed = check_seed(seed)
     B = resolve_batch(P, batch, batch_per_device)
     limit = _memory_limit_bytes(memory_limit, hw)
     platform = platform_of(platform, hw)

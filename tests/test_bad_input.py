@@ -74,6 +74,26 @@ def _with(d: dict, **change) -> dict:
     return {**d, **change}
 
 
+def _plan5(change_layer=None, **change) -> dict:
+    """The hand-written plan file read and written back (version 5, every field)
+    with ``change`` applied, and ``change_layer`` to its first layer row."""
+    from planner.planning import Plan
+
+    d = Plan.from_dict(_valid_plan_file()).to_dict()
+    d["layers"][0].update(change_layer or {})
+    return {**d, **change}
+
+
+def _rows(change_layer=None, **change) -> dict:
+    """What ``evaluate --json`` writes for the tiny network (no schema),
+    with ``change`` applied, and ``change_layer`` to its first layer row."""
+    d = _plan5()
+    rows = [{k: r[k] for k in ("name", "strategy", "zero_stage", "remat", "joins")} for r in d["layers"]]
+    rows[0].update(change_layer or {})
+    return {"model": "tiny", "hardware": "abci-v100", "devices": 4, "mesh": [4, 1], "batch": 8,
+            "layers": rows, **change}
+
+
 def _files() -> dict[str, str | bytes]:
     """File name -> text. Python's json writes NaN / Infinity literals, which
     its reader accepts: exactly what a sloppy tool would produce."""
@@ -127,6 +147,22 @@ def _files() -> dict[str, str | bytes]:
         "plan_file_zero_devices.json": json.dumps(_with(_valid_plan_file(), devices=0, mesh=[0, 1])),
         "plan_duplicate_layer.json": json.dumps(_with(_plan_rows(M), layers=_plan_rows(M)["layers"] * 2)),
         "binary.json": b"\x89PNG\r\n\x1a\n\xff\xfe",
+        # plan files evaluate --plan reads as Plan.read does: types checked, nothing coerced
+        "plan5.json": json.dumps(_plan5()),
+        "plan5_mesh3.json": json.dumps(_plan5(mesh=[2, 2, 1])),
+        "plan5_mesh_string.json": json.dumps(_plan5(mesh="4x1")),
+        "plan5_no_mesh.json": json.dumps(_plan5(mesh=None)),
+        "plan5_future.json": json.dumps(_plan5(version=99)),
+        "plan5_remat_string.json": json.dumps(_plan5({"remat": "false"})),
+        "plan5_zero_fraction.json": json.dumps(_plan5({"zero_stage": 2.7})),
+        "plan5_hardware_path.json": json.dumps(_plan5(hardware="/etc/passwd", hardware_spec=None)),
+        "rows.json": json.dumps(_rows()),
+        "rows_mesh3.json": json.dumps(_rows(mesh=[2, 2, 1])),
+        "rows_mesh_string.json": json.dumps(_rows(mesh="4x1")),
+        "rows_remat_string.json": json.dumps(_rows({"remat": "false"})),
+        "rows_zero_fraction.json": json.dumps(_rows({"zero_stage": 2.7})),
+        "rows_hardware_stdin.json": json.dumps(_rows(hardware="/dev/stdin")),
+        "rows_hardware_file.json": json.dumps(_rows(hardware="hw_nan.json")),
     }
 
 
@@ -141,6 +177,7 @@ def paths(tmp_path_factory) -> dict[str, str]:
             (root / name).write_text(text)
         out[name.rsplit(".", 1)[0]] = str(root / name)
     out["missing"] = str(root / "missing.json")
+    out["folder"] = str(root)
     return out
 
 
@@ -274,6 +311,62 @@ CLI_CASES = [
                  id="profile-repeats-above-cap"),
     pytest.param(["profile", M, "--batch", "8", "--warmup", "1001"], USAGE, "--warmup must be at most 1000",
                  id="profile-warmup-above-cap"),
+    # -- an output that is one of the command's inputs: refused before any work ---------
+    pytest.param(["plan", "{tiny}", "--devices", "4", "-o", "{tiny}"], USAGE, "is one of this command's input files",
+                 id="plan-output-onto-the-model"),
+    pytest.param(["plan", M, "--devices", "8", "--hardware", "{hw_nan}", "-o", "{hw_nan}"], USAGE,
+                 "is one of this command's input files", id="plan-output-onto-the-hardware"),
+    pytest.param(["plan", M, "--devices", "8", "--calibration", "{cal_tiny}", "-o", "{cal_tiny}"], USAGE,
+                 "is one of this command's input files", id="plan-output-onto-the-calibration"),
+    pytest.param(["profile", "{tiny}", "--batch", "8", "-o", "{tiny}"], USAGE, "is one of this command's input files",
+                 id="profile-output-onto-the-model"),
+    pytest.param(["plot", "{plan_file}", "-o", "{plan_file}"], USAGE, "is one of this command's input files",
+                 id="plot-output-onto-the-plan"),
+    pytest.param(["oracle", "{tiny}", "--devices", "4", "--hardware", "{hw_nan}", "--plot", "{hw_nan}"], USAGE,
+                 "is one of this command's input files", id="oracle-plot-onto-the-hardware"),
+    # -- evaluate --plan reads as Plan.read does: types checked, nothing coerced -------------
+    pytest.param(["evaluate", "{tiny}", "--plan", "{plan5_mesh3}"], USAGE,
+                 "plan.mesh must be a list of 2 positive integers, got [2, 2, 1]", id="plan-file-mesh-of-three"),
+    pytest.param(["evaluate", "{tiny}", "--plan", "{plan5_mesh_string}"], USAGE,
+                 "plan.mesh must be a list of 2 positive integers, got '4x1'", id="plan-file-mesh-string"),
+    pytest.param(["evaluate", "{tiny}", "--plan", "{plan5_no_mesh}"], USAGE,
+                 "plan.mesh must be a list of 2 positive integers, got None", id="plan-file-mesh-null"),
+    pytest.param(["evaluate", "{tiny}", "--plan", "{plan5_future}"], USAGE, "plan version 99 is newer",
+                 id="plan-file-future-version"),
+    pytest.param(["evaluate", "{tiny}", "--plan", "{plan5_remat_string}"], USAGE,
+                 "plan.layers[0].remat must be true or false", id="plan-file-remat-string"),
+    pytest.param(["evaluate", "{tiny}", "--plan", "{plan5_zero_fraction}"], USAGE,
+                 "plan.layers[0].zero_stage must be an integer >= 0, got 2.7", id="plan-file-zero-stage-fraction"),
+    pytest.param(["evaluate", "{tiny}", "--plan", "{rows_mesh3}"], USAGE,
+                 "plan.mesh must be a list of 2 positive integers, got [2, 2, 1]", id="evaluate-json-mesh-of-three"),
+    pytest.param(["evaluate", "{tiny}", "--plan", "{rows_mesh_string}"], USAGE,
+                 "plan.mesh must be a list of 2 positive integers, got '4x1'", id="evaluate-json-mesh-string"),
+    pytest.param(["evaluate", "{tiny}", "--plan", "{rows_remat_string}"], USAGE,
+                 "plan.layers[0].remat must be true or false", id="evaluate-json-remat-string"),
+    pytest.param(["evaluate", "{tiny}", "--plan", "{rows_zero_fraction}"], USAGE,
+                 "plan.layers[0].zero_stage must be an integer >= 0, got 2.7", id="evaluate-json-zero-stage-fraction"),
+    # -- reads bounded: regular files only; hardware from a plan file by preset name only -------
+    pytest.param(["evaluate", M, "--devices", "8", "--plan", "/dev/zero"], USAGE,
+                 "/dev/zero: not a regular file", id="plan-from-dev-zero"),
+    pytest.param(["evaluate", M, "--devices", "8", "--strategy", "data", "--calibration", "/dev/zero"], USAGE,
+                 "/dev/zero: not a regular file", id="calibration-from-dev-zero"),
+    pytest.param(["hardware", "/dev/zero"], USAGE, "/dev/zero: not a regular file", id="hardware-from-dev-zero"),
+    pytest.param(["layers", "{folder}"], USAGE, "is not a file", id="model-from-a-folder"),
+    pytest.param(["evaluate", "{tiny}", "--plan", "{plan5_hardware_path}"], USAGE,
+                 "records hardware '/etc/passwd', which is not a preset", id="plan-file-hardware-path"),
+    pytest.param(["evaluate", "{tiny}", "--plan", "{rows_hardware_stdin}"], USAGE,
+                 "records hardware '/dev/stdin', which is not a preset", id="evaluate-json-hardware-stdin"),
+    pytest.param(["evaluate", "{tiny}", "--plan", "{rows_hardware_file}"], USAGE,
+                 "records hardware 'hw_nan.json', which is not a preset", id="evaluate-json-hardware-file"),
+    # -- device counts within MAX_DEVICES ----------------------------------------------------
+    pytest.param(["plan", M, "--devices", str(2**41)], USAGE, "devices must be at most 1048576 (2^20)",
+                 id="plan-devices-above-cap"),
+    pytest.param(["evaluate", M, "--devices", str(2**41), "--strategy", "data"], USAGE,
+                 "devices must be at most 1048576 (2^20)", id="evaluate-devices-above-cap"),
+    pytest.param(["oracle", M, "--devices", f"8,{2**41}"], USAGE, "more than 1048576 (2^20)",
+                 id="oracle-devices-above-cap"),
+    pytest.param(["plan", M, "--devices", "8", "--seed", str(2**32)], USAGE,
+                 "--seed must be a non-negative integer below 2^32", id="plan-seed-above-cap"),
     # -- an infeasible plan: exit 1 -------------------------------------------------------
     pytest.param(["plan", "{tiny}", "--devices", "4", "--batch", "8", "--memory-limit", "1kB"], INFEASIBLE,
                  "raise the memory limit to at least", id="plan-does-not-fit", marks=pytest.mark.slow),
@@ -320,6 +413,18 @@ def _plan_from(paths, key):
     from planner.planning import Plan
 
     return Plan.read(paths[key])
+
+
+def _load_net(path):
+    from planner.models.netfile import load_net
+
+    return load_net(path)
+
+
+def _graph_from_json(value):
+    from planner.ir.graph import LayerGraph
+
+    return LayerGraph.from_json(value)
 
 
 def _graph_from(paths, key):
@@ -401,6 +506,28 @@ API_CASES = [
                  id="oracle-nan-batch-per-device"),
     pytest.param(lambda p: _oracle(batch=-64), "batch must be positive, got -64", id="oracle-negative-batch"),
     pytest.param(lambda p: _oracle(segments=0), "segments must be a positive integer", id="oracle-zero-segments"),
+    # -- reads bounded; values in range; the wrong type named -------------------------------
+    pytest.param(lambda p: _plan_from({"zero": "/dev/zero"}, "zero"), "/dev/zero: not a regular file",
+                 id="Plan.read-dev-zero"),
+    pytest.param(lambda p: load_calibration("/dev/zero"), "/dev/zero: not a regular file",
+                 id="load_calibration-dev-zero"),
+    pytest.param(lambda p: load_hardware(p["folder"]), "is a folder; expected a hardware JSON file",
+                 id="load_hardware-folder"),
+    pytest.param(lambda p: _load_net(p["folder"]), "is a folder; expected a ParaDL .net", id="load_net-folder"),
+    pytest.param(lambda p: parse_net(None), "parse_net takes the text of a .net file, got NoneType",
+                 id="parse_net-none"),
+    pytest.param(lambda p: _graph_from_json({"layers": []}), "takes JSON text (a str), got dict",
+                 id="LayerGraph.from_json-dict"),
+    pytest.param(lambda p: _plan(seed=-1), "seed must be a non-negative integer below 2^32, got -1",
+                 id="plan-negative-seed"),
+    pytest.param(lambda p: _plan(seed=2**70), "seed must be a non-negative integer below 2^32",
+                 id="plan-seed-above-cap"),
+    pytest.param(lambda p: _plan(seed=1.5), "seed must be a non-negative integer", id="plan-fractional-seed"),
+    pytest.param(lambda p: _plan(devices=2**41), "devices must be at most 1048576 (2^20), got 2199023255552",
+                 id="plan-devices-above-cap"),
+    pytest.param(lambda p: _evaluate(devices=2**41, strategy="data"), "devices must be at most 1048576",
+                 id="evaluate-devices-above-cap"),
+    pytest.param(lambda p: _oracle(devices=[8, 2**41]), "more than 1048576 (2^20)", id="oracle-devices-above-cap"),
     # -- plans for another model ---------------------------------------------------------
     pytest.param(lambda p: _evaluate(model="resnet50", plan={n: "data" for n in get_model("vgg16").names}),
                  "was it made for another model", id="evaluate-plan-for-another-model"),
@@ -495,6 +622,25 @@ def test_values_a_plan_file_could_not_hold_are_refused(capsys, argv, words):
     assert words in capsys.readouterr().err
 
 
+def test_evaluate_reads_the_valid_plan_files_on_their_mesh(capsys, paths):
+    """The files the rejected rows above break, unbroken, are read: both
+    forms, on the mesh they record (4x1, not the default of 4 devices)."""
+    for key in ("plan5", "rows"):
+        assert main(["evaluate", paths["tiny"], "--plan", paths[key], "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["mesh"] == [4, 1] and data["devices"] == 4 and data["hardware"] == "abci-v100", key
+
+
+def test_shard_takes_a_plan_or_a_path_and_names_anything_else(paths):
+    from planner.runtime.sharding import shard
+
+    with pytest.raises(TypeError, match="shard takes a Plan .* or the path of a plan file, got dict; for a dict, "
+                                        "use Plan.from_dict"):
+        shard(None, _valid_plan_file(), None)
+    with pytest.raises(ValueError, match="not a regular file"):
+        shard(None, "/dev/zero", None)
+
+
 # -- every class of bad input, each with its test(s) ----------------------------------------------
 # Where a class needs more than a table row (a killed writer, a traced function, a plan that must fit),
 # its tests live beside the code they exercise; this index names them and fails if one goes missing.
@@ -533,6 +679,24 @@ CLASS_TESTS = {
         "test_bounded_work.py::test_mesh_shapes_of_2_to_the_40_devices", "test_bounded_work.py::test_net_file_with_a_huge_image_parses",
         "test_bounded_work.py::test_valid_taps_equals_brute_force"],
     "sizes: knobs past their cap (CLI_CASES rows '...-above-cap')": ["test_bad_input.py::test_cli_rejects_bad_input"],
+    "files: -o never destroys what it names (links followed, devices and pipes in place, folders refused)": [
+        "test_files.py::test_writer_follows_symbolic_links_to_their_target",
+        "test_files.py::test_writer_writes_devices_in_place",
+        "test_files.py::test_writer_appends_to_an_open_descriptor_never_replacing_it",
+        "test_files.py::test_writer_refuses_folders"],
+    "files: -o onto one of the command's inputs, however named (rows '...-output-onto-...')": [
+        "test_files.py::test_output_onto_an_input_is_refused_however_named",
+        "test_files.py::test_cli_output_onto_an_input_by_another_name_exits_2_and_keeps_it",
+        "test_bad_input.py::test_cli_rejects_bad_input"],
+    "plans: evaluate --plan reads as strictly as Plan.read (rows 'plan-file-...', 'evaluate-json-...')": [
+        "test_bad_input.py::test_cli_rejects_bad_input",
+        "test_bad_input.py::test_evaluate_reads_the_valid_plan_files_on_their_mesh"],
+    "files: reads bounded: regular files of at most MAX_INPUT_BYTES; hardware from a plan file by preset only": [
+        "test_files.py::test_read_input_refuses_devices_pipes_folders_and_oversize",
+        "test_bad_input.py::test_cli_rejects_bad_input", "test_bad_input.py::test_public_function_rejects_bad_input"],
+    "values: seeds and device counts in range, the wrong type named (rows '...-above-cap', '...-none', '...-dict')": [
+        "test_bad_input.py::test_public_function_rejects_bad_input",
+        "test_bad_input.py::test_shard_takes_a_plan_or_a_path_and_names_anything_else"],
     "time: the MILP stops at its time limit with the best plan and its gap": [
         "test_plan.py::test_milp_time_limit_returns_the_best_plan_with_its_gap"],
 }

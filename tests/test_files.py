@@ -1,6 +1,9 @@
-"""costmodels/files.py: strict JSON reading for every file kind, atomic writes
-(a killed writer leaves the old file whole, concurrent writers never
-interleave), and the output path checked before the work."""
+"""costmodels/files.py: strict JSON reading for every file kind, bounded
+reads (regular files of at most MAX_INPUT_BYTES), writes that never destroy
+(atomic for regular files: a killed writer leaves the old file whole,
+concurrent writers never interleave; through symbolic links; in place for
+devices, pipes and open descriptors; folders refused), an output that is an
+input refused, and the output path checked before the work."""
 
 from __future__ import annotations
 
@@ -17,8 +20,11 @@ import pytest
 from costmodels import load_calibration, load_hardware
 from costmodels.files import (
     MAX_DEPTH,
+    MAX_INPUT_BYTES,
+    check_not_input,
     check_writable,
     parse_json,
+    read_input,
     read_json,
     write_atomic,
 )
@@ -100,6 +106,96 @@ def test_write_atomic_replaces_whole_and_keeps_permissions(tmp_path):
 def test_check_writable_before_the_work(tmp_path, target, message):
     with pytest.raises(ValueError, match=message):
         check_writable(tmp_path / target, "-o")
+
+
+def test_writer_follows_symbolic_links_to_their_target(tmp_path):
+    target = tmp_path / "real" / "plan.json"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(Path("real") / "plan.json")  # relative, resolved against the link's folder
+    write_atomic(link, "new\n")
+    assert link.is_symlink() and os.readlink(link) == os.path.join("real", "plan.json")
+    assert target.read_text() == "new\n"
+    dangling = tmp_path / "dangling.json"
+    dangling.symlink_to(tmp_path / "real" / "created.json")
+    write_atomic(dangling, "made\n")
+    assert dangling.is_symlink() and (tmp_path / "real" / "created.json").read_text() == "made\n"
+
+
+def test_writer_writes_devices_in_place(tmp_path):
+    write_atomic(os.devnull, "nothing\n")
+    assert Path(os.devnull).is_char_device()
+    check_writable("/dev/stdout", "-o")  # an open descriptor, not a folder /dev to rename into
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    write_atomic(fifo, "through the pipe\n")
+    assert reader.communicate(timeout=30)[0] == b"through the pipe\n"
+    assert fifo.is_fifo()
+
+
+def test_writer_appends_to_an_open_descriptor_never_replacing_it(tmp_path):
+    """``-o /dev/stdout`` with stdout appended to a log: the log keeps what it held."""
+    log = tmp_path / "log.txt"
+    log.write_text("kept\n")
+    code = "from costmodels.files import write_atomic; write_atomic('/dev/stdout', 'added\\n')"
+    with open(log, "a") as out:
+        subprocess.run([sys.executable, "-c", code], stdout=out, check=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert log.read_text() == "kept\nadded\n"
+
+
+def test_writer_refuses_folders(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "to_d").symlink_to(tmp_path / "d")
+    for target in ("d", "to_d"):
+        with pytest.raises(ValueError, match="it is a folder; give a file name"):
+            write_atomic(tmp_path / target, "x")
+    assert (tmp_path / "d").is_dir() and not any((tmp_path / "d").iterdir())
+
+
+def test_output_onto_an_input_is_refused_however_named(tmp_path):
+    graph = tmp_path / "graph.json"
+    graph.write_text("{}")
+    (tmp_path / "hard.json").hardlink_to(graph)
+    (tmp_path / "soft.json").symlink_to(graph)
+    for out in (graph, tmp_path / "hard.json", tmp_path / "soft.json", tmp_path / "sub" / ".." / "graph.json"):
+        with pytest.raises(ValueError, match="is one of this command's input files"):
+            check_not_input(out, ["vgg16", str(graph)])
+    check_not_input(tmp_path / "other.json", [str(graph)])  # a new file
+    check_not_input(os.devnull, [os.devnull])  # not a regular file: never destroyed
+
+
+def test_cli_output_onto_an_input_by_another_name_exits_2_and_keeps_it(tmp_path, capsys):
+    from reference_files import TINY_NET
+
+    net = tmp_path / "tiny.net"
+    net.write_text(TINY_NET)
+    (tmp_path / "again.net").hardlink_to(net)
+    (tmp_path / "link.net").symlink_to(net)
+    for out in ("again.net", "link.net"):
+        assert main(["plan", str(net), "--devices", "4", "--batch", "8", "-o", str(tmp_path / out)]) == 2
+        err = capsys.readouterr().err
+        assert "is one of this command's input files (the same file as" in err and err.count("\n") == 1, err
+    assert net.read_text() == TINY_NET
+
+
+def test_read_input_refuses_devices_pipes_folders_and_oversize(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)  # no writer: opening must not wait for one
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(MAX_INPUT_BYTES + 1)  # sparse: nothing written
+    cases = [("/dev/zero", "not a regular file"), (fifo, "not a regular file"), (tmp_path, "is a folder"),
+             (big, "larger than 64 MiB")]
+    for path, words in cases:
+        with pytest.raises(ValueError, match=words) as info:
+            read_input(path, "plan file")
+        assert str(info.value).endswith("expected a plan file")
+    ok = tmp_path / "ok.json"
+    ok.write_bytes(b"x" * MAX_INPUT_BYTES)
+    assert len(read_input(ok, "plan file")) == MAX_INPUT_BYTES
 
 
 def test_plan_output_checked_before_the_search(tmp_path, capsys, monkeypatch):

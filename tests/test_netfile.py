@@ -192,8 +192,10 @@ def test_load_net_names_the_file(tmp_path):
     p.write_bytes(b"\xff\xfe\x00binary")
     with pytest.raises(ValueError, match="not a text file"):
         load_net(p)
-    with pytest.raises(OSError):
+    with pytest.raises(ValueError, match="missing.net: No such file or directory; expected a ParaDL .net"):
         load_net(tmp_path / "missing.net")
+    with pytest.raises(ValueError, match="is a folder; expected a ParaDL .net"):
+        load_net(tmp_path)
 
 
 def test_3d_and_fc_without_flatten():

@@ -52,9 +52,15 @@ def parse_lc(text: str, layers: OracleLayers, *, source: str = "<lc>") -> np.nda
 
 def load_lc(path: str | os.PathLike[str], layers: OracleLayers) -> np.ndarray:
     """Read a ``.lc`` file (:func:`parse_lc`)."""
+    from costmodels.files import read_input
+
     source = os.fspath(path)
-    with open(source, encoding="utf-8") as f:
-        return parse_lc(f.read(), layers, source=source)
+    raw = read_input(source, ".lc mask file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{source}: not UTF-8 text; expected a .lc mask file") from None
+    return parse_lc(text, layers, source=source)
 
 
 def lc_family(path: str | os.PathLike[str]) -> str:

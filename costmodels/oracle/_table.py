@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from costmodels.calibration import CalibrationArrays
-from costmodels.hardware import Hardware
+from costmodels.hardware import MAX_DEVICES, Hardware
 from costmodels.oracle import _compat, _default
 from costmodels.oracle._compat import PARADL_COMPAT
 from costmodels.oracle._cost import COMM_KINDS, COMM_LABELS, OracleContext, StrategyCost
@@ -153,6 +153,8 @@ def oracle_table(
     devices = sorted({int(p) for p in devices})
     if not devices or devices[0] < 1:
         raise ValueError("give one or more positive device counts, e.g. 16,32,64")
+    if devices[-1] > MAX_DEVICES:
+        raise ValueError(f"device count {devices[-1]} is more than {MAX_DEVICES} (2^20), the most a plan may span")
     strategies = parse_strategies(strategies)
     if batch is None and batch_per_device is None:
         batch_per_device = default_batch_per_device(ctx)

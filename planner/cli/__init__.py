@@ -37,7 +37,7 @@ from typing import Any
 
 from typing import TYPE_CHECKING
 
-from planner.cli.common import COMMAND_HELP, PROG, Parser, add_model_argument, dump_json
+from planner.cli.common import COMMAND_HELP, PROG, Parser, add_model_argument, check_outputs, dump_json
 from planner.usage import UsageError, one_line
 
 if TYPE_CHECKING:
@@ -286,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         args = parser.parse_args(argv)
+        check_outputs(args)  # an output that is one of the inputs: refused before any work
         _use_compilation_cache()
         return args.run(args)
     except SystemExit as e:  # --help

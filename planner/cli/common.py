@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 from planner.ir.unsupported import ON_UNSUPPORTED
 from planner.usage import UsageError
 
-__all__ = ["COMMAND_HELP", "MODEL_HELP", "PROG", "Parser", "add_model_argument", "dump_json"]
+__all__ = ["COMMAND_HELP", "MODEL_HELP", "PROG", "Parser", "add_model_argument", "check_outputs", "dump_json"]
 
 PROG = "shardplan"
 
@@ -35,6 +35,28 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message, f"see '{self.prog} --help'")
+
+
+# every subcommand's file arguments, by their argparse names: what it reads, and what it writes
+INPUT_ARGUMENTS = ("model", "name", "plan", "hardware", "calibration", "lc")
+OUTPUT_ARGUMENTS = {"output": "-o", "plot": "--plot"}
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse (``ValueError``, one line) an output file that is one of the
+    command's input files, however named (:func:`costmodels.check_not_input`),
+    before any work: ``plan graph.json -o graph.json`` would destroy the graph."""
+    outputs = {flag: getattr(args, name) for name, flag in OUTPUT_ARGUMENTS.items() if getattr(args, name, None)}
+    if not outputs:
+        return
+    from costmodels import check_not_input
+
+    inputs: list[str] = []
+    for name in INPUT_ARGUMENTS:
+        value = getattr(args, name, None)
+        inputs.extend(value if isinstance(value, list) else [value] if isinstance(value, str) else [])
+    for flag, path in outputs.items():
+        check_not_input(path, inputs, flag)
 
 
 def dump_json(report: dict[str, Any]) -> str:

@@ -10,9 +10,10 @@
   40 layers, runs of alike layers grouped unless ``--full``:
   :mod:`planner._compact`).
 
-``--plan FILE`` reads any JSON object with a ``"layers"`` list of
-``{"name": ..., "strategy": ...}`` rows (the output of ``evaluate --json``
-is one).
+``--plan FILE`` reads a plan file as :meth:`Plan.read` does, or a JSON
+object without a schema with a ``"layers"`` list of ``{"name": ...,
+"strategy": ...}`` rows (an ``evaluate --json`` output), type-checked the
+same way (:func:`planner.plans.file.evaluation_fields`).
 """
 
 from __future__ import annotations
@@ -41,56 +42,57 @@ def parse_mesh(text: str) -> tuple[int, int]:
 _PLAN_ACCEPTED = "expected a plan file (shardplan plan -o) or an evaluate --json output, with a layers list"
 
 
-def _no_constant(path: str):
-    def reject(token: str) -> None:
-        raise ValueError(f"{path}: {token} is not a number JSON allows (numbers must be finite); {_PLAN_ACCEPTED}")
-
-    return reject
-
-
 def _read_plan(path: str, graph: Any) -> tuple[dict[str, str], dict[str, Any]]:
-    """Layer name -> strategy from a plan file, which must be for ``graph``:
-    its ``graph_fingerprint`` (or, without one, its ``model``) must match;
-    and the settings it records (devices, mesh, batch, dtype, optimizer,
-    hardware), those of them it has."""
-    from planner.evaluation import option_label
-
+    """Layer name -> strategy (with its levers, ``data+zero2``) from a plan
+    file, which must be for ``graph``: its ``graph_fingerprint`` (or, without
+    one, its ``model``) must match; and the settings it records (devices,
+    mesh, batch, dtype, optimizer, hardware, levers), those of them it has.
+    A file with a ``"schema"`` is a plan file, read as :meth:`Plan.read`
+    reads it; one without is an ``evaluate --json`` output, read by
+    :func:`planner.plans.file.evaluation_fields`: both check every field's
+    type and coerce nothing."""
     from costmodels import read_json
+    from planner.evaluation import option_label
+    from planner.plans.file import evaluation_fields
+    from planner.planning import Plan
 
-    data = read_json(path, f"plan file ({_PLAN_ACCEPTED})")
-    rows = data.get("layers") if isinstance(data, dict) else None
-    if not isinstance(rows, list) or not all(
-        isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("strategy"), str) for r in rows
-    ):
-        raise ValueError(f'{path}: expected an object with "layers": [{{"name": ..., "strategy": ...}}, ...]')
-    if data.get("pipeline"):
-        raise ValueError(f"{path} is a pipelined plan: evaluate --plan costs one-stage plans; its predicted step "
-                         "is the plan file's pipeline (shardplan plan prints it)")
-    model, fingerprint = data.get("model"), data.get("graph_fingerprint")
+    data = read_json(path, "plan file (shardplan plan -o) or evaluate --json output")
+    try:
+        if isinstance(data, dict) and "schema" in data:
+            plan = Plan.from_dict(data)
+            if plan.pipeline is not None:
+                raise ValueError("a pipelined plan: evaluate --plan costs one-stage plans; its predicted step is "
+                                 "the plan file's pipeline (shardplan plan prints it)")
+            fields = {k: getattr(plan, k) for k in ("model", "graph_fingerprint", "devices", "mesh", "batch",
+                                                    "dtype", "optimizer", "hardware", "levers", "hardware_spec")}
+            fields["layers"] = [(x.name, x.option) for x in plan.layers]
+        else:
+            fields = evaluation_fields(data)
+            fields["layers"] = [(name, option_label({"strategy": s, "zero_stage": z, "remat": r, "joins": j}))
+                                for name, s, z, r, j in fields["layers"]]
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}; {_PLAN_ACCEPTED}") from None
+    model, fingerprint = fields.get("model"), fields.get("graph_fingerprint")
     if (fingerprint and fingerprint != graph.fingerprint) or (not fingerprint and model and model != graph.model_name):
         raise ValueError(
             f"{path} was made for model {model!r}, not for {graph.model_name!r} (another layer graph); "
             f"plan {graph.model_name} with shardplan plan, or pass the model the plan was made for"
         )
-    names = [r["name"] for r in rows]
+    names = [name for name, _ in fields["layers"]]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"{path}: layers {dup[:3]} appear more than once; give each layer one strategy")
-    settings = {k: data[k] for k in ("devices", "batch", "dtype", "optimizer", "hardware", "levers") if k in data}
-    if isinstance(data.get("mesh"), list) and len(data["mesh"]) == 2:
-        settings["mesh"] = tuple(data["mesh"])
-    if isinstance(data.get("hardware_spec"), dict):
-        from costmodels import hardware_from_dict
-
-        settings["hardware_spec"] = hardware_from_dict(data["hardware_spec"], source=f"{path}: hardware_spec")
-    # each layer's strategy with its memory levers (plan files of version 3), e.g. "data+zero2"
-    return {r["name"]: option_label(r) for r in rows}, settings
+    settings = {k: fields[k] for k in ("devices", "mesh", "batch", "dtype", "optimizer", "hardware", "levers",
+                                       "hardware_spec") if fields.get(k) is not None}
+    return dict(fields["layers"]), settings
 
 
 def _plan_settings(args: argparse.Namespace, path: str, recorded: dict[str, Any]) -> dict[str, Any]:
     """The settings ``evaluate --plan`` runs under: the plan's own, where it
     records them; a command-line value that contradicts one is an error,
     unless ``--override`` asks to evaluate the plan's strategies under it."""
+    from costmodels import preset_names
+
     given = {
         "devices": args.devices, "mesh": parse_mesh(args.mesh) if args.mesh else None, "batch": args.batch,
         "dtype": args.dtype, "optimizer": args.optimizer, "hardware": args.hardware,
@@ -123,6 +125,10 @@ def _plan_settings(args: argparse.Namespace, path: str, recorded: dict[str, Any]
         out["batch"] = None if args.override else recorded["batch"]
     if out["hardware"] == recorded.get("hardware") and "hardware_spec" in recorded:
         out["hardware"] = recorded["hardware_spec"]  # the hardware the plan was made for, numbers and all
+    elif given["hardware"] is None and recorded.get("hardware") not in (None, *preset_names()):
+        # a file names hardware by preset only: its "hardware" string is never opened as a path
+        raise ValueError(f"{path} records hardware {recorded['hardware']!r}, which is not a preset, and no "
+                         "hardware_spec; give --hardware NAME|FILE for the hardware it was made for")
     return out
 
 

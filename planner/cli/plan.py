@@ -106,6 +106,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     from planner.cli import cost_table_cache_dir
     from planner.cli.common import PROG
     from planner.models.loading import load_model, transformer_of
+    from planner.plan_inputs import check_seed
     from planner.planning import InfeasibleMemoryError, parse_memory_limit, plan
     from planner.usage import one_line
 
@@ -114,9 +115,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         raise ValueError(f"--time-budget must be a non-negative number of seconds, got {args.time_budget}")
     if not args.milp_time_limit >= 0:
         raise ValueError(f"--milp-time-limit must be a non-negative number of seconds, got {args.milp_time_limit}")
-    if args.seed < 0:
-        raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
-    for name, v in (("--devices", args.devices), ("--seed", args.seed), ("--batch", args.batch),
+    check_seed(args.seed, "--seed")
+    for name, v in (("--devices", args.devices), ("--batch", args.batch),
                     ("--batch-per-device", args.batch_per_device)):
         if v is not None and v >= 10**15:
             raise ValueError(f"{name} must be below 10^15, got {v}")

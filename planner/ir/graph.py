@@ -217,6 +217,9 @@ class LayerGraph:
     def from_json(cls, text: str, source: str = "layer-graph JSON") -> LayerGraph:
         from costmodels import parse_json
 
+        if not isinstance(text, str):
+            hint = "; for a dict, call LayerGraph.from_dict" if isinstance(text, dict) else ""
+            raise ValueError(f"LayerGraph.from_json takes JSON text (a str), got {type(text).__name__}{hint}")
         return cls.from_dict(parse_json(text, source))
 
 

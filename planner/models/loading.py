@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from costmodels import read_json
+from costmodels import read_input, read_json
 from planner.ir.graph import LayerGraph
 from planner.models.netfile import NET_SUFFIXES, load_net
 from planner.models.transformer import TRANSFORMER_SCHEMA, TransformerConfig, build_transformer, is_transformer_file
@@ -90,8 +90,7 @@ def transformer_of(spec: str) -> tuple[TransformerConfig, str] | None:
 
 
 def _load_file(path: Path) -> LayerGraph:
-    with open(path, "rb") as f:
-        head = f.read(len(_NET_MAGIC) + 3)
+    head = read_input(path, "model file (.net or layer-graph .json)")[:len(_NET_MAGIC) + 3]
     if path.suffix in NET_SUFFIXES or head.removeprefix(b"\xef\xbb\xbf").startswith(_NET_MAGIC):
         return load_net(path)
     if path.suffix == ".json":

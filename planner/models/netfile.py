@@ -46,7 +46,7 @@ import math
 import os
 from collections.abc import Sequence
 
-from costmodels import LAYER_TYPES, layer_type  # ParaDL's layer types (the oracle reads them too)
+from costmodels import LAYER_TYPES, layer_type, read_input  # ParaDL's layer types (the oracle reads them too)
 from planner.ir.builder import GraphBuilder
 from planner.ir.graph import LayerGraph, LayerKind
 
@@ -67,11 +67,14 @@ Shape = tuple[int, tuple[int, ...]]  # (channels, spatial in graph order)
 def load_net(path: str | os.PathLike[str]) -> LayerGraph:
     """Read a ParaDL ``.net`` file (ParaDL §5) into a :class:`LayerGraph`.
 
-    Raises ``OSError`` if the file cannot be read and ``ValueError`` (naming
-    the file and line) if it is not a valid network description."""
+    Raises ``ValueError`` (naming the file, and the line where the text is
+    wrong) if it cannot be read (missing, a folder, not a regular file,
+    over :data:`costmodels.MAX_INPUT_BYTES`) or is not a valid network
+    description."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"load_net takes the path of a .net file, got {type(path).__name__}")
     source = os.fspath(path)
-    with open(source, "rb") as f:
-        raw = f.read()
+    raw = read_input(source, "ParaDL .net network description")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -81,7 +84,11 @@ def load_net(path: str | os.PathLike[str]) -> LayerGraph:
 
 def parse_net(text: str, *, source: str = "<string>") -> LayerGraph:
     """Parse the text of a ParaDL ``.net`` file (ParaDL §5) into a
-    :class:`LayerGraph`; ``source`` names the text in error messages."""
+    :class:`LayerGraph`; ``source`` names the text in error messages.
+    ``ValueError`` if ``text`` is not a string (a path: :func:`load_net`)."""
+    if not isinstance(text, str):
+        raise ValueError(f"parse_net takes the text of a .net file, got {type(text).__name__}"
+                         + ("; to read a file, call load_net(path)" if isinstance(text, os.PathLike) else ""))
     headers: dict[str, tuple[int, str]] = {}
     builder: GraphBuilder | None = None
     node = GraphBuilder.input

@@ -39,6 +39,7 @@ from costmodels import (
     oracle_layers,
     oracle_table,
     parse_strategies,
+    read_input,
 )
 from planner.ir.graph import LayerGraph
 from planner.models.netfile import NET_SUFFIXES
@@ -97,20 +98,19 @@ class OracleReport:
 def net_dataset_size(path: str | os.PathLike[str]) -> int | None:
     """D from a ParaDL ``.net`` file's ``Input|DxCxWxH`` header (§5), or
     ``None`` if the file has none."""
-    with open(path, encoding="utf-8-sig", errors="replace") as f:
-        for line in f:
-            fields = line.split("#", 1)[0].strip().split("|")
-            if fields[0].strip() == "Input" and len(fields) >= 2:
-                head = fields[1].strip().split("x")[0]
-                return int(head) if head.isdigit() and int(head) > 0 else None
+    text = read_input(path, "ParaDL .net network description").decode("utf-8-sig", errors="replace")
+    for line in text.splitlines():
+        fields = line.split("#", 1)[0].strip().split("|")
+        if fields[0].strip() == "Input" and len(fields) >= 2:
+            head = fields[1].strip().split("x")[0]
+            return int(head) if head.isdigit() and int(head) > 0 else None
     return None
 
 
 def _is_net(path: Path) -> bool:
     if path.suffix in NET_SUFFIXES:
         return True
-    with open(path, "rb") as f:
-        return f.read(11).removeprefix(b"\xef\xbb\xbf").startswith(b"Dataset|")
+    return read_input(path, "model file").removeprefix(b"\xef\xbb\xbf").startswith(b"Dataset|")
 
 
 def _resolve_model(model: LayerGraph | str | os.PathLike[str],

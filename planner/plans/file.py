@@ -43,7 +43,7 @@ from planner.plans.pipeline import PIPELINE_AXIS_NAMES, STAGE_EVALUATION_KEYS, P
 from planner.plans.specs import LayerSpecs, layer_specs_from_kinds
 from search import HistoryEntry
 
-__all__ = ["PLAN_SCHEMA", "PLAN_VERSION", "plan_fields"]
+__all__ = ["PLAN_SCHEMA", "PLAN_VERSION", "evaluation_fields", "plan_fields"]
 
 PLAN_SCHEMA = "shardplan/plan"
 # 2 added layer specs, the embedded hardware, the package version, the search history;
@@ -284,17 +284,8 @@ def _layer_rows(r: _Reader, version: int) -> tuple[list[LayerCost], list]:
         reason = row.get("substitution_reason")
         if reason is not None and not isinstance(reason, str):
             raise ValueError(f"plan.layers[{i}].substitution_reason must be a string or null, got {reason!r}")
-        zero_stage, remat, joins = 0, False, False
-        if version >= 4:
-            joins = lr.boolean("joins")
-            if joins and not lr.boolean("remat"):
-                raise ValueError(f"plan.layers[{i}] joins a run of recomputed layers but does not recompute "
-                                 "(remat false)")
-        if version >= 3:
-            zero_stage = lr.integer("zero_stage")
-            if zero_stage > 3:
-                raise ValueError(f"plan.layers[{i}].zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
-            remat = lr.boolean("remat")
+        zero_stage, remat, joins = _levers(lr, i, ("zero_stage", "remat") + (("joins",) if version >= 4 else ())
+                                           if version >= 3 else ())
         layers.append(LayerCost(
             name=lr.string("name"), kind=lr.string("kind"), strategy=strategy,
             compute_s=lr.number("compute_s"), comm_s=lr.number("comm_s"), reshard_s=lr.number("reshard_s"),
@@ -304,6 +295,54 @@ def _layer_rows(r: _Reader, version: int) -> tuple[list[LayerCost], list]:
         if version >= 2:
             specs.append(_layer_specs(lr, i, layers[-1].name))
     return layers, specs
+
+
+def _levers(lr: _Reader, i: int, keys: tuple[str, ...]) -> tuple[int, bool, bool]:
+    """A layer row's memory levers ``(zero_stage, remat, joins)``, each of
+    ``keys`` read and type-checked (the others: none)."""
+    zero_stage = lr.integer("zero_stage") if "zero_stage" in keys else 0
+    if zero_stage > 3:
+        raise ValueError(f"plan.layers[{i}].zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    remat = lr.boolean("remat") if "remat" in keys else False
+    joins = lr.boolean("joins") if "joins" in keys else False
+    if joins and not remat:
+        raise ValueError(f"plan.layers[{i}] joins a run of recomputed layers but does not recompute (remat false)")
+    return zero_stage, remat, joins
+
+
+def evaluation_fields(data: Any) -> dict[str, Any]:
+    """What ``evaluate --plan`` reads from a JSON object without a ``schema``
+    (an ``evaluate --json`` output, or hand-written): ``layers``, each row's
+    ``name``, ``strategy`` and, where present, its levers ``zero_stage``,
+    ``remat``, ``joins``; and those of ``model``, ``graph_fingerprint``,
+    ``hardware``, ``dtype``, ``optimizer`` (strings), ``devices``, ``batch``
+    (positive integers), ``mesh`` (``[d, m]``) and ``levers`` it has, all
+    type-checked as :func:`plan_fields` checks them, nothing coerced;
+    ``layers`` as ``(name, strategy, zero_stage, remat, joins)`` tuples."""
+    r = _Reader(data, "plan")
+    rows = []
+    for i, row in enumerate(r.items("layers")):
+        lr = _Reader(row, f"plan.layers[{i}]")
+        strategy = lr.string("strategy")
+        if strategy not in STRATEGY_NAMES:
+            raise ValueError(f"plan.layers[{i}].strategy {strategy!r} is not one of {', '.join(STRATEGY_NAMES)}")
+        levers = _levers(lr, i, tuple(k for k in ("zero_stage", "remat", "joins") if k in row))
+        rows.append((lr.string("name"), strategy, *levers))
+    fields: dict[str, Any] = {"layers": rows}
+    for key in ("model", "graph_fingerprint", "hardware", "dtype", "optimizer", "levers"):
+        if key in r.data:
+            fields[key] = r.string(key)
+    for key in ("devices", "batch"):
+        if key in r.data:
+            fields[key] = r.integer(key, 1)
+    if "mesh" in r.data:
+        fields["mesh"] = r.ints("mesh", 2)
+        if "devices" in fields and math.prod(fields["mesh"]) != fields["devices"]:
+            raise ValueError(f"plan.mesh {'x'.join(map(str, fields['mesh']))} does not hold plan.devices = "
+                             f"{fields['devices']} devices")
+    if fields.get("levers", "none") not in LEVER_CHOICES:
+        raise ValueError(f"plan.levers must be one of {', '.join(LEVER_CHOICES)}, got {fields['levers']!r}")
+    return fields
 
 
 def _collective_rows(r: _Reader) -> list[CollectiveRecord]:

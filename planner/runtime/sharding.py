@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,14 +36,16 @@ __all__ = ["example_input", "export_options", "plan_mesh", "planned_graph", "rec
 
 def shard(
     model: nnx.Module | nn.Module,
-    plan: Plan,
+    plan: Plan | str | os.PathLike[str],
     optimizer: optax.GradientTransformation,
     mesh: Mesh | None = None,
     *,
     loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
     variables: Mapping[str, Any] | None = None,
 ) -> tuple[Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, jax.Array]], TrainState]:
-    """``(train_step, state)`` for ``model`` laid out by ``plan``:
+    """``(train_step, state)`` for ``model`` laid out by ``plan`` (a
+    :class:`Plan`, or the path of a plan file, read by :meth:`Plan.read`;
+    anything else is a ``TypeError``):
     ``state, loss = train_step(state, x, y)`` with ``x`` batch-first,
     channels-last and ``y`` integer labels (softmax cross-entropy unless
     ``loss_fn(logits, y)`` is given).
@@ -72,6 +75,7 @@ def shard(
     ``model`` is an nnx decoder calling a list of blocks one by one, or its
     parts ``(first, blocks, head)``; the state is a
     :class:`~planner.runtime.pipelined.PipelinedState` and the step donates it."""
+    plan = _as_plan(plan)
     if plan.pipeline is not None:
         from planner.runtime.pipelined import shard_pipelined
 
@@ -86,6 +90,17 @@ def shard(
     # (docs/validation.md, items 2 and 12)
     return shard_training(model, plan.strategies, mesh, optimizer, **export_options(graph, plan), dtype=plan.dtype,
                           **kwargs)
+
+
+def _as_plan(plan: Any) -> Plan:
+    """``plan`` itself, or the plan file it names, read strictly."""
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, (str, os.PathLike)):
+        return Plan.read(plan)
+    hint = "; for a dict, use Plan.from_dict(d)" if isinstance(plan, dict) else ""
+    raise TypeError(f"shard takes a Plan (planner.plan's result) or the path of a plan file, "
+                    f"got {type(plan).__name__}{hint}")
 
 
 def export_options(graph: LayerGraph, plan: Plan) -> dict[str, Any]:
