@@ -22,6 +22,7 @@ import functools
 import time as _time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from costmodels import (
     AXIS_NAMES,
@@ -61,6 +62,7 @@ from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION  # the file format
 from planner.plans.record import MeshResult, Plan
 from planner.plans.specs import layer_specs
 from planner.schedule_fit import fit_schedule
+from planner.verification import verified_plan
 from search import TIME_BUDGET_S, GradientConfig, PipelineSpace, SearchEvent, Solution, solve_many
 
 __all__ = [
@@ -108,6 +110,8 @@ def plan(
     cache_dir: str | Path | None = None,
     pipeline: str | PipelineSpace = "auto",
     name: str | None = None,
+    verify: bool | None = None,
+    flax_model: Any = None,
 ) -> Plan:
     """The fastest plan of ``model`` (a zoo name or a :class:`LayerGraph`) on
     ``devices`` devices of ``hardware`` within ``memory_limit`` per device
@@ -170,7 +174,19 @@ def plan(
     or micro-batch sizes, the schedule: ``schedule=("gpipe",)``, the
     recomputation). When neither fits, the
     :class:`InfeasibleMemoryError` names the smallest pipelined
-    configuration's memory too."""
+    configuration's memory too.
+
+    ``verify``: compile the chosen plan's training step ahead of time and,
+    while XLA's memory of it exceeds the limit, plan again below a limit
+    lowered by the excess (:mod:`planner.verification`: at most
+    :data:`~planner.verification.VERIFY_ROUNDS` compiles); the plan records
+    the compiled bytes. ``None`` (the default): where the plan's compiler is
+    at hand (a ``cpu`` plan, a Flax model, enough local devices), else the
+    callback hears why not; ``True`` requires it. ``flax_model``: the Flax
+    model to compile (nnx or linen, abstract is fine) where ``model`` is a
+    layer graph."""
+    if verify is not False:  # first: the call's arguments are all locals() holds
+        return verified_plan(plan, dict(locals()))
     if levers == LEVERS_AUTO:  # first, so that the call's arguments are all locals() holds
         return _plan_with_levers_when_needed(dict(locals()))
     pipeline, space = _checked_options(milp_time_limit_s, simplicity_tolerance, pipeline)

@@ -27,6 +27,7 @@ strategies of one block (every block runs the same).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -100,6 +101,34 @@ def _render_pipelined(result: Any, output: str | None) -> None:
         f"mesh shape(s) in {result.seconds:.2f} s" + (f"; written to {output}" if output else ""), highlight=False)
 
 
+def _keeping_verify_notes(callback: Any, notes: list[str]) -> Any:
+    """``callback`` (or none) that also keeps why a plan was not verified."""
+    def keep(event: Any) -> None:
+        if event.stage == "verify" and event.message.startswith("not verified"):
+            notes.append(event.message)
+        if callback is not None:
+            callback(event)
+
+    return keep
+
+
+def _flax_model_to_verify(args: argparse.Namespace, hw: Any) -> Any:
+    """The Flax model ``--verify`` compiles (a zoo model's twin, a factory's
+    module), where the plan is for ``cpu``; None otherwise."""
+    from planner.models.loading import FACTORY_PATTERN, call_factory, zoo_names
+    from planner.plan_inputs import platform_of
+
+    if args.verify is False or platform_of(args.platform, hw) != "cpu":
+        return None
+    if args.model in zoo_names():
+        from planner.models.flax_zoo import flax_model
+
+        return flax_model(args.model)[0]
+    if FACTORY_PATTERN.fullmatch(args.model):
+        return call_factory(args.model)[0]
+    return None
+
+
 def _run_plan(args: argparse.Namespace) -> int:
     from costmodels import load_calibration, load_hardware
     from costmodels import check_writable, schedule_note
@@ -123,10 +152,21 @@ def _run_plan(args: argparse.Namespace) -> int:
     limit = parse_memory_limit(args.memory_limit) if args.memory_limit is not None else None
     if args.output:
         check_writable(args.output, "-o")  # before the search, not after it
+    if args.verify is not False:  # XLA:CPU devices for the plan's mesh, set before JAX starts
+        from planner.verification import VERIFY_MAX_CPU_DEVICES
+
+        if args.devices <= VERIFY_MAX_CPU_DEVICES and "JAX_NUM_CPU_DEVICES" not in os.environ:
+            import jax
+
+            try:
+                jax.config.update("jax_num_cpu_devices", max(args.devices, jax.config.jax_num_cpu_devices))
+            except RuntimeError:  # the backends have started (a caller's JAX): their devices stay
+                pass
     graph = load_model(args.model, args.on_unsupported)
     decoder = transformer_of(args.model)
     model, name = (graph, None) if decoder is None else decoder  # a transformer: planned from its config
     hw = load_hardware(args.hardware)
+    flax_model = _flax_model_to_verify(args, hw)
     calibration = load_calibration(args.calibration) if args.calibration else None
     as_json = args.json or not sys.stdout.isatty()
     callback, status = None, None
@@ -134,6 +174,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         callback, status = _progress(Console(stderr=True))
+    verify_notes: list[str] = []
+    callback = _keeping_verify_notes(callback, verify_notes)
     try:
         result = plan(
             model, name=name, pipeline=args.pipeline, devices=args.devices, hardware=hw, memory_limit=limit, batch=args.batch,
@@ -142,7 +184,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             calibration=calibration, allow_other_hardware=args.allow_other_hardware, callback=callback,
             platform=args.platform, milp_time_limit_s=args.milp_time_limit if args.milp_time_limit > 0 else None,
             time_budget_s=args.time_budget if args.time_budget > 0 else None,
-            levers=args.levers, cache_dir=cost_table_cache_dir(),
+            levers=args.levers, cache_dir=cost_table_cache_dir(), verify=args.verify, flax_model=flax_model,
         )
     except InfeasibleMemoryError as e:
         print(f"{PROG}: error: {one_line(str(e))}", file=sys.stderr)
@@ -152,6 +194,11 @@ def _run_plan(args: argparse.Namespace) -> int:
             status.stop()
     if result.platform == "cpu" and schedule_note():
         print(f"{PROG}: note: {schedule_note()}", file=sys.stderr)
+    if result.compiled_memory_bytes is not None:
+        print(f"{PROG}: verified: the compiled step needs {result.compiled_memory_bytes:,.0f} B per device, within "
+              f"the limit ({result.verify_rounds} compile(s), {result.verify_seconds:.1f} s)", file=sys.stderr)
+    for note in verify_notes:
+        print(f"{PROG}: note: {note}", file=sys.stderr)
     if args.output:
         result.write(args.output)  # atomic (costmodels/files.py); the path was checked before the search
     data = result.to_dict()
@@ -212,6 +259,10 @@ def add_plan_commands(sub: Any) -> None:
     pl.add_argument("--pipeline", choices=("auto", "always", "never"), default="auto",
                     help="pipeline stages for a decoder: auto (when no one-stage plan fits the memory), always "
                          "(only pipelined plans) or never (default auto; docs/llm-scale.md)")
+    pl.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
+                    help="compile the plan's training step (XLA, nothing runs) and plan again below the limit "
+                         "while the compiled program exceeds it (default: where the plan's compiler is on this "
+                         "machine: --platform cpu with a Flax model)")
     pl.add_argument("--json", action="store_true", help="print JSON even on a terminal")
     pl.add_argument("-o", "--output", metavar="FILE", help="write the plan as JSON to FILE")
     pl.add_argument("--full", action="store_true",

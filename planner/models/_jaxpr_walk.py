@@ -225,6 +225,17 @@ class _Walker(_TransformerRules):
         return ("op", id(eqn)), "relu" if zero else p
 
     # -- walking ---------------------------------------------------------------------
+    def inner_markers(self, eqn: Any) -> tuple[tuple[str, int], ...]:
+        """The module markers of the first equation inside ``eqn``'s jaxprs
+        that has any: a module call the export runs inside ``jax.shard_map``
+        (``planner.runtime.calls``) is marked inside it, not around it."""
+        for sub in jex.jaxprs_in_params(eqn.params):
+            for inner in sub.eqns:
+                got = self.markers(inner.source_info.name_stack) or self.inner_markers(inner)
+                if got:
+                    return got
+        return ()
+
     def call_jaxpr(self, eqn: Any) -> jex.Jaxpr | None:
         if eqn.primitive.name not in _CALL_PRIMITIVES:
             return None
@@ -273,6 +284,9 @@ class _Walker(_TransformerRules):
 
         for eqn in jaxpr.eqns:
             marks = prefix + self.markers(eqn.source_info.name_stack)
+
+            if eqn.primitive.name == "shard_map":  # one opaque op of the module marked inside it
+                marks = marks + tuple(m for m in self.inner_markers(eqn) if m not in marks)
             sub = self.call_jaxpr(eqn)
             if sub is not None:
                 name = self.call_name(eqn)

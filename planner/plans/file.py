@@ -192,6 +192,11 @@ def plan_fields(data: Any) -> dict[str, Any]:
             raise ValueError(f"plan.fastest_mesh must be null or [d, m] of positive integers, got {fm!r}")
         fm = tuple(fm)
     fields["fastest_mesh"] = fm
+    # what --verify compiled (optional: unverified plans and older files have none)
+    fields["compiled_memory_bytes"] = r.number("compiled_memory_bytes", optional=True) \
+        if "compiled_memory_bytes" in r.data else None
+    fields["verify_rounds"] = r.integer("verify_rounds", 0) if "verify_rounds" in r.data else 0
+    fields["verify_seconds"] = r.number("verify_seconds", optional=True) if "verify_seconds" in r.data else None
     # how planner.extract must treat operations it cannot map to reproduce the planned graph
     # (LayerGraph.on_unsupported; optional: older files were all made for "error")
     fields["on_unsupported"] = check_on_unsupported(r.get("on_unsupported") if "on_unsupported" in r.data

@@ -85,6 +85,10 @@ class Plan:
     on_unsupported: str = "error"
     levers: str = "none"  # the lever menu searched (costmodels.LEVER_CHOICES; "none" before version 3)
     pipeline: Pipeline | None = None  # stages and micro-batches (None: one stage, the whole batch in one pass)
+    # verified (planner.verification): XLA's memory per device of the plan's compiled step, the compiles it took
+    compiled_memory_bytes: float | None = None
+    verify_rounds: int = 0
+    verify_seconds: float | None = None  # the rounds' wall time, searches and compiles
 
     # -- the evaluation's fields, read through -------------------------------------------
 
@@ -237,6 +241,9 @@ class Plan:
             "meshes": [m.to_dict() for m in self.meshes],
             "history": [dataclasses.asdict(h) for h in self.history],
             "pipeline": pipeline,
+            "compiled_memory_bytes": self.compiled_memory_bytes,
+            "verify_rounds": self.verify_rounds,
+            "verify_seconds": self.verify_seconds,
         }
 
     def to_json(self, indent: int | None = 1) -> str:
