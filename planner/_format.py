@@ -1,10 +1,10 @@
-"""Human formatting of counts, byte sizes and shapes for the CLI's tables."""
+"""Human formatting of counts, byte sizes, shapes and names for the CLI's tables."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["format_count", "format_bytes", "format_bytes_up", "format_shape"]
+__all__ = ["format_count", "format_bytes", "format_bytes_up", "format_shape", "printable"]
 
 _PREFIXES = ("", "k", "M", "G", "T", "P", "E")
 
@@ -48,3 +48,15 @@ def format_bytes_up(nbytes: float) -> str:
 def format_shape(shape: Sequence[int]) -> str:
     """``[64, 56, 56]`` -> ``"64×56×56"``."""
     return "×".join(str(int(d)) for d in shape)
+
+
+# C0 controls (ESC among them), DEL and C1 controls (CSI U+009B among them): a terminal acts on them
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(c) not in "\n\t"}
+
+
+def printable(text: str) -> str:
+    """``text`` as a terminal shows it without acting on it: every control
+    character but newline and tab written as its ``\\x1b``-style escape,
+    so that a layer or hardware name from a file cannot move the cursor,
+    retitle the window or recolour the terminal."""
+    return text.translate(_CONTROL)

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from planner._cache_folder import cache_folder_refusal
 
 __all__ = ["cached_cost_table", "cost_model_fingerprint"]
 
@@ -88,7 +91,7 @@ def _write(path: Path, table) -> None:
     data = io.BytesIO()
     np.savez(data, **arrays)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomic(path, data.getvalue())
     except (OSError, ValueError):  # ValueError: costmodels.check_writable's "folder not writable"
         return
@@ -101,8 +104,14 @@ def cached_cost_table(compute: Callable[[], Any], inputs: tuple, settings: Any, 
     ``cache_dir`` where an earlier call with the same inputs left it, else
     computed and written there; without ``cache_dir``, just computed.
     ``fingerprint`` (:func:`cost_model_fingerprint`) may be passed in to hash
-    the source once for several tables."""
+    the source once for several tables. A ``cache_dir`` another user owns,
+    or every user may write, is not used (a ``RuntimeWarning`` says so:
+    :func:`planner._cache_folder.cache_folder_refusal`)."""
     if cache_dir is None:
+        return compute()
+    refusal = cache_folder_refusal(cache_dir)
+    if refusal is not None:  # what another user could have planted is not read
+        warnings.warn(f"not using the cost-table cache: {refusal}", RuntimeWarning, stacklevel=2)
         return compute()
     path = Path(cache_dir) / f"{_key(fingerprint or cost_model_fingerprint(), inputs, settings)}.npz"
     table = _read(path)

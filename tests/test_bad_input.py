@@ -697,6 +697,23 @@ CLASS_TESTS = {
     "values: seeds and device counts in range, the wrong type named (rows '...-above-cap', '...-none', '...-dict')": [
         "test_bad_input.py::test_public_function_rejects_bad_input",
         "test_bad_input.py::test_shard_takes_a_plan_or_a_path_and_names_anything_else"],
+    "signals: Ctrl-C at any moment (imports, tables, compilation) is one line and exit 130": [
+        "test_cli_boundary.py::test_the_interrupt_handler_prints_one_line_and_exits_130",
+        "test_cli_boundary.py::test_ctrl_c_at_any_moment_is_one_line_and_exit_130"],
+    "user code: a factory's or forward pass's errors (BaseException included) are the user's, exit 2": [
+        "test_cli_boundary.py::test_a_base_exception_from_a_factory_is_one_line_exit_2",
+        "test_cli_boundary.py::test_a_forward_pass_that_raises_is_the_users_error",
+        "test_cli_boundary.py::test_extract_names_the_model_whose_forward_pass_raised"],
+    "user code: what it prints never reaches --json's stdout": [
+        "test_cli_boundary.py::test_what_user_code_prints_never_reaches_json_stdout"],
+    "terminal: control characters in names from files are shown escaped": [
+        "test_terminal_hygiene.py::test_printable_escapes_every_control_character_but_newline_and_tab",
+        "test_terminal_hygiene.py::test_a_table_on_a_terminal_shows_hostile_names_escaped",
+        "test_terminal_hygiene.py::test_an_error_line_shows_a_hostile_name_escaped"],
+    "cache: a folder another user owns or every user may write is not used (one warning)": [
+        "test_terminal_hygiene.py::test_cache_folder_refusal",
+        "test_terminal_hygiene.py::test_cli_refuses_an_unsafe_cache_with_one_warning",
+        "test_terminal_hygiene.py::test_library_cost_table_cache_refuses_an_unsafe_folder_with_a_warning"],
     "time: the MILP stops at its time limit with the best plan and its gap": [
         "test_plan.py::test_milp_time_limit_returns_the_best_plan_with_its_gap"],
 }

@@ -38,6 +38,7 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from planner.cli.common import COMMAND_HELP, PROG, Parser, add_model_argument, check_outputs, dump_json
+from planner._format import printable
 from planner.usage import UsageError, one_line
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def layer_report(graph: LayerGraph, batch: int = 1, dtype: str = "float32") -> d
 
 def _render_layers_table(report: dict[str, Any], full: bool = True) -> None:
     from rich import box
-    from rich.console import Console
+    from planner.cli._terminal import console as terminal
     from rich.table import Table
 
     from planner._compact import group_rows, label_group
@@ -138,7 +139,7 @@ def _render_layers_table(report: dict[str, Any], full: bool = True) -> None:
             format_bytes(act) if act else "",
             style="dim" if len(span) > 1 else None,
         )
-    Console().print(table)
+    terminal().print(table)
 
 
 def _run_layers(args: argparse.Namespace) -> int:
@@ -239,33 +240,50 @@ def cache_dir() -> Path | None:
     return Path(base) / "shardplan"
 
 
+def cache_refusal() -> str | None:
+    """Why the CLI must not use :func:`cache_dir` (another user's folder, or
+    one every user may write: :func:`planner._cache_folder.cache_folder_refusal`),
+    or None when it may (or the cache is off)."""
+    from planner._cache_folder import cache_folder_refusal
+
+    root = cache_dir()
+    return None if root is None else cache_folder_refusal(root, root / "jax", root / "cost-tables")
+
+
 def compilation_cache_dir() -> Path | None:
     """The folder the CLI keeps JAX's compilation cache in: :func:`cache_dir`'s
-    ``jax`` folder; None when the cache is off or the user set JAX's own
-    ``JAX_COMPILATION_CACHE_DIR`` (then JAX uses that)."""
+    ``jax`` folder; None when the cache is off or refused (:func:`cache_refusal`)
+    or the user set JAX's own ``JAX_COMPILATION_CACHE_DIR`` (then JAX uses that)."""
     root = cache_dir()
-    if root is None or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    if root is None or os.environ.get("JAX_COMPILATION_CACHE_DIR") or cache_refusal():
         return None
     return root / "jax"
 
 
 def cost_table_cache_dir() -> Path | None:
     """The folder the CLI keeps cost tables in (:mod:`planner._table_cache`):
-    :func:`cache_dir`'s ``cost-tables`` folder; None when the cache is off."""
+    :func:`cache_dir`'s ``cost-tables`` folder; None when the cache is off or refused."""
     root = cache_dir()
-    return None if root is None else root / "cost-tables"
+    return None if root is None or cache_refusal() else root / "cost-tables"
 
 
 def _use_compilation_cache() -> None:
     """Point JAX's persistent compilation cache at :func:`compilation_cache_dir`
     (every program cached, however fast it compiled: the CLI's cost tables and
     searches compile in well under JAX's default 1 s threshold). A folder that
-    cannot be made leaves the cache off: it only saves time."""
+    cannot be made leaves the cache off: it only saves time. A folder refused
+    (:func:`cache_refusal`) leaves it off with one warning line."""
+    refusal = cache_refusal()
+    if refusal is not None:
+        print(f"{PROG}: warning: not using the cache: {printable(refusal)}; make it your own and not writable by "
+              f"others (chmod o-w), or set {CACHE_ENV} to another folder or to off", file=sys.stderr)
+        return
     folder = compilation_cache_dir()
     if folder is None:
         return
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # this user's alone (cache_refusal)
+        folder.mkdir(mode=0o700, exist_ok=True)
     except OSError:
         return
     import jax
@@ -280,7 +298,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     answer is no: infeasible, out of tolerance), 2 (bad input, one line),
     3 (an internal error: a bug of ours, one line asking for a report, the
     traceback behind ``--debug`` or ``SHARDPLAN_DEBUG=1``), 130
-    (interrupted)."""
+    (interrupted). Called without ``argv`` it is the program: a Ctrl-C at
+    any moment is one line and exit 130 (:mod:`planner._interrupt`)."""
+    if argv is None:
+        from planner._interrupt import exit_on_interrupt
+
+        exit_on_interrupt()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser(_command(argv))
     debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
@@ -291,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # an in-process caller's Ctrl-C
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except (ValueError, ImportError) as e:  # UsageError included
@@ -308,11 +331,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # a bug of ours, not the user's input (InternalError included)
         if debug:
             raise
-        text = one_line(str(e)).removeprefix("internal error: ")[:400]
+        text = printable(one_line(str(e)).removeprefix("internal error: ")[:400])
         print(f"{PROG}: internal error: {type(e).__name__}: {text} (a bug in shardplan, please report it; "
               f"rerun with --debug or {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         return INTERNAL_ERROR_STATUS
-    print(f"{PROG}: error: {one_line(message)}", file=sys.stderr)
+    print(f"{PROG}: error: {printable(one_line(message))}", file=sys.stderr)  # names from files, escaped
     return 2
 
 

@@ -154,7 +154,7 @@ def _run_hardware(args: argparse.Namespace) -> int:
         if args.json or not sys.stdout.isatty():
             _print_json({"presets": rows})
             return 0
-        from rich.console import Console
+        from planner.cli._terminal import console as terminal
         from rich.table import Table
 
         from planner._format import format_bytes, format_count
@@ -166,7 +166,7 @@ def _run_hardware(args: argparse.Namespace) -> int:
             peak = r["peak_flops_per_s"].get("bfloat16", r["peak_flops_per_s"]["float32"])
             table.add_row(r["name"], str(r["devices_per_node"]), format_bytes(r["memory_bytes"]),
                           format_count(peak), ", ".join(r["tiers"]), r["description"])
-        Console().print(table)
+        terminal().print(table)
         return 0
     hw = load_hardware(args.name)
     _print_json(hw.to_dict())
@@ -214,7 +214,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
 
 
 def _render_evaluation(data: dict[str, Any], full: bool = True) -> None:
-    from rich.console import Console
+    from planner.cli._terminal import console as terminal
 
     from planner._format import format_bytes
 
@@ -227,7 +227,7 @@ def _render_evaluation(data: dict[str, Any], full: bool = True) -> None:
     )
     asked = {r.get("requested_strategy", r["strategy"]) for r in data["layers"]}
     base = asked.pop() if len(asked) == 1 else "data"  # --strategy NAME: NAME; a plan: data parallelism
-    Console().print(layer_cost_table(title, data["layers"], full=full, base=base, iteration_s=data["iteration_s"]))
+    terminal().print(layer_cost_table(title, data["layers"], full=full, base=base, iteration_s=data["iteration_s"]))
 
 
 def describe_grouping(spans: tuple[range, ...], rows: int, what: str, names: Sequence[str] = ()) -> str | None:
@@ -262,7 +262,7 @@ def layer_cost_table(title: str, layers: list[dict[str, Any]], *, full: bool = T
     from rich.text import Text
 
     from planner._compact import group_rows, label_group, plain_cost_rows
-    from planner._format import format_bytes
+    from planner._format import format_bytes, printable
     from planner.evaluation import option_label
     from planner.unavailable import substitution_notes
 
@@ -278,7 +278,7 @@ def layer_cost_table(title: str, layers: list[dict[str, Any]], *, full: bool = T
                                                "each communicating under 1% of the iteration", names)
     notes += [grouped] if grouped else []
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False,
-                  caption=Text("\n".join(notes)) if notes else None, caption_justify="left")
+                  caption=Text(printable("\n".join(notes))) if notes else None, caption_justify="left")
     for col, just in (("name", "left"), ("kind", "left"), ("strategy", "left"), ("compute ms", "right"),
                       ("comm ms", "right"), ("reshard ms", "right"), ("memory", "right")):
         table.add_column(col, justify=just, overflow="fold")

@@ -53,7 +53,7 @@ def _fmt_epoch(s: float | None) -> str:
 
 def _render_rows(report: Any) -> None:
     from rich import box
-    from rich.console import Console
+    from planner.cli._terminal import console as terminal
     from rich.table import Table
 
     from planner._format import format_bytes
@@ -69,7 +69,7 @@ def _render_rows(report: Any) -> None:
         table.add_row(r.strategy, str(r.devices), f"{r.batch:g}", _fmt_ms(r.compute_s), _fmt_ms(r.comm_s),
                       _fmt_ms(r.weight_update_s), _fmt_ms(r.total_s), format_bytes(r.memory_bytes_per_device),
                       _fmt_epoch(r.epoch_s), r.bottleneck, style=style)
-    Console().print(table)
+    terminal().print(table)
 
 
 def _ranking(report: Any, devices: list[int]) -> list[dict[str, Any]]:
@@ -85,7 +85,7 @@ def _ranking(report: Any, devices: list[int]) -> list[dict[str, Any]]:
 
 def _render_ranking(report: Any, ranking: list[dict[str, Any]]) -> None:
     from rich import box
-    from rich.console import Console
+    from planner.cli._terminal import console as terminal
     from rich.table import Table
 
     table = Table(title=f"{report.model} on {report.hardware} ({report.mode} mode): strategies by throughput "
@@ -98,7 +98,7 @@ def _render_ranking(report: Any, ranking: list[dict[str, Any]]) -> None:
         table.add_row(str(r["devices"]), str(r["rank"] or "-"), r["strategy"], f"{r['batch']:g}",
                       _fmt_ms(r["total_s"]) if ok else "", f"{r['samples_per_s']:,.0f}" if ok else "",
                       _fmt_epoch(r["epoch_s"]) if ok else "", r["bottleneck"], style=None if ok else "dim red")
-    Console().print(table)
+    terminal().print(table)
 
 
 def _per_s(samples: float, seconds: float) -> float:

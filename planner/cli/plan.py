@@ -50,7 +50,7 @@ def _progress(console: Any):
 
 
 def _render(data: dict[str, Any], output: str | None, full: bool = True) -> None:
-    from rich.console import Console
+    from planner.cli._terminal import console as terminal
 
     from planner._format import format_bytes
     from planner.cli.cost import layer_cost_table
@@ -75,7 +75,7 @@ def _render(data: dict[str, Any], output: str | None, full: bool = True) -> None
         f"batch {data['batch']}, {data['dtype']}, {data['optimizer']}: "
         f"{data['iteration_s'] * 1e3:.3f} ms/iteration{vs_dp}"
     )
-    console = Console()
+    console = terminal()
     console.print(layer_cost_table(title, data["layers"], full=full, iteration_s=data["iteration_s"]))
     gap = data["optimality_gap"]
     gap_text = "optimal" if gap == 0 else (f"within {gap:.2%} of optimal" if gap is not None else "no optimality bound")
@@ -91,10 +91,10 @@ def _render(data: dict[str, Any], output: str | None, full: bool = True) -> None
 def _render_pipelined(result: Any, output: str | None) -> None:
     """A pipelined plan: its header, one row per stage and one block's strategies
     (:func:`planner.plans.summary.pipeline_summary`), and how the search went."""
-    from rich.console import Console
+    from planner.cli._terminal import console as terminal
 
     p = result.pipeline
-    console = Console()
+    console = terminal()
     console.print(result.summary(), highlight=False, markup=False)
     console.print(
         f"searched {p.candidates} pipelined configurations ({p.fitting} fit) and {len(result.meshes)} one-stage "
@@ -137,6 +137,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     from planner.models.loading import load_model, transformer_of
     from planner.plan_inputs import check_seed
     from planner.planning import InfeasibleMemoryError, parse_memory_limit, plan
+    from planner._format import printable
     from planner.usage import one_line
 
     # what the plan file holds must read back (plan_file.py): counts within its integer range
@@ -171,9 +172,9 @@ def _run_plan(args: argparse.Namespace) -> int:
     as_json = args.json or not sys.stdout.isatty()
     callback, status = None, None
     if not as_json and sys.stderr.isatty():
-        from rich.console import Console
+        from planner.cli._terminal import console as terminal
 
-        callback, status = _progress(Console(stderr=True))
+        callback, status = _progress(terminal(stderr=True))
     verify_notes: list[str] = []
     callback = _keeping_verify_notes(callback, verify_notes)
     try:
@@ -187,7 +188,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             levers=args.levers, cache_dir=cost_table_cache_dir(), verify=args.verify, flax_model=flax_model,
         )
     except InfeasibleMemoryError as e:
-        print(f"{PROG}: error: {one_line(str(e))}", file=sys.stderr)
+        print(f"{PROG}: error: {printable(one_line(str(e)))}", file=sys.stderr)
         return 1
     finally:
         if status is not None:

@@ -76,7 +76,7 @@ def _summary(profile: Any, calibration: Any) -> dict[str, Any]:
 
 def _render(summary: dict[str, Any], output: str) -> None:
     from rich import box
-    from rich.console import Console
+    from planner.cli._terminal import console as terminal
     from rich.table import Table
 
     table = Table(
@@ -89,7 +89,7 @@ def _render(summary: dict[str, Any], output: str) -> None:
     for row in summary["layers"]:
         points = "  ".join(f"{w:g}: {s * 1e3:.4g}" for w, s in zip(row["work"], row["seconds"], strict=True))
         table.add_row(row["name"], points)
-    console = Console()
+    console = terminal()
     console.print(table)
     console.print(f"{summary['shapes']} shard shapes timed for {len(summary['layers'])} layers; "
                   f"calibration written to {output}", highlight=False)
@@ -118,9 +118,9 @@ def _run_profile(args: argparse.Namespace) -> int:
     hardware = load_hardware(args.hardware).name if args.hardware else ""
     bar, callback = None, None
     if sys.stderr.isatty():
-        from rich.console import Console
+        from planner.cli._terminal import console as terminal
 
-        bar, callback = _progress_bar(Console(stderr=True))
+        bar, callback = _progress_bar(terminal(stderr=True))
         bar.start()
     try:
         profile = profile_layers(

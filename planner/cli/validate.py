@@ -47,13 +47,13 @@ def _exact_bytes(v: float) -> str:
 
 def _render(report: Any) -> None:
     from rich import box
-    from rich.console import Console
+    from planner.cli._terminal import console as terminal
     from rich.table import Table
 
     def mark(ok: bool) -> str:
         return "[green]ok[/]" if ok else "[bold red]OUT[/]"
 
-    console = Console()
+    console = terminal()
     where = report.platform + (f" ({report.scheduler} scheduler)" if report.scheduler else "")
     mem = Table(title=f"{report.model}, mesh {'x'.join(map(str, report.mesh))}, batch {report.batch}, {report.optimizer}, {where}: "
                       "memory per device", box=box.SIMPLE_HEAD)
@@ -87,14 +87,19 @@ def _run_validate(args: argparse.Namespace) -> int:
     from planner.planning import Plan
     from planner.runtime.validation import validate
     from planner.usage import UsageError
+    from planner.user_code import UserCodeError, user_code
 
     for name in ("memory_rtol", "activation_rtol", "comm_rtol"):
         if getattr(args, name) < 0:
             raise UsageError(f"--{name.replace('_', '-')} must be a non-negative fraction", "expected e.g. 0.05")
     model = _flax_model(args.model)
     plan = Plan.read(args.plan)
-    report = validate(model, plan, memory_rtol=args.memory_rtol, activation_rtol=args.activation_rtol,
-                      comm_rtol=args.comm_rtol)
+    try:  # the step compiled runs the user's forward pass again: its prints must not reach --json's stdout
+        with user_code("your model", "while shardplan compiled its training step", args.model, errors=False):
+            report = validate(model, plan, memory_rtol=args.memory_rtol, activation_rtol=args.activation_rtol,
+                              comm_rtol=args.comm_rtol)
+    except UserCodeError as e:  # raised tracing the model: name the factory the user gave
+        raise e.named(args.model) from None
     if args.json or not sys.stdout.isatty():
         print(json.dumps(report.to_dict(), indent=1))
         if report.over_limit is not None:

@@ -130,6 +130,7 @@ from planner.models._jaxpr_walk import _Walker
 from planner.models._parameters import check_parameters, owned_values, parameter_count
 from planner.models._tracing import _graph_input_shape, _trace_linen, _trace_nnx, linen_train_kwargs
 from planner.usage import InternalError
+from planner.user_code import user_code
 
 __all__ = ["extract", "linen_train_kwargs"]
 
@@ -171,15 +172,18 @@ def extract(
         )
     batch = int(x.shape[0])
     input_shape = _graph_input_shape(x)
-    if isinstance(model, nnx.Module):
-        closed, infos, leaves = _trace_nnx(model, x)
-        params: Any = nnx.state(model, nnx.Param)
-    elif isinstance(model, nn.Module):
-        closed, infos, params, leaves = _trace_linen(model, x)
-    else:
+    if not isinstance(model, (nnx.Module, nn.Module)):
         raise ValueError(
             f"model must be a flax.nnx.Module or a flax.linen.Module, got {type(model).__name__}"
         )
+    # the forward pass (and a linen module's setup) is the user's code: its prints go to stderr, its errors are its own
+    source = f"{type(model).__module__}.{type(model).__qualname__}"
+    with user_code("your model", "while shardplan traced it", source):
+        if isinstance(model, nnx.Module):
+            closed, infos, leaves = _trace_nnx(model, x)
+            params: Any = nnx.state(model, nnx.Param)
+        else:
+            closed, infos, params, leaves = _trace_linen(model, x)
     builder = GraphBuilder(name or type(model).__name__, input_shape)
     walker = _Walker(builder, infos, batch, on_unsupported)
     jaxpr = closed.jaxpr

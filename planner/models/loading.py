@@ -23,7 +23,8 @@ from costmodels import read_input, read_json
 from planner.ir.graph import LayerGraph
 from planner.models.netfile import NET_SUFFIXES, load_net
 from planner.models.transformer import TRANSFORMER_SCHEMA, TransformerConfig, build_transformer, is_transformer_file
-from planner.usage import UsageError, one_line
+from planner.usage import UsageError
+from planner.user_code import UserCodeError, user_code
 
 __all__ = ["FACTORY_PATTERN", "accepted_models", "call_factory", "load_model", "zoo_names"]
 
@@ -114,20 +115,18 @@ def _load_file(path: Path) -> LayerGraph:
 def call_factory(spec: str) -> tuple[Any, Any]:
     """``(flax_module, example_input)`` from a ``package.module:factory``
     argument: imported, checked to take no arguments, called and its result
-    checked; every mistake is a :class:`UsageError`."""
+    checked; every mistake is a :class:`UsageError`. The import and the call
+    are the user's code (:func:`planner.user_code.user_code`): what they
+    print goes to stderr, what they raise is a :class:`UserCodeError`."""
     module_name, _, attr = spec.partition(":")
     accepted = "expected package.module:factory, a function taking no arguments that returns (flax_module, example_input)"
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise UsageError(f"cannot import {module_name!r} ({e})", accepted) from None
-    except SyntaxError as e:
-        raise UsageError(f"cannot import {module_name!r} (syntax error: {e})", accepted) from None
-    except SystemExit as e:
-        raise UsageError(f"importing {module_name!r} called exit({e.code!r})", accepted) from None
-    except Exception as e:  # the user's module raised while importing
-        raise UsageError(f"importing {module_name!r} raised {type(e).__name__}: {one_line(str(e))[:200]}",
-                         accepted) from None
+    with user_code(f"importing {module_name!r}", accepted=accepted):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise UsageError(f"cannot import {module_name!r} ({e})", accepted) from None
+        except SyntaxError as e:
+            raise UsageError(f"cannot import {module_name!r} (syntax error: {e})", accepted) from None
     factory: Any = module
     for part in attr.split("."):
         factory = getattr(factory, part, None)
@@ -141,12 +140,8 @@ def call_factory(spec: str) -> tuple[Any, Any]:
         raise UsageError(f"{spec} needs arguments", accepted) from None
     except ValueError:  # no signature (a builtin): just call it
         pass
-    try:
+    with user_code(f"{spec}()", accepted=accepted):
         result = factory()
-    except SystemExit as e:
-        raise UsageError(f"{spec}() called exit({e.code!r})", accepted) from None
-    except Exception as e:  # the user's factory raised
-        raise UsageError(f"{spec}() raised {type(e).__name__}: {one_line(str(e))[:200]}", accepted) from None
     if not (isinstance(result, (tuple, list)) and len(result) == 2):
         raise UsageError(f"{spec}() returned {type(result).__name__}, not a (module, example_input) pair", accepted)
     return result[0], result[1]
@@ -158,4 +153,7 @@ def _load_factory(spec: str, on_unsupported: str) -> LayerGraph:
         from planner.models.extraction import extract
     except ImportError as e:
         raise UsageError(f"Flax model extraction is unavailable ({e})", accepted_models()) from None
-    return extract(*result, on_unsupported=on_unsupported)
+    try:
+        return extract(*result, on_unsupported=on_unsupported)
+    except UserCodeError as e:  # the forward pass raised: name the factory the user gave, not the model's class
+        raise e.named(spec) from None
