@@ -167,7 +167,7 @@ def parse_collectives(
             continue
         kind, is_async = m.group("kind"), bool(m.group("start"))
         sizes = _array_bytes(m.group("shape"))
-        if is_async and kind in ("all-gather", "collective-permute", "all-to-all") and len(sizes) > 1:
+        if is_async and kind in ("all-gather", "reduce-scatter", "collective-permute", "all-to-all") and len(sizes) > 1:
             # an async start returns (operands..., results..., [u32 contexts]); keep the results
             data = [s for s in sizes if s]
             sizes = data[len(data) // 2:]
