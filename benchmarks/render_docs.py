@@ -338,6 +338,30 @@ def pipelined_plan(r: dict, cuts: dict | None) -> list[str]:
         _stage_cuts(cuts) if cuts else [])
 
 
+def _gpu_aot_line(r: dict) -> str:
+    """One stack's run of `benchmarks/gpu_aot_probe.py`: what compiled, the plans' totals, what failed and how."""
+    v = r["summary"]["versions"]
+    wheels = "with" if v.get("nvidia-cuda-nvcc-cu12") else "without"
+    plans = []
+    for x in r["rows"]:
+        total = next((m for m in x.get("memory", []) if m["part"] == "total"), None)
+        if total:
+            colls = "collectives within tolerance" if all(c["ok"] for c in x["collectives"]) else "**collectives out**"
+            plans.append(f"{x['step']} {pct(total['compiled_bytes'] / total['predicted_bytes'] - 1)} total, {colls}")
+    works = [x["step"] for x in r["rows"] if x["ok"] and not x.get("memory")]
+    fails = [f"{x['step']} ({x['error'].split(':')[0] if ':' in x['error'] else x['error']})" for x in r["rows"]
+             if not x["ok"]]
+    return (f"- jax {v['jax']}, plugin {v.get('jax-cuda12-plugin') or '-'} {wheels} CUDA wheels, Python "
+            f"{v['python']} (`{r['command']}`): compiled {', '.join(works + plans) or 'nothing'}; "
+            f"failed {', '.join(fails) or 'nothing'}.")
+
+
+def gpu_aot_probe(r: dict, *others: dict | None) -> list[str]:
+    """`benchmarks/gpu_aot_probe.py` in the tested set, then in the other stacks (the plugin without its CUDA
+    wheels, the newest JAX): one line each."""
+    return [_gpu_aot_line(x) for x in (r, *others) if x]
+
+
 SECTIONS = (
     Section("Search quality and speed", "search_quality", """\
 The gradient method (relaxed search, then refinement) against the exact
@@ -436,6 +460,10 @@ unpublished, chosen by the planner) and own plan ([llm-scale.md](llm-scale.md)).
             also=("megatron_fit", "megatron_fit_memory")),
     Section("Planning with stages", "pipelined_plan", "", pipelined_plan, "python benchmarks/pipelined_plan.py",
             also=("stage_cuts",)),
+    Section("GPU targets without a GPU", "gpu_aot_probe", """\
+VGG16-CIFAR-10's step (batch 64, 8 devices) compiled for an A100 and an H100 on this CPU-only machine through the \
+CUDA PJRT plugin's compile-only devices; total memory compiled against predicted ([validation.md](validation.md#compiling-for-a-gpu-target-on-a-machine-without-one)).""",
+            gpu_aot_probe, "python benchmarks/gpu_aot_probe.py", also=("gpu_aot_probe_no_cuda_wheels", "gpu_aot_probe_latest")),
     Section("On one accelerator", "gpu_steps", """\
 The P = 1 plans of VGG16 and ResNet-50 as real training steps against their
 predicted `iteration_s`, and the 64-device plans' shard kernels timed on the

@@ -97,12 +97,20 @@ def test_async_and_tuple_forms():
         "%ard = (f32[128]{0}, bf16[64,2]{1,0}) all-reduce-done(%ars)\n"
         "%ags = (f32[4,8]{1,0}, f32[8,8]{1,0}) all-gather-start(%c), replica_groups=[1,2]<=[2], dimensions={0}\n"
         "%agd = f32[8,8]{1,0} all-gather-done(%ags)\n"
+        # XLA:GPU's form (compiled for an A100): the operands as a tuple, then the result
+        "%rss = ((f32[32,4,4,256]{3,2,1,0}), f32[8,4,4,256]{3,2,1,0}) reduce-scatter-start(%e), "
+        "replica_groups={{0,1}}, dimensions={0}, to_apply=%add\n"
+        "%rsd = f32[8,4,4,256]{3,2,1,0} reduce-scatter-done(%rss)\n"
+        # and its all-reduce on an H100 (jax 0.12.0.1)
+        "%ar2 = ((f32[3251083]{0}), f32[3251083]{0}) all-reduce-start(%f), replica_groups={{0,1}}, to_apply=%add\n"
         "ROOT %cp = f32[2,1,32,16]{3,2,1,0} collective-permute(%d), source_target_pairs={{0,1},{1,0}}\n"
     )
     colls = parse_collectives(text, (1, 2), AXES)
     assert [(c.kind, c.bytes_per_device, c.asynchronous, c.axes) for c in colls] == [
         ("all-reduce", 128 * 4 + 64 * 2 * 2, True, ("model",)),
         ("all-gather", 8 * 8 * 4, True, ("model",)),
+        ("reduce-scatter", 8 * 4 * 4 * 256 * 4, True, ("model",)),
+        ("all-reduce", 3251083 * 4, True, ("model",)),
         ("collective-permute", 2 * 32 * 16 * 4, False, ("model",)),
     ]
 

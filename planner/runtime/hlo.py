@@ -167,8 +167,11 @@ def parse_collectives(
             continue
         kind, is_async = m.group("kind"), bool(m.group("start"))
         sizes = _array_bytes(m.group("shape"))
-        if is_async and kind in ("all-gather", "collective-permute", "all-to-all") and len(sizes) > 1:
-            # an async start returns (operands..., results..., [u32 contexts]); keep the results
+        # an async start returns (operands..., results..., [u32 contexts]), the operands as a nested tuple in
+        # XLA:GPU's ((operands), results) form (a reduce-scatter; an all-reduce for an H100); keep the results.
+        # A flat all-reduce start's tuple is its combined results.
+        nested = m.group("shape").lstrip().startswith("((")
+        if is_async and len(sizes) > 1 and (nested or kind in ("all-gather", "collective-permute", "all-to-all")):
             data = [s for s in sizes if s]
             sizes = data[len(data) // 2:]
         nbytes = sum(sizes)
