@@ -104,7 +104,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     from costmodels import load_calibration, load_hardware
     from costmodels import check_writable, schedule_note
     from planner.cli import cost_table_cache_dir
-    from planner.cli.common import PROG
+    from planner.cli.common import PROG, notes_to_stderr
     from planner.models.loading import load_model, transformer_of
     from planner.plan_inputs import check_seed
     from planner.planning import InfeasibleMemoryError, parse_memory_limit, plan
@@ -129,11 +129,12 @@ def _run_plan(args: argparse.Namespace) -> int:
     hw = load_hardware(args.hardware)
     calibration = load_calibration(args.calibration) if args.calibration else None
     as_json = args.json or not sys.stdout.isatty()
-    callback, status = None, None
+    progress, status = None, None
     if not as_json and sys.stderr.isatty():
         from rich.console import Console
 
-        callback, status = _progress(Console(stderr=True))
+        progress, status = _progress(Console(stderr=True))
+    callback = notes_to_stderr(progress)
     try:
         result = plan(
             model, name=name, pipeline=args.pipeline, devices=args.devices, hardware=hw, memory_limit=limit, batch=args.batch,
