@@ -16,6 +16,7 @@ for neither JAX nor NumPy; type checkers and IDEs see the names through the
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # loaded on first use (module docstring)
+    from costmodels.calibration._applicable import check_calibration
     from costmodels.calibration._file import MAX_WORK_POINTS, Calibration, check_hardware, load_calibration
     from costmodels.calibration._keys import LayerDims, OpKey, ShapePoint, ShardDims, graph_op_keys
     from costmodels.calibration._lookup import CalibrationArrays, calibration_arrays
@@ -186,7 +187,7 @@ __all__ = [
     "bucket_size",
     "calibration_arrays",
     "chain_cost",
-    "check_hardware",
+    "check_calibration", "check_hardware",
     "check_not_input",
     "check_writable",
     "cost_table",
@@ -255,6 +256,7 @@ _LAZY = {  # public name -> the module that defines it, imported on first use
     "MAX_WORK_POINTS": "costmodels.calibration._file",
     "Calibration": "costmodels.calibration._file",
     "check_hardware": "costmodels.calibration._file",
+    "check_calibration": "costmodels.calibration._applicable",
     "load_calibration": "costmodels.calibration._file",
     "LayerDims": "costmodels.calibration._keys",
     "OpKey": "costmodels.calibration._keys",

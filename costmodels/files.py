@@ -33,15 +33,29 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_INPUT_BYTES", "MAX_INT_DIGITS", "check_not_input", "check_writable", "parse_json",
-           "read_input", "read_json", "write_atomic"]
+__all__ = ["FLOAT32_MAX", "FLOAT32_TINY", "MAX_DEPTH", "MAX_INPUT_BYTES", "MAX_INT_DIGITS", "check_float32",
+           "check_not_input", "check_writable", "parse_json", "read_input", "read_json", "write_atomic"]
 
 MAX_DEPTH = 64  # objects and lists inside each other
 MAX_INT_DIGITS = 18  # every count the formats hold (batch, devices, layers) is far below 10**18
 MAX_INPUT_BYTES = 64 * 2**20  # the largest file read: the biggest plan or layer graph is a few MiB
 MAX_LINK_HOPS = 40  # symbolic links followed from an output path (Linux's own limit, path_resolution(7))
+# The cost model computes in float32 (x64 off): a number a file gives must stay a positive normal
+# float32, or it becomes 0 or infinity there and its NaNs reach the answer (IEEE 754 binary32).
+FLOAT32_TINY = 2.0**-126  # the smallest positive normal float32, about 1.18e-38
+FLOAT32_MAX = (2.0 - 2.0**-23) * 2.0**127  # the largest finite float32, about 3.40e38
 _DESCRIPTOR_FOLDER = re.compile(r"/proc/[^/]+/fd")  # /dev/stdout, /dev/fd/N: a descriptor already open
 
+
+
+def check_float32(v: float, where: str) -> float:
+    """``v`` where it is 0 or within float32's normal range
+    (:data:`FLOAT32_TINY` to :data:`FLOAT32_MAX` in magnitude); else a
+    ``ValueError`` naming ``where`` (the file and field)."""
+    if v != 0 and not FLOAT32_TINY <= abs(v) <= FLOAT32_MAX:
+        raise ValueError(f"{where} = {v!r} is outside what float32 holds ({FLOAT32_TINY:.4g} to {FLOAT32_MAX:.4g} "
+                         "in magnitude), in which the cost model computes; give a value in that range")
+    return v
 
 
 def _int(text: str, source: str) -> int:

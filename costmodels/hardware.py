@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from costmodels.files import parse_json, read_json
+from costmodels.files import check_float32, parse_json, read_json
 from costmodels.transport import Environment, environment_from_dict
 
 __all__ = [
@@ -65,6 +65,9 @@ _PLAUSIBLE: dict[str, tuple[float, float, str]] = {  # field -> (min, max, examp
     "dispatch_s": (0.0, 1.0, "2e-4 for 0.2 ms"),
 }
 OP_CLASSES = ("conv", "matmul", "elementwise", "memory")
+# An attained fraction of peak below this is no measurement of a real kernel (the slowest a
+# roofline-bound op runs is a few percent of peak) but a typo whose reciprocal overflows.
+MIN_EFFICIENCY = 1e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,13 +210,16 @@ def load_hardware(name_or_path: str | Path | Hardware) -> Hardware:
 
 
 def _positive(v: Any, where: str, *, allow_zero: bool = False, upper: float | None = None,
-              plausible: str | None = None) -> float:
+              plausible: str | None = None, lower: float | None = None) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise ValueError(f"{where} must be a finite number, got {v!r}")
     if v < 0 or (v == 0 and not allow_zero):
         raise ValueError(f"{where} must be {'non-negative' if allow_zero else 'positive'}, got {v!r}")
     if upper is not None and v > upper:
         raise ValueError(f"{where} must be at most {upper}, got {v!r}")
+    if lower is not None and v < lower:
+        raise ValueError(f"{where} must be at least {lower:g}, got {v!r}")
+    check_float32(v, where)
     if plausible is not None:
         low, high, example = _PLAUSIBLE[plausible]
         if 0 < v < low or v > high:
@@ -300,8 +306,8 @@ def hardware_from_dict(data: Any, *, source: str = "hardware") -> Hardware:
         where = f"{source}: efficiency.{c}"
         if isinstance(v, dict):
             per = _keys(v, where, (), MATH_MODES)
-            return {k: _positive(x, f"{where}.{k}", upper=1.0) for k, x in per.items()}
-        return _positive(v, where, upper=1.0)
+            return {k: _positive(x, f"{where}.{k}", upper=1.0, lower=MIN_EFFICIENCY) for k, x in per.items()}
+        return _positive(v, where, upper=1.0, lower=MIN_EFFICIENCY)
 
     device = Device(
         peak_flops_per_s={k: _positive(v, f"{source}: peak_flops_per_s.{k}", plausible="peak_flops_per_s")

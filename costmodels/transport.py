@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from costmodels.files import check_float32
+
 __all__ = [
     "ALLREDUCE_SCHEMES",
     "COLLECTIVE_KINDS",
@@ -240,7 +242,7 @@ def _number(v: Any, where: str, *, low: float = 0.0, high: float = math.inf, exa
     if v < low or v > high:
         hint = f"; {example}" if example else ""
         raise ValueError(f"{where} = {v!r} is outside [{low:g}, {high:g}]{hint}")
-    return float(v)
+    return float(check_float32(v, where))
 
 
 def _fields(d: Any, where: str, required: Sequence[str], optional: Sequence[str] = ()) -> dict[str, Any]:

@@ -21,7 +21,7 @@ could not run in :attr:`LayerCost.substitution_reason`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,7 @@ from costmodels import (
     Lever,
     Strategy,
     calibration_arrays,
-    check_hardware,
+    check_calibration,
     cost_table,
     hardware_arrays,
     iteration_time,
@@ -58,6 +58,7 @@ from planner.ir.graph import LayerGraph
 from planner.plan_inputs import platform_of, resolve_batch, resolve_mesh
 from planner.schedule_fit import choice_peak
 from planner.unavailable import lever_unavailable_reason, unavailable_reason
+from search import SearchEvent
 
 __all__ = [
     "evaluation_of", "LayerCost", "Evaluation", "option_label", "plan_levers", "remat_runs_offered", "uniform_choice",
@@ -254,6 +255,7 @@ def evaluate(
     allow_other_hardware: bool = False,
     levers: str | None = None,
     platform: str | None = None,
+    callback: Callable[[SearchEvent], None] | None = None,
 ) -> Evaluation:
     """Cost of one plan: ``strategy`` for every layer that can run it, or
     ``plan`` (layer name -> strategy name, with its levers: ``data+zero2``).
@@ -263,7 +265,12 @@ def evaluate(
     options, up to float32 rounding (``evaluate --plan`` passes the menu the
     plan was searched on, and reproduces its numbers exactly). ``platform``
     is the XLA platform whose memory is predicted (:data:`costmodels.PLATFORMS`;
-    default the hardware's, :func:`planner.plan_inputs.platform_of`)."""
+    default the hardware's, :func:`planner.plan_inputs.platform_of`).
+    ``calibration``: measured times, refused where it does not belong
+    (:func:`costmodels.check_calibration`: other hardware unless
+    ``allow_other_hardware``, another dtype, none of the model's layers);
+    ``callback`` hears a ``calibration`` event where it measures only some
+    of the layers."""
     if (strategy is None) == (plan is None):
         raise ValueError("give exactly one of strategy (a name) or plan (layer -> strategy)")
     d, m = resolve_mesh(devices, mesh, hardware)
@@ -290,13 +297,10 @@ def evaluate(
         raise ValueError(f"the plan's levers need the menu {needed!r}, which levers={levers!r} does not hold")
     settings = CostSettings(dtype=dtype, optimizer=optimizer, levers=levers, platform=platform_of(platform, hardware),
                             remat_runs=remat_runs_offered(graph, levers))
-    if calibration is not None and calibration.dtype != dtype:
-        raise ValueError(
-            f"the calibration was measured in {calibration.dtype}, but the plan computes in {dtype}; "
-            f"profile in {dtype} or evaluate with dtype {calibration.dtype}"
-        )
     if calibration is not None:
-        check_hardware(calibration, hardware.name, allow_other_hardware=allow_other_hardware)
+        note = check_calibration(calibration, graph, hardware.name, dtype, allow_other_hardware=allow_other_hardware)
+        if note and callback is not None:
+            callback(SearchEvent("calibration", note))
     cal = calibration_arrays(calibration, graph) if calibration is not None else None
     table = cost_table(graph.arrays, hardware_arrays(hardware, dtype), float(B), float(d), float(m), settings, cal)
     return evaluation_of(graph, hardware, devices, (d, m), B, settings, table, strategy=strategy, plan=plan)

@@ -31,7 +31,7 @@ from costmodels import (
     Hardware,
     Strategy,
     calibration_arrays,
-    check_hardware,
+    check_calibration,
     cost_table,
     hardware_arrays,
     lever_menu,
@@ -157,6 +157,12 @@ def plan(
     (``fastest_iteration_s``, ``fastest_mesh``); the prediction is a model, and
     sharding more layers for a gain smaller than its error is no gain.
 
+    ``calibration``: measured times, checked first
+    (:func:`costmodels.check_calibration`: refused if measured on other
+    hardware, unless ``allow_other_hardware``, in another ``dtype``, or on
+    none of the model's layers; the callback hears a ``calibration`` event
+    where it measures only some of them).
+
     ``cache_dir``: a folder to keep the cost tables in between calls (the
     command line's cache, :func:`planner.cli.cache_dir`); a second call with
     the same inputs reads them instead of computing them. The answer is the
@@ -203,6 +209,10 @@ def plan(
     B = resolve_batch(P, batch, batch_per_device)
     limit = _memory_limit_bytes(memory_limit, hw)
     platform = platform_of(platform, hw)
+    if calibration is not None:  # before any work, the pipelined search's included
+        note = check_calibration(calibration, graph, hw.name, dtype, allow_other_hardware=allow_other_hardware)
+        if note and callback is not None:
+            callback(SearchEvent("calibration", note))
     # Kept free: the platform's share of the limit, and the input batch (float32
     # images or int32 token ids, int32 labels, split over all P devices, as
     # planner.runtime.export feeds them), which the cost table does not count: exact,
@@ -224,7 +234,7 @@ def plan(
         callback(SearchEvent("tables", f"{graph.model_name}: {len(meshes)} mesh shape(s) on {P} devices, batch {B}"))
         if platform == "cpu" and schedule_note():  # the XLA:CPU schedule and margin of another jaxlib
             callback(SearchEvent("schedule", schedule_note()))
-    tables = _cost_tables(graph, hw, B, meshes, settings, calibration, allow_other_hardware, cache_dir)
+    tables = _cost_tables(graph, hw, B, meshes, settings, calibration, cache_dir)
     # (at least 1 byte: a limit the margin eats whole fits nothing, and says so below). The
     # search sums memory in float32 in its own order; the plan's reported memory is another
     # float32 sum: FLOAT32_ROUNDING keeps the two on the same side of the limit.
@@ -362,14 +372,12 @@ def _plan_with_levers_when_needed(args: dict) -> Plan:
 
 
 def _cost_tables(graph: LayerGraph, hw: Hardware, batch: int, meshes: list[tuple[int, int]], settings: CostSettings,
-                 calibration: Calibration | None, allow_other_hardware: bool, cache_dir: Path | None) -> list:
+                 calibration: Calibration | None, cache_dir: Path | None) -> list:
     """One cost table per mesh shape (kept in ``cache_dir`` between calls,
     :mod:`planner._table_cache`), with ``calibration``'s measured times
-    where it was measured on ``hw`` (or ``allow_other_hardware``); data
+    (:func:`plan` has checked that it belongs: ``costmodels.check_calibration``); data
     parallelism (under every lever) ruled out where the batch does not split
     into whole samples per device."""
-    if calibration is not None:
-        check_hardware(calibration, hw.name, allow_other_hardware=allow_other_hardware)
     cal = calibration_arrays(calibration, graph) if calibration is not None else None
     hwa = hardware_arrays(hw, settings.dtype)
     menu_size = len(lever_menu(settings.levers))

@@ -1,10 +1,15 @@
 """``UsageError``: a mistake in what the user asked for (a name, a path, an
 option), raised by the library's resolvers (:func:`planner.models.loading.load_model`)
-and by the command line, which prints it as one line and exits with 2."""
+and by the command line, which prints it as one line and exits with 2;
+``InternalError``, a bug of ours (exit 3); :func:`json_text`, the one way
+JSON is written, which never writes ``NaN`` or ``Infinity``."""
 
 from __future__ import annotations
 
-__all__ = ["InternalError", "UsageError", "one_line"]
+import json
+from typing import Any
+
+__all__ = ["InternalError", "UsageError", "json_text", "one_line"]
 
 
 class UsageError(ValueError):
@@ -31,3 +36,13 @@ def one_line(text: str) -> str:
     """``text`` with every run of whitespace (newlines included) as one space."""
     return " ".join(text.split())
 
+
+
+def json_text(value: Any, *, indent: int | None = 1, what: str = "the output") -> str:
+    """``value`` as JSON (RFC 8259), which has no NaN or infinity: a
+    non-finite number in ``value`` is an :class:`InternalError` (every input
+    is checked finite and in range, so only a bug of ours can make one)."""
+    try:
+        return json.dumps(value, indent=indent, allow_nan=False)
+    except ValueError as e:
+        raise InternalError(f"{what} holds a NaN or infinite number, which JSON cannot hold ({e})") from None

@@ -22,7 +22,7 @@ from reference_files import TINY_NET
 from costmodels import load_calibration, load_hardware
 from planner.cli import main
 from planner.models.netfile import parse_net
-from planner.models.zoo import get_model
+from planner.models.zoo import MODEL_NAMES, get_model
 
 
 def _graph(**change):
@@ -30,6 +30,24 @@ def _graph(**change):
     d = parse_net(TINY_NET).to_dict()
     d["layers"][0].update(change)
     return d
+
+
+def _graph_row(row, **change):
+    """The tiny network's layer-graph dict with ``change`` applied to layer ``row``."""
+    d = parse_net(TINY_NET).to_dict()
+    d["layers"][row].update(change)
+    return d
+
+
+def _shape_calibration() -> dict:
+    """A version 3 calibration, hand-written: one point of a 3x3 conv 3->64 on 224x224."""
+    return {"schema": "shardplan/calibration", "version": 3, "dtype": "float32",
+            "device": {"preset": "abci-v100", "name": "Tesla V100"},
+            "points": [{"op": {"kind": "conv", "rank": 2, "dtype": "float32", "kernel": [3, 3], "stride": [1, 1],
+                               "dilation": [1, 1], "groups": 1},
+                        "layer": {"C": 3, "F": 64, "in": [224, 224], "out": [224, 224]}, "strategy": "data",
+                        "shard": {"b": 8, "c": 3, "f": 64, "in": [224, 224], "out": [224, 224]},
+                        "seconds": 1e-3}]}
 
 
 def _hardware(mutate):
@@ -147,6 +165,20 @@ def _files() -> dict[str, str | bytes]:
         "plan_file_zero_devices.json": json.dumps(_with(_valid_plan_file(), devices=0, mesh=[0, 1])),
         "plan_duplicate_layer.json": json.dumps(_with(_plan_rows(M), layers=_plan_rows(M)["layers"] * 2)),
         "binary.json": b"\x89PNG\r\n\x1a\n\xff\xfe",
+        # numbers JSON holds but float32, in which the cost model computes, does not
+        "hw_tiny_efficiency.json": json.dumps(_hardware(lambda d: d["device"]["efficiency"].update(conv=1e-40))),
+        "hw_subnormal_efficiency.json": json.dumps(_hardware(lambda d: d["device"]["efficiency"].update(conv=1e-300))),
+        "hw_huge_bandwidth.json": json.dumps(_hardware(tiers(lambda t: t.update(bandwidth_bytes_per_s=1e39)))),
+        "hw_tiny_latency.json": json.dumps(_hardware(tiers(lambda t: t.update(latency_s=1e-300)))),
+        "cal_huge_seconds.json": json.dumps(_calibration([1e-4, 1e300], layer="features/0")),
+        "cal_tiny_seconds.json": json.dumps(_calibration([1e-4, 1e-300], layer="features/0")),
+        # a version 3 calibration of VGG16's first conv (3->64 on 224x224): no layer of vgg16-cifar10
+        "cal_v3_imagenet_conv.json": json.dumps(_shape_calibration()),
+        # layers that do not hold together (the tiny network: CONV1 3x3 pad 1 on 3x8x8 -> 4x8x8, no bias)
+        "graph_conv_100.json": json.dumps(_graph(out_spatial=[100, 100, 1])),
+        "graph_relu_64.json": json.dumps(_graph_row(1, out_channels=64)),
+        "graph_conv_no_params.json": json.dumps(_graph(params=0)),
+        "graph_flops_x1000.json": json.dumps(_graph(flops_fwd=11616 * 1000)),
         # plan files evaluate --plan reads as Plan.read does: types checked, nothing coerced
         "plan5.json": json.dumps(_plan5()),
         "plan5_mesh3.json": json.dumps(_plan5(mesh=[2, 2, 1])),
@@ -367,6 +399,47 @@ CLI_CASES = [
                  id="oracle-devices-above-cap"),
     pytest.param(["plan", M, "--devices", "8", "--seed", str(2**32)], USAGE,
                  "--seed must be a non-negative integer below 2^32", id="plan-seed-above-cap"),
+    # -- calibrations where they do not belong (costmodels.check_calibration) -----------------
+    pytest.param(["plan", M, "--devices", "8", "--dtype", "bfloat16", "--calibration", "{cal_float32}"], USAGE,
+                 "measured in float32, but the plan computes in bfloat16", id="plan-calibration-for-another-dtype"),
+    pytest.param(["plan", M, "--devices", "8", "--calibration", "{cal_tiny}"], USAGE,
+                 "was it measured on another model? Model 'vgg16-cifar10' has 33 layers",
+                 id="plan-calibration-for-another-model"),
+    pytest.param(["plan", M, "--devices", "8", "--calibration", "{cal_v3_imagenet_conv}"], USAGE,
+                 "measures no layer of model 'vgg16-cifar10': its 1 point(s) are of 1 layer shape(s), "
+                 "e.g. ['conv 3x3 3->64 on [224, 224]']", id="plan-shape-calibration-for-another-model"),
+    pytest.param(["evaluate", M, "--devices", "8", "--strategy", "data", "--calibration", "{cal_v3_imagenet_conv}"],
+                 USAGE, "was it profiled on another model?", id="evaluate-shape-calibration-for-another-model"),
+    pytest.param(["oracle", M, "--devices", "8", "--calibration", "{cal_v3_imagenet_conv}"], USAGE,
+                 "measures no layer of model 'vgg16-cifar10'", id="oracle-shape-calibration-for-another-model"),
+    # -- numbers in range for JSON, not for float32 ---------------------------------------------
+    pytest.param(["evaluate", M, "--devices", "8", "--strategy", "data", "--hardware", "{hw_tiny_efficiency}", "--json"],
+                 USAGE, "hw_tiny_efficiency.json: efficiency.conv must be at least 1e-06, got 1e-40",
+                 id="hardware-efficiency-1e-40"),
+    pytest.param(["plan", M, "--devices", "8", "--hardware", "{hw_subnormal_efficiency}"], USAGE,
+                 "efficiency.conv must be at least 1e-06, got 1e-300", id="hardware-efficiency-1e-300"),
+    pytest.param(["hardware", "{hw_huge_bandwidth}"], USAGE,
+                 "tiers[1].bandwidth_bytes_per_s = 1e+39 is outside what float32 holds", id="hardware-bandwidth-1e39"),
+    pytest.param(["hardware", "{hw_tiny_latency}"], USAGE, "tiers[1].latency_s = 1e-300 is outside what float32 holds",
+                 id="hardware-latency-1e-300"),
+    pytest.param(["plan", M, "--devices", "8", "--calibration", "{cal_huge_seconds}"], USAGE,
+                 "cal_huge_seconds.json: layers['features/0']: seconds = 1e+300 seconds is more than 1e+06 s",
+                 id="calibration-seconds-1e300"),
+    pytest.param(["evaluate", M, "--devices", "8", "--strategy", "data", "--calibration", "{cal_tiny_seconds}"], USAGE,
+                 "seconds = 1e-300 is outside what float32 holds", id="calibration-seconds-1e-300"),
+    # -- layers of a graph file that do not hold together ----------------------------------------
+    pytest.param(["layers", "{graph_conv_100}"], USAGE,
+                 "layer 'CONV1' (conv): out_spatial is [100, 100, 1], but in_spatial [8, 8, 1] with kernel [3, 3, 1], "
+                 "stride [1, 1, 1], dilation [1, 1, 1] and padding [1, 1, 0]/[1, 1, 0] gives [8, 8, 1]",
+                 id="graph-conv-8x8-to-100x100"),
+    pytest.param(["layers", "{graph_relu_64}"], USAGE,
+                 "layer 'RELU' (elementwise): out_channels is 64, but layers of kind elementwise keep their input's 4",
+                 id="graph-relu-4-to-64-channels"),
+    pytest.param(["plan", "{graph_conv_no_params}", "--devices", "4"], USAGE,
+                 "layer 'CONV1' (conv): params is 0, but its shapes give 108 or 112", id="graph-conv-without-params"),
+    pytest.param(["evaluate", "{graph_flops_x1000}", "--devices", "4", "--strategy", "data"], USAGE,
+                 "layer 'CONV1' (conv): flops_fwd is 11616000, but its shapes give 11616 (planner/ir/flops.py)",
+                 id="graph-flops-times-1000"),
     # -- an infeasible plan: exit 1 -------------------------------------------------------
     pytest.param(["plan", "{tiny}", "--devices", "4", "--batch", "8", "--memory-limit", "1kB"], INFEASIBLE,
                  "raise the memory limit to at least", id="plan-does-not-fit", marks=pytest.mark.slow),
@@ -533,6 +606,30 @@ API_CASES = [
                  "was it made for another model", id="evaluate-plan-for-another-model"),
     pytest.param(lambda p: _evaluate(plan={**{n: "data" for n in get_model(M).names}, "features/0": "diagonal"}),
                  "unknown strategy 'diagonal'", id="evaluate-plan-unknown-strategy"),
+    # -- calibrations where they do not belong; numbers float32 cannot hold; layers that do not hold together
+    pytest.param(lambda p: _plan(dtype="bfloat16", calibration=load_calibration(p["cal_float32"])),
+                 "measured in float32, but the plan computes in bfloat16", id="plan-calibration-for-another-dtype"),
+    pytest.param(lambda p: _plan(calibration=load_calibration(p["cal_v3_imagenet_conv"])),
+                 "measures no layer of model 'tiny'", id="plan-shape-calibration-for-another-model"),
+    pytest.param(lambda p: _evaluate(strategy="data", calibration=load_calibration(p["cal_v3_imagenet_conv"])),
+                 "measures no layer of model 'vgg16-cifar10'", id="evaluate-shape-calibration-for-another-model"),
+    pytest.param(lambda p: _oracle(calibration=p["cal_v3_imagenet_conv"]), "measures no layer of model",
+                 id="oracle-shape-calibration-for-another-model"),
+    pytest.param(lambda p: load_hardware(p["hw_tiny_efficiency"]), "efficiency.conv must be at least 1e-06",
+                 id="load_hardware-efficiency-1e-40"),
+    pytest.param(lambda p: load_hardware(p["hw_huge_bandwidth"]), "outside what float32 holds",
+                 id="load_hardware-bandwidth-1e39"),
+    pytest.param(lambda p: load_calibration(p["cal_huge_seconds"]), "is more than 1e+06 s",
+                 id="load_calibration-seconds-1e300"),
+    pytest.param(lambda p: load_calibration(p["cal_tiny_seconds"]), "outside what float32 holds",
+                 id="load_calibration-seconds-1e-300"),
+    pytest.param(lambda p: _graph_from(p, "graph_conv_100"), "out_spatial is [100, 100, 1]",
+                 id="LayerGraph.from_json-conv-8x8-to-100x100"),
+    pytest.param(lambda p: _graph_from(p, "graph_relu_64"), "out_channels is 64", id="LayerGraph.from_json-relu-64"),
+    pytest.param(lambda p: _graph_from(p, "graph_conv_no_params"), "params is 0, but its shapes give 108 or 112",
+                 id="LayerGraph.from_json-conv-without-params"),
+    pytest.param(lambda p: _graph_from(p, "graph_flops_x1000"), "flops_fwd is 11616000",
+                 id="LayerGraph.from_json-flops-times-1000"),
 ]
 
 
@@ -641,6 +738,100 @@ def test_shard_takes_a_plan_or_a_path_and_names_anything_else(paths):
         shard(None, "/dev/zero", None)
 
 
+# -- calibrations where they belong; JSON output always JSON; graph files that hold together ----------
+
+
+def test_a_partial_calibration_is_used_with_a_note(capsys, paths):
+    """cal_float32 measures features/0 only: 1 of vgg16-cifar10's 33 layers
+    (13 convs, 13 ReLUs, 5 pools, flatten and the classifier, counted by hand
+    from the VGG16 configuration). Said on stderr by the CLI, through the
+    callback by the library; the answer is still JSON on stdout."""
+    note = "measures 1 of the 33 layers of model 'vgg16-cifar10'; the other 32 are timed by the compute model"
+    for argv in (["evaluate", M, "--devices", "8", "--strategy", "data", "--json"],
+                 ["plan", M, "--devices", "8", "--method", "dp", "--json"]):
+        assert main([*argv, "--calibration", paths["cal_float32"]]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["model"] == M
+        assert err.count(note) == 1 and err.startswith("shardplan: note: "), err
+    events = []
+    _evaluate(strategy="data", calibration=load_calibration(paths["cal_float32"]), callback=events.append)
+    assert [(e.stage, note in e.message) for e in events] == [("calibration", True)]
+    events.clear()
+    _evaluate(strategy="data", callback=events.append)  # no calibration: nothing to say
+    assert events == []
+
+
+def test_a_calibration_of_every_layer_is_used_without_a_note(capsys, tmp_path):
+    names = parse_net(TINY_NET).names
+    cal = {"schema": "shardplan/calibration", "version": 1, "hardware": "abci-v100", "dtype": "float32",
+           "layers": {n: {"work": [1, 8], "seconds": [1e-4, 2e-4]} for n in names}}
+    f = tmp_path / "all.json"
+    f.write_text(json.dumps(cal))
+    path = tmp_path / "tiny.net"
+    path.write_text(TINY_NET)
+    assert main(["evaluate", str(path), "--devices", "4", "--strategy", "data", "--json", "--calibration", str(f)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_json_output_never_holds_nan(capsys, monkeypatch):
+    """A non-finite number reaching a JSON writer is our bug: exit 3 saying
+    so, never a ``NaN`` on stdout (which no JSON reader but Python's accepts)."""
+    import planner.evaluation
+    from planner.usage import InternalError, json_text
+
+    with pytest.raises(InternalError, match="holds a NaN or infinite number, which JSON cannot hold"):
+        json_text({"iteration_s": math.nan})
+    with pytest.raises(InternalError, match="NaN or infinite"):
+        json_text([1.0, math.inf])
+    assert json.loads(json_text({"x": 1e-300})) == {"x": 1e-300}
+
+    class _Broken:
+        def to_dict(self):
+            return {"model": M, "iteration_s": math.nan}
+
+    monkeypatch.setattr(planner.evaluation, "evaluate", lambda *a, **k: _Broken())
+    assert main(["evaluate", M, "--devices", "8", "--strategy", "data", "--json"]) == 3
+    out, err = capsys.readouterr()
+    assert out == "" and "internal error" in err and "NaN or infinite" in err
+
+
+@pytest.mark.parametrize("value, ok", [
+    (3.4028234663852886e38, True), (3.5e38, False),  # FLT_MAX = (2 - 2^-23) 2^127 (IEEE 754 binary32)
+    (1.1754943508222875e-38, True), (1.1e-38, False),  # FLT_MIN = 2^-126, the smallest normal
+])
+def test_float32_range_is_the_boundary(value, ok):
+    from costmodels.files import check_float32
+
+    if ok:
+        assert check_float32(value, "x") == value
+    else:
+        with pytest.raises(ValueError, match="outside what float32 holds"):
+            check_float32(value, "x")
+
+
+@pytest.mark.parametrize("scale, ok", [(1.0 + 1e-9, True), (1.0 + 1e-4, False), (1.0 - 1e-4, False)])
+def test_file_flops_within_the_tolerance_are_read(scale, ok):
+    """CONV1: 3x3, 3->4 on 8x8, pad 1, no bias: 2 * 3 * 4 * (8*3 - 2)^2 = 11616
+    forward FLOPs (valid taps per dim: 8 outputs x 3 taps less the 2 in the padding)."""
+    from planner.ir.graph import LayerGraph
+
+    assert 2 * 3 * 4 * (8 * 3 - 2) ** 2 == 11616
+    d = _graph(flops_fwd=11616 * scale)
+    if ok:
+        assert LayerGraph.from_dict(d).num_layers == 5
+    else:
+        with pytest.raises(ValueError, match="layer 'CONV1' \\(conv\\): flops_fwd is"):
+            LayerGraph.from_dict(d)
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_NAMES))
+def test_every_zoo_model_reads_back_through_the_layer_checks(name):
+    from planner.ir.graph import LayerGraph
+
+    g = get_model(name)
+    assert LayerGraph.from_json(g.to_json()).fingerprint == g.fingerprint
+
+
 # -- every class of bad input, each with its test(s) ----------------------------------------------
 # Where a class needs more than a table row (a killed writer, a traced function, a plan that must fit),
 # its tests live beside the code they exercise; this index names them and fails if one goes missing.
@@ -714,6 +905,18 @@ CLASS_TESTS = {
         "test_terminal_hygiene.py::test_cache_folder_refusal",
         "test_terminal_hygiene.py::test_cli_refuses_an_unsafe_cache_with_one_warning",
         "test_terminal_hygiene.py::test_library_cost_table_cache_refuses_an_unsafe_folder_with_a_warning"],
+    "calibrations: applicability (hardware, dtype, the model's layers) checked in one place for plan, evaluate "
+    "and oracle; a partial one noted (rows '...-calibration-for-another-...')": [
+        "test_bad_input.py::test_cli_rejects_bad_input", "test_bad_input.py::test_public_function_rejects_bad_input",
+        "test_bad_input.py::test_a_partial_calibration_is_used_with_a_note",
+        "test_bad_input.py::test_a_calibration_of_every_layer_is_used_without_a_note"],
+    "numbers: hardware and calibration values in float32's range, efficiencies in [1e-6, 1], seconds <= 1e6; "
+    "JSON output never NaN (rows '...-1e-40', '...-1e300', '...-1e39')": [
+        "test_bad_input.py::test_cli_rejects_bad_input", "test_bad_input.py::test_public_function_rejects_bad_input",
+        "test_bad_input.py::test_float32_range_is_the_boundary", "test_bad_input.py::test_json_output_never_holds_nan"],
+    "files: each layer of a graph file holds together: shapes, parameters and FLOPs from its shapes (rows 'graph-...')": [
+        "test_bad_input.py::test_cli_rejects_bad_input", "test_bad_input.py::test_file_flops_within_the_tolerance_are_read",
+        "test_bad_input.py::test_every_zoo_model_reads_back_through_the_layer_checks"],
     "time: the MILP stops at its time limit with the best plan and its gap": [
         "test_plan.py::test_milp_time_limit_returns_the_best_plan_with_its_gap"],
 }

@@ -10,7 +10,9 @@ dims, as :class:`costmodels.shards.ShardShapes` gives them). Every layer of a
 graph with the same op and layer dimensions shares the points, so a point
 measured on VGG16's conv10 serves conv11 and conv12. The file records the
 device it was measured on; using it for other hardware is refused unless
-asked for (:func:`check_hardware`).
+asked for (:func:`check_hardware`); :func:`check_calibration` checks that
+and the rest of whether a calibration belongs to a cost question (its dtype,
+the model's layers it measures).
 
 ```json
 {"schema": "shardplan/calibration", "version": 3, "dtype": "float32",
@@ -58,10 +60,12 @@ proportional to work with one point (:func:`calibrated_seconds`).
 
 The parts: :mod:`costmodels.calibration._keys` (operation keys and points),
 :mod:`costmodels.calibration._file` (the record and its file),
+:mod:`costmodels.calibration._applicable` (whether it belongs to a question),
 :mod:`costmodels.calibration._lookup` (arrays and the jitted lookup); this
 module's ``__all__`` is what the rest of shardplan uses.
 """
 
+from costmodels.calibration._applicable import check_calibration
 from costmodels.calibration._file import MAX_WORK_POINTS, Calibration, check_hardware, load_calibration
 from costmodels.calibration._keys import (
     LayerDims,
@@ -94,5 +98,6 @@ __all__ = [
     "shape_calibrated_seconds",
     "calibrate_compute",
     "check_hardware",
+    "check_calibration",
     "graph_op_keys",
 ]

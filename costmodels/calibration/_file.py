@@ -19,11 +19,12 @@ from costmodels.calibration._keys import (
     ShapePoint,
     graph_op_keys,
     point_from_dict,
+    positive_seconds,
     record_point,
     shape_work,
 )
 from costmodels.compute import DTYPE_BYTES
-from costmodels.files import read_json
+from costmodels.files import check_float32, read_json
 from costmodels.layers import LayerTable
 from costmodels.strategies import STRATEGY_NAMES
 
@@ -244,7 +245,7 @@ def _points(entry: Mapping[str, Any], where: str) -> Points:
         for v, what in ((x, "work"), (y, "seconds")):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"{where}: {what} values must be positive finite numbers, got {v!r}")
-        pts.append((float(x), float(y)))
+        pts.append((float(check_float32(x, f"{where}: work")), positive_seconds(y, f"{where}: seconds")))
     pts.sort()
     if len({x for x, _ in pts}) != len(pts):
         raise ValueError(f"{where}: repeated work values")

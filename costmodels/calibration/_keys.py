@@ -12,14 +12,18 @@ from typing import Any
 
 import numpy as np
 
+from costmodels.files import check_float32
 from costmodels.layers import LayerKind, LayerTable
 from costmodels.strategies import STRATEGY_NAMES
 
-__all__ = ["OP_KINDS", "POOL_TYPES", "LayerDims", "OpKey", "Points", "ShapePoint", "ShardDims", "graph_op_keys",
-           "point_from_dict", "record_point", "shape_work"]
+__all__ = ["MAX_SECONDS", "OP_KINDS", "POOL_TYPES", "LayerDims", "OpKey", "Points", "ShapePoint", "ShardDims", "graph_op_keys",
+           "point_from_dict", "positive_seconds", "record_point", "shape_work"]
 
 OP_KINDS = ("conv", "dense", "pool", "batch_norm", "elementwise", "add", "concat")  # the kinds profile measures
 POOL_TYPES = ("max", "avg", "global")
+# The longest measured time of one shard's forward and backward pass: 10^6 s, 11.6 days, far
+# beyond any kernel; a larger value is a unit or typing mistake that overflows float32 sums.
+MAX_SECONDS = 1e6
 
 Points = tuple[tuple[float, float], ...]  # ((work, seconds), ...), work ascending (versions 1 and 2)
 
@@ -112,7 +116,14 @@ def shape_work(p: ShapePoint) -> float:
 def _positive(v: Any, where: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
         raise ValueError(f"{where} must be a positive finite number, got {v!r}")
-    return float(v)
+    return float(check_float32(v, where))
+
+
+def positive_seconds(v: Any, where: str) -> float:
+    """A measured time: positive, at most :data:`MAX_SECONDS`, a normal float32."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and MAX_SECONDS < v <= math.inf:
+        raise ValueError(f"{where} = {v!r} seconds is more than {MAX_SECONDS:g} s (11.6 days); give seconds")
+    return _positive(v, where)
 
 
 def _positive_ints(v: Any, n: int, where: str) -> tuple[int, ...]:
@@ -191,7 +202,7 @@ def point_from_dict(d: Any, dtype: str, where: str) -> ShapePoint:
         strategy=d["strategy"],
         shard=ShardDims(_positive(sh["b"], f"{where}.shard.b"), _positive(sh["c"], f"{where}.shard.c"),
                         _positive(sh["f"], f"{where}.shard.f"), sin, sout),
-        seconds=_positive(d["seconds"], f"{where}.seconds"),
+        seconds=positive_seconds(d["seconds"], f"{where}.seconds"),
     )
 
 
@@ -206,7 +217,7 @@ def record_point(r: Mapping[str, Any], dtype: str, where: str) -> ShapePoint:
         raise ValueError(f"{where}: unknown strategy {strategy!r}; choose from {', '.join(STRATEGY_NAMES)}")
     if not isinstance(shard, Mapping):
         raise ValueError(f"{where}: shard must be an object")
-    seconds = _positive(need("fwd_bwd_s"), f"{where}: fwd_bwd_s")
+    seconds = positive_seconds(need("fwd_bwd_s"), f"{where}: fwd_bwd_s")
 
     def sh(key: str) -> float:
         if key not in shard:

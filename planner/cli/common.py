@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any, NoReturn
 
 from planner.ir.unsupported import ON_UNSUPPORTED
-from planner.usage import UsageError
+from planner.usage import UsageError, json_text
 
-__all__ = ["COMMAND_HELP", "MODEL_HELP", "PROG", "Parser", "add_model_argument", "check_outputs", "dump_json"]
+__all__ = ["COMMAND_HELP", "MODEL_HELP", "PROG", "Parser", "add_model_argument", "check_outputs", "dump_json",
+           "notes_to_stderr"]
 
 PROG = "shardplan"
 
@@ -64,11 +66,29 @@ def dump_json(report: dict[str, Any]) -> str:
     lines = []
     for key, value in report.items():
         if key == "layers":
-            rows = ",\n".join(f"  {json.dumps(row)}" for row in value)
+            rows = ",\n".join(f"  {json_text(row, indent=None)}" for row in value)
             lines.append(f' "layers": [\n{rows}\n ]')
         else:
-            lines.append(f" {json.dumps(key)}: {json.dumps(value)}")
+            lines.append(f" {json.dumps(key)}: {json_text(value, indent=None)}")
     return "{\n" + ",\n".join(lines) + "\n}"
+
+
+def notes_to_stderr(progress: Any = None):
+    """A callback that prints each distinct ``calibration`` event, and each
+    ``verify`` event saying why a plan was not verified, as one
+    ``shardplan: note:`` line on stderr (always: what the answer rests on),
+    and hands every event to ``progress`` (the terminal's status) if given."""
+    shown: set[str] = set()
+
+    def callback(event) -> None:
+        noted = event.stage == "calibration" or (event.stage == "verify" and event.message.startswith("not verified"))
+        if noted and event.message not in shown:
+            shown.add(event.message)
+            print(f"{PROG}: note: {event.message}", file=sys.stderr)
+        if progress is not None:
+            progress(event)
+
+    return callback
 
 
 MODEL_HELP = "built-in model name, ParaDL .net file, layer-graph .json file or package.module:factory"

@@ -19,13 +19,13 @@ same way (:func:`planner.plans.file.evaluation_fields`).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from planner.cli.common import COMMAND_HELP, add_model_argument
+from planner.usage import json_text
 
 __all__ = ["add_cost_commands", "layer_cost_table", "parse_mesh"]
 
@@ -133,7 +133,7 @@ def _plan_settings(args: argparse.Namespace, path: str, recorded: dict[str, Any]
 
 
 def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=1))
+    print(json_text(data))
 
 
 def _run_hardware(args: argparse.Namespace) -> int:
@@ -175,6 +175,7 @@ def _run_hardware(args: argparse.Namespace) -> int:
 
 def _run_evaluate(args: argparse.Namespace) -> int:
     from costmodels import load_calibration, load_hardware
+    from planner.cli.common import notes_to_stderr
     from planner.evaluation import evaluate
     from planner.models.loading import load_model
 
@@ -204,6 +205,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         calibration=load_calibration(args.calibration) if args.calibration else None,
         allow_other_hardware=args.allow_other_hardware,
         levers=recorded.get("levers") if args.plan else None,  # the menu the plan was searched on
+        callback=notes_to_stderr(),
     )
     data = ev.to_dict()
     if args.json or not sys.stdout.isatty():

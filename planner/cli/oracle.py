@@ -18,12 +18,12 @@ matplotlib).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
 from planner.cli.common import COMMAND_HELP, add_model_argument
+from planner.usage import json_text
 
 __all__ = ["add_oracle_commands", "left_out_notes", "parse_devices", "plot_report"]
 
@@ -224,11 +224,11 @@ def _run_oracle(args: argparse.Namespace) -> int:
     if args.rank:
         ranking = _ranking(report, devices)
         if as_json:
-            print(json.dumps(ranking, indent=1))
+            print(json_text(ranking))
         else:
             _render_ranking(report, ranking)
     elif as_json:
-        print(json.dumps(report.row_dicts(), indent=1))
+        print(json_text(report.row_dicts()))
     else:
         _render_rows(report)
     return 0

@@ -101,17 +101,6 @@ def _render_pipelined(result: Any, output: str | None) -> None:
         f"mesh shape(s) in {result.seconds:.2f} s" + (f"; written to {output}" if output else ""), highlight=False)
 
 
-def _keeping_verify_notes(callback: Any, notes: list[str]) -> Any:
-    """``callback`` (or none) that also keeps why a plan was not verified."""
-    def keep(event: Any) -> None:
-        if event.stage == "verify" and event.message.startswith("not verified"):
-            notes.append(event.message)
-        if callback is not None:
-            callback(event)
-
-    return keep
-
-
 def _flax_model_to_verify(args: argparse.Namespace, hw: Any) -> Any:
     """The Flax model ``--verify`` compiles (a zoo model's twin, a factory's
     module), where the plan is for ``cpu``; None otherwise."""
@@ -133,7 +122,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     from costmodels import load_calibration, load_hardware
     from costmodels import check_writable, schedule_note
     from planner.cli import cost_table_cache_dir
-    from planner.cli.common import PROG
+    from planner.cli.common import PROG, notes_to_stderr
     from planner.models.loading import load_model, transformer_of
     from planner.plan_inputs import check_seed
     from planner.planning import InfeasibleMemoryError, parse_memory_limit, plan
@@ -170,13 +159,12 @@ def _run_plan(args: argparse.Namespace) -> int:
     flax_model = _flax_model_to_verify(args, hw)
     calibration = load_calibration(args.calibration) if args.calibration else None
     as_json = args.json or not sys.stdout.isatty()
-    callback, status = None, None
+    progress, status = None, None
     if not as_json and sys.stderr.isatty():
         from planner.cli._terminal import console as terminal
 
-        callback, status = _progress(terminal(stderr=True))
-    verify_notes: list[str] = []
-    callback = _keeping_verify_notes(callback, verify_notes)
+        progress, status = _progress(terminal(stderr=True))
+    callback = notes_to_stderr(progress)
     try:
         result = plan(
             model, name=name, pipeline=args.pipeline, devices=args.devices, hardware=hw, memory_limit=limit, batch=args.batch,
@@ -198,8 +186,6 @@ def _run_plan(args: argparse.Namespace) -> int:
     if result.compiled_memory_bytes is not None:
         print(f"{PROG}: verified: the compiled step needs {result.compiled_memory_bytes:,.0f} B per device, within "
               f"the limit ({result.verify_rounds} compile(s), {result.verify_seconds:.1f} s)", file=sys.stderr)
-    for note in verify_notes:
-        print(f"{PROG}: note: {note}", file=sys.stderr)
     if args.output:
         result.write(args.output)  # atomic (costmodels/files.py); the path was checked before the search
     data = result.to_dict()

@@ -20,11 +20,11 @@ hardware unless ``--allow-other-hardware``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from planner.cli.common import COMMAND_HELP, add_model_argument
+from planner.usage import json_text
 
 __all__ = ["CAPS", "add_profile_commands"]
 
@@ -130,7 +130,7 @@ def _run_profile(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.stop()
-    text = json.dumps(profile.calibration().to_dict(), indent=1)
+    text = json_text(profile.calibration().to_dict())
     if not args.output:
         print(text)
         return 0

@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from planner.cli.common import COMMAND_HELP
+from planner.usage import json_text
 
 __all__ = ["add_validate_commands"]
 
@@ -82,7 +83,6 @@ def _render(report: Any) -> None:
 
 
 def _run_validate(args: argparse.Namespace) -> int:
-    import json
 
     from planner.planning import Plan
     from planner.runtime.validation import validate
@@ -101,7 +101,7 @@ def _run_validate(args: argparse.Namespace) -> int:
     except UserCodeError as e:  # raised tracing the model: name the factory the user gave
         raise e.named(args.model) from None
     if args.json or not sys.stdout.isatty():
-        print(json.dumps(report.to_dict(), indent=1))
+        print(json_text(report.to_dict()))
         if report.over_limit is not None:
             print(f"memory: the compiled program does not fit the plan's limit: {report.over_limit.note}",
                   file=sys.stderr)

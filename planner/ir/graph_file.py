@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from costmodels import LAYER_FIELDS, MAX_SPATIAL_DIMS, VECTOR_FIELDS, LayerArrays, LayerKind
+from planner.ir._layer_checks import check_layer_counts, check_layer_shapes
 
 GRAPH_SCHEMA = "shardplan/layer-graph"
 GRAPH_VERSION = 1
@@ -143,24 +144,15 @@ def _check_consistent(a: dict[str, np.ndarray], names: list[str], src: list[int]
     a layer reads its producer's output shape (channels and spatial dims; a
     concat only the spatial dims), a layer fed by the model input reads the
     input's shape, a conv's groups divide its channels, a window (dilated) fits
-    in its padded input, and the spatial rank matches the dims given."""
+    in its padded input, and the spatial rank matches the dims given; then each
+    layer on its own (:mod:`planner.ir._layer_checks`: output shape, parameters
+    and FLOPs from the shapes)."""
     def shape(i: int, side: str) -> str:
         c = int(a[f"{side}_channels"][i])
         sp = [int(x) for x in a[f"{side}_spatial"][i]]
         return f"({c}, {', '.join(map(str, sp))})"
 
-    fed = set(dst)
-    for s, d in zip(src, dst, strict=True):
-        same_spatial = np.array_equal(a["in_spatial"][d], a["out_spatial"][s])
-        same_channels = a["in_channels"][d] == a["out_channels"][s] or int(a["kind"][d]) == LayerKind.CONCAT
-        if not (same_spatial and same_channels):
-            raise ValueError(f"layer {names[d]!r} reads {shape(d, 'in')} but its input {names[s]!r} gives "
-                             f"{shape(s, 'out')} (channels, spatial dims); the layers do not fit together")
-    c, *sp = input_shape
     for i in range(len(names)):
-        if i not in fed and (a["in_channels"][i] != c or [int(x) for x in a["in_spatial"][i][:len(sp)]] != sp):
-            raise ValueError(f"layer {names[i]!r} reads {shape(i, 'in')} from the model input, which is "
-                             f"{tuple(input_shape)}; the layers do not fit the input_shape")
         kind = int(a["kind"][i])
         rank = int(a["spatial_rank"][i])
         if any(int(x) != 1 for x in a["in_spatial"][i][rank:]):
@@ -177,3 +169,17 @@ def _check_consistent(a: dict[str, np.ndarray], names: list[str], src: list[int]
             if np.any(window > room):
                 raise ValueError(f"layer {names[i]!r}: its window {[int(x) for x in window]} (dilation included) "
                                  f"is larger than its padded input {[int(x) for x in room]}")
+    check_layer_shapes(a, names)
+    fed = set(dst)
+    for s, d in zip(src, dst, strict=True):
+        same_spatial = np.array_equal(a["in_spatial"][d], a["out_spatial"][s])
+        same_channels = a["in_channels"][d] == a["out_channels"][s] or int(a["kind"][d]) == LayerKind.CONCAT
+        if not (same_spatial and same_channels):
+            raise ValueError(f"layer {names[d]!r} reads {shape(d, 'in')} but its input {names[s]!r} gives "
+                             f"{shape(s, 'out')} (channels, spatial dims); the layers do not fit together")
+    c, *sp = input_shape
+    for i in range(len(names)):
+        if i not in fed and (a["in_channels"][i] != c or [int(x) for x in a["in_spatial"][i][:len(sp)]] != sp):
+            raise ValueError(f"layer {names[i]!r} reads {shape(i, 'in')} from the model input, which is "
+                             f"{tuple(input_shape)}; the layers do not fit the input_shape")
+    check_layer_counts(a, names, dst)

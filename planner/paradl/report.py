@@ -29,7 +29,7 @@ from costmodels import (
     OracleLayers,
     StrategyCost,
     calibration_arrays,
-    check_hardware,
+    check_calibration,
     lc_family,
     load_calibration,
     load_hardware,
@@ -196,7 +196,8 @@ def oracle(
     :class:`~costmodels.Calibration` or a file ``shardplan profile`` wrote)
     replacing the compute time of the layers it measured (default mode
     only); one measured on other hardware than ``hardware`` is refused
-    unless ``allow_other_hardware``. ``on_unsupported``: :func:`planner.extract`'s,
+    unless ``allow_other_hardware``, and so is one measuring none of the
+    model's layers (:func:`costmodels.check_calibration`). ``on_unsupported``: :func:`planner.extract`'s,
     for a ``module:factory`` model.
     """
     if compat not in (None, *COMPAT_MODES):
@@ -208,7 +209,7 @@ def oracle(
     if calibration is not None:
         if not isinstance(calibration, Calibration):
             calibration = load_calibration(calibration)
-        check_hardware(calibration, hw.name, allow_other_hardware=allow_other_hardware)
+        check_calibration(calibration, graph, hw.name, None, allow_other_hardware=allow_other_hardware)
         cal = oracle_calibration(calibration_arrays(calibration, graph, by_layer=True), graph, layers)
     ctx = oracle_context(
         layers, hw, compat=compat == "paradl", masks=_resolve_masks(layers, lc),

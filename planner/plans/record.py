@@ -6,7 +6,6 @@ found on one mesh shape."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from planner.plans.specs import (
     shardings,
     to_partition_spec,
 )
+from planner.usage import json_text
 from search import HistoryEntry
 
 __all__ = ["MeshResult", "Plan"]
@@ -247,7 +247,7 @@ class Plan:
         }
 
     def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+        return json_text(self.to_dict(), indent=indent, what=f"the plan of {self.model!r}")
 
     @classmethod
     def from_dict(cls, data: Any) -> Plan:
