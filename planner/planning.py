@@ -182,15 +182,9 @@ def plan(
     :class:`InfeasibleMemoryError` names the smallest pipelined
     configuration's memory too.
 
-    ``verify``: compile the chosen plan's training step ahead of time and,
-    while XLA's memory of it exceeds the limit, plan again below a limit
-    lowered by the excess (:mod:`planner.verification`: at most
-    :data:`~planner.verification.VERIFY_ROUNDS` compiles); the plan records
-    the compiled bytes. ``None`` (the default): where the plan's compiler is
-    at hand (a ``cpu`` plan, a Flax model, enough local devices), else the
-    callback hears why not; ``True`` requires it. ``flax_model``: the Flax
-    model to compile (nnx or linen, abstract is fine) where ``model`` is a
-    layer graph."""
+    ``verify``: the compiler in the loop (:mod:`planner.verification`; the
+    default ``None``: where the plan's compiler is at hand); ``flax_model``:
+    the Flax model it compiles where ``model`` is a layer graph."""
     if verify is not False:  # first: the call's arguments are all locals() holds
         return verified_plan(plan, dict(locals()))
     if levers == LEVERS_AUTO:  # first, so that the call's arguments are all locals() holds
@@ -210,14 +204,10 @@ def plan(
     limit = _memory_limit_bytes(memory_limit, hw)
     platform = platform_of(platform, hw)
     if calibration is not None:  # before any work, the pipelined search's included
-        note = check_calibration(calibration, graph, hw.name, dtype, allow_other_hardware=allow_other_hardware)
-        if note and callback is not None:
-            callback(SearchEvent("calibration", note))
-    # Kept free: the platform's share of the limit, and the input batch (float32
-    # images or int32 token ids, int32 labels, split over all P devices, as
-    # planner.runtime.export feeds them), which the cost table does not count: exact,
-    # the same on every mesh (validate's "inputs" row; 393,344 B for VGG16-CIFAR-10
-    # at batch 256 on 8).
+        _note(callback, "calibration", check_calibration(calibration, graph, hw.name, dtype,
+                                                         allow_other_hardware=allow_other_hardware))
+    # Kept free: the platform's share of the limit, and the input batch as planner.runtime.export feeds it,
+    # which the cost table does not count (validate's "inputs" row: exact, the same on every mesh)
     inputs = graph.input_bytes_per_sample * B / P
     margin = memory_margin_bytes(limit, platform) + inputs
     staged = functools.partial(pipelined_plan, *(decoder or (None, None)), graph, hw, P, B, limit, margin,
@@ -230,10 +220,8 @@ def plan(
                             remat_runs=remat_runs_offered(graph, levers))
     menu = lever_menu(levers)
     K = len(menu)
-    if callback is not None:
-        callback(SearchEvent("tables", f"{graph.model_name}: {len(meshes)} mesh shape(s) on {P} devices, batch {B}"))
-        if platform == "cpu" and schedule_note():  # the XLA:CPU schedule and margin of another jaxlib
-            callback(SearchEvent("schedule", schedule_note()))
+    _note(callback, "tables", f"{graph.model_name}: {len(meshes)} mesh shape(s) on {P} devices, batch {B}")
+    _note(callback, "schedule", platform == "cpu" and schedule_note())  # the XLA:CPU schedule of another jaxlib
     tables = _cost_tables(graph, hw, B, meshes, settings, calibration, cache_dir)
     # (at least 1 byte: a limit the margin eats whole fits nothing, and says so below). The
     # search sums memory in float32 in its own order; the plan's reported memory is another
@@ -289,6 +277,11 @@ def plan(
     )
 
 
+def _note(callback: Callable[[SearchEvent], None] | None, stage: str, message: str | None | bool) -> None:
+    if message and callback is not None:
+        callback(SearchEvent(stage, message))
+
+
 def _checked_options(milp_time_limit_s, simplicity_tolerance, pipeline) -> tuple[str, PipelineSpace | None]:
     """``plan``'s search options checked: ``(pipeline choice, the space a
     PipelineSpace gives, else None)``."""
@@ -329,8 +322,7 @@ def _pipelined_instead(staged: Callable[..., Plan], error: InfeasibleMemoryError
     """The pipelined plan of a decoder no one-stage plan fits (``error``
     says why); when none fits either, one error naming both smallest
     memories (``required_bytes``: the smaller)."""
-    if callback is not None:
-        callback(SearchEvent("pipeline", "no one-stage plan fits the memory limit: searching pipelined plans"))
+    _note(callback, "pipeline", "no one-stage plan fits the memory limit: searching pipelined plans")
     try:
         return staged(meshes=results)
     except InfeasibleMemoryError as e:
@@ -366,8 +358,7 @@ def _plan_with_levers_when_needed(args: dict) -> Plan:
     try:  # stages only after the levers: the inner call checks any other pipeline value
         return plan(**{**args, "levers": "none", "pipeline": "never" if args["pipeline"] == "auto" else args["pipeline"]})
     except InfeasibleMemoryError:
-        if callback is not None:
-            callback(SearchEvent("levers", "no plan without memory levers fits: searching with ZeRO and recomputation"))
+        _note(callback, "levers", "no plan without memory levers fits: searching with ZeRO and recomputation")
         return plan(**{**args, "levers": "all"})
 
 

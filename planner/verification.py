@@ -11,9 +11,13 @@ no round's plan fits, :class:`~planner.infeasible.InfeasibleMemoryError`
 gives the smallest compiled figure.
 
 ``verify=None`` (the default) verifies where the plan's compiler is at hand:
-a ``cpu`` plan (XLA:CPU is this machine's), a Flax model to compile (a zoo
-model's twin, a :class:`~planner.models.transformer.TransformerConfig`'s
-model, or ``flax_model=``) and as many local devices as the plan's mesh;
+a ``cpu`` plan (XLA:CPU is this machine's) on as many local devices as the
+plan's mesh, or a ``gpu`` plan for a GPU ``gpu_targets.json`` describes
+with the CUDA PJRT plugin installed (the ``gpu-aot`` extra: compile-only
+devices, :mod:`planner.runtime.gpu_target`), and a Flax model to compile
+(a zoo model's twin, a
+:class:`~planner.models.transformer.TransformerConfig`'s model, or
+``flax_model=``);
 otherwise the callback hears why it did not (``SearchEvent("verify", ...)``).
 ``verify=True`` requires all three and says which is missing.
 """
@@ -29,7 +33,7 @@ from planner.infeasible import InfeasibleMemoryError
 from planner.plans.record import Plan
 from search import SearchEvent
 
-__all__ = ["VERIFY_MAX_CPU_DEVICES", "VERIFY_ROUNDS", "compiled_memory_bytes", "verified_plan"]
+__all__ = ["VERIFY_MAX_CPU_DEVICES", "VERIFY_ROUNDS", "compiled_memory_bytes", "gpu_compiler_missing", "verified_plan"]
 
 VERIFY_ROUNDS = 4  # compiles at most, the first plan's included
 VERIFY_MAX_CPU_DEVICES = 64  # XLA:CPU devices the command line makes for a plan's mesh (one process, one core each)
@@ -37,11 +41,33 @@ VERIFY_MAX_CPU_DEVICES = 64  # XLA:CPU devices the command line makes for a plan
 
 def compiled_memory_bytes(flax_model: Any, plan: Plan) -> float:
     """XLA's memory per device of ``plan``'s training step for ``flax_model``
-    (``argument + output - alias + temp``; one compile, nothing runs)."""
+    (``argument + output - alias + temp``; one compile, nothing runs): on
+    XLA:CPU's local devices for a ``cpu`` plan, else for the plan's GPU on
+    compile-only devices (:mod:`planner.runtime.gpu_target`)."""
     from planner.runtime.validation import validate
 
-    report = validate(flax_model, plan)
+    mesh = None
+    if plan.platform != "cpu":
+        from planner.runtime.gpu_target import gpu_target_mesh
+
+        mesh = gpu_target_mesh(plan)
+    report = validate(flax_model, plan, mesh=mesh)
     return next(r.compiled_bytes for r in report.memory if r.part == "total")
+
+
+def gpu_compiler_missing(hw: Any) -> str | None:
+    """Why this machine cannot compile for ``hw``'s GPU (None: it can)."""
+    import importlib.util
+
+    from planner.runtime.gpu_target import CUDA_PLUGINS, gpu_target_presets
+
+    if hw.name not in gpu_target_presets():
+        return (f"the plan is for gpu on {hw.name!r}, whose GPU has no target description here "
+                f"(described: {', '.join(gpu_target_presets())})")
+    if not (importlib.util.find_spec("jax_plugins") and any(importlib.util.find_spec(m) for m in CUDA_PLUGINS)):
+        return ("the plan is for gpu, whose compiler is not on this machine (pip install 'shardplan[gpu-aot]' to "
+                "compile for the GPU without one, or plan with platform='cpu' to verify on XLA:CPU)")
+    return None
 
 
 def _flax_model_of(model: Any, name: str | None) -> Any:
@@ -69,12 +95,16 @@ def _why_not(args: dict[str, Any], flax_model: Any) -> str | None:
 
     from planner.plan_inputs import platform_of
 
-    platform = platform_of(args["platform"], load_hardware(args["hardware"]))
-    if platform != "cpu":
-        return (f"the plan is for {platform}, whose compiler is not on this machine (plan with platform='cpu' to "
-                "verify on XLA:CPU)")
+    hw = load_hardware(args["hardware"])
+    platform = platform_of(args["platform"], hw)
+    if platform == "tpu":
+        return "the plan is for tpu, whose compiler is not on this machine"
+    if platform == "gpu" and gpu_compiler_missing(hw):
+        return gpu_compiler_missing(hw)
     if flax_model is None:
         return "there is no Flax model to compile (give flax_model=, or plan a zoo model or a TransformerConfig)"
+    if platform == "gpu":  # compile-only devices, as many as the mesh needs
+        return None
     import jax
 
     local = len(jax.devices("cpu"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 import planner
+from costmodels import load_hardware
 from planner import verification
 from planner.infeasible import InfeasibleMemoryError
 from builders import tiny_cnn
@@ -78,14 +79,19 @@ def test_nothing_verifies_names_the_smallest_compiled_figure(graph, monkeypatch)
 
 def test_verify_says_why_it_cannot_compile_here(graph, monkeypatch):
     seen = _stand_in(monkeypatch, lambda p: 0.0)
-    with pytest.raises(ValueError, match="gpu, whose compiler is not on this machine"):
+    gpu = {**_args(graph), "hardware": "dgx-a100"}
+    if verification.gpu_compiler_missing(load_hardware("dgx-a100")):  # without the gpu-aot extra
+        with pytest.raises(ValueError, match="gpu, whose compiler is not on this machine"):
+            planner.plan(graph, **gpu, verify=True)
+    with pytest.raises(ValueError, match="'cpu-local', whose GPU has no target description"):
         planner.plan(graph, **_args(graph), platform="gpu", verify=True)
     with pytest.raises(ValueError, match="no Flax model to compile"):
         planner.plan(graph, **{**_args(graph), "flax_model": None}, verify=True)
     events = []
     plan = planner.plan(graph, **_args(graph), platform="gpu", callback=events.append)  # the default: says why not
     assert plan.compiled_memory_bytes is None and not seen
-    assert any(e.stage == "verify" and e.message.startswith("not verified: the plan is for gpu") for e in events)
+    assert any(e.stage == "verify" and e.message.startswith("not verified: the plan is for gpu on 'cpu-local'")
+               for e in events)
     assert planner.plan(graph, **_args(graph), verify=False).verify_rounds == 0 and not seen
 
 

@@ -73,15 +73,16 @@ def dump_json(report: dict[str, Any]) -> str:
     return "{\n" + ",\n".join(lines) + "\n}"
 
 
-def notes_to_stderr(progress: Any = None):
-    """A callback that prints each distinct ``calibration`` event, and each
-    ``verify`` event saying why a plan was not verified, as one
+def notes_to_stderr(progress: Any = None, verify_notes: bool = False):
+    """A callback that prints each distinct ``calibration`` event, and with
+    ``verify_notes`` each ``verify`` event saying why a plan was not verified, as one
     ``shardplan: note:`` line on stderr (always: what the answer rests on),
     and hands every event to ``progress`` (the terminal's status) if given."""
     shown: set[str] = set()
 
     def callback(event) -> None:
-        noted = event.stage == "calibration" or (event.stage == "verify" and event.message.startswith("not verified"))
+        noted = event.stage == "calibration" or (verify_notes and event.stage == "verify"
+                                                 and event.message.startswith("not verified"))
         if noted and event.message not in shown:
             shown.add(event.message)
             print(f"{PROG}: note: {event.message}", file=sys.stderr)

@@ -103,11 +103,14 @@ def _render_pipelined(result: Any, output: str | None) -> None:
 
 def _flax_model_to_verify(args: argparse.Namespace, hw: Any) -> Any:
     """The Flax model ``--verify`` compiles (a zoo model's twin, a factory's
-    module), where the plan is for ``cpu``; None otherwise."""
+    module), where the plan's compiler is on this machine; None otherwise."""
     from planner.models.loading import FACTORY_PATTERN, call_factory, zoo_names
     from planner.plan_inputs import platform_of
 
-    if args.verify is False or platform_of(args.platform, hw) != "cpu":
+    from planner.verification import gpu_compiler_missing
+
+    platform = platform_of(args.platform, hw)
+    if args.verify is False or platform == "tpu" or (platform == "gpu" and gpu_compiler_missing(hw)):
         return None
     if args.model in zoo_names():
         from planner.models.flax_zoo import flax_model
@@ -123,6 +126,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     from costmodels import check_writable, schedule_note
     from planner.cli import cost_table_cache_dir
     from planner.cli.common import PROG, notes_to_stderr
+    from planner.plan_inputs import platform_of
     from planner.models.loading import load_model, transformer_of
     from planner.plan_inputs import check_seed
     from planner.planning import InfeasibleMemoryError, parse_memory_limit, plan
@@ -164,7 +168,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         from planner.cli._terminal import console as terminal
 
         progress, status = _progress(terminal(stderr=True))
-    callback = notes_to_stderr(progress)
+    # why a plan was not verified, where the default expects it (a cpu plan, or --verify, which raises instead)
+    callback = notes_to_stderr(progress, verify_notes=platform_of(args.platform, hw) == "cpu")
     try:
         result = plan(
             model, name=name, pipeline=args.pipeline, devices=args.devices, hardware=hw, memory_limit=limit, batch=args.batch,

@@ -28,7 +28,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from costmodels import Hardware, load_hardware
-from planner.planning import Plan
+from planner.plans.record import Plan
 from planner.runtime.report import ValidationReport
 
 __all__ = ["CUDA_PLUGINS", "gpu_target_config", "gpu_target_mesh", "gpu_target_presets", "validate_on_gpu_target"]

@@ -15,7 +15,7 @@ from jax.sharding import Mesh
 
 from planner.ir.graph import LayerGraph
 from planner.models.extraction import extract
-from planner.planning import Plan
+from planner.plans.record import Plan
 from planner.runtime.export import (
     AXIS_NAMES,
     TrainState,

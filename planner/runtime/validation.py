@@ -74,7 +74,7 @@ from costmodels import (
     sharded_parameters,
 )
 from planner.models.extraction import extract
-from planner.planning import Plan
+from planner.plans.record import Plan
 from planner.plans.specs import zero_group_axes
 from planner.runtime.export import lower_training
 from planner.runtime.layouts import local_gradient_layers, scatter_layouts
