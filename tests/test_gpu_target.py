@@ -8,6 +8,7 @@ import importlib.util
 import pytest
 from builders import TINY_CNN_BATCH, tiny_cnn
 
+import planner
 from planner.runtime.gpu_target import CUDA_PLUGINS, gpu_target_config, gpu_target_mesh, gpu_target_presets
 from planner.runtime.validation import fixed_plan
 
@@ -59,3 +60,28 @@ def test_plan_step_compiled_for_an_a100():
     assert mem["parameters"].compiled_bytes == local * 4
     assert mem["optimizer state"].compiled_bytes == 2 * local * 4 + 4  # adam: 2 slots + int32 count
     assert mem["arguments"].ok and mem["arguments"].compiled_bytes > 0
+
+
+@pytest.mark.skipif(PLUGIN, reason="the CUDA PJRT plugin is installed")
+def test_cli_validate_gpu_target_without_the_plugin_exits_2_naming_the_extra(tmp_path, capsys):
+    from planner.cli import main
+
+    path = tmp_path / "plan.json"
+    planner.plan("vgg16-cifar10", devices=8, batch=16, hardware="dgx-a100", verify=False).write(path)
+    assert main(["validate", "vgg16-cifar10", "--plan", str(path), "--gpu-target"]) == 2
+    assert "shardplan[gpu-aot]" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_validates_a_bfloat16_plan_for_an_a100(tmp_path, capsys):
+    """XLA:CPU computes bfloat16 in float32 and cannot check it; compiled for the A100 it is checked."""
+    pytest.importorskip("jax_plugins.xla_cuda12")
+    import json
+
+    from planner.cli import main
+
+    path = tmp_path / "plan.json"
+    planner.plan("vgg16-cifar10", devices=8, batch=16, hardware="dgx-a100", dtype="bfloat16", verify=False).write(path)
+    assert main(["validate", "vgg16-cifar10", "--plan", str(path), "--gpu-target", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["platform"] == "gpu" and report["ok"]

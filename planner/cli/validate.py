@@ -94,10 +94,19 @@ def _run_validate(args: argparse.Namespace) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be a non-negative fraction", "expected e.g. 0.05")
     model = _flax_model(args.model)
     plan = Plan.read(args.plan)
+    mesh = None
+    if args.gpu_target:  # compile-only devices of the plan's GPU (the gpu-aot extra)
+        from planner.runtime.gpu_target import gpu_target_mesh
+
+        try:
+            mesh = gpu_target_mesh(plan)
+        except ImportError as e:
+            raise UsageError(str(e), "install the extra, or validate without --gpu-target on this machine's "
+                                     "devices") from None
     try:  # the step compiled runs the user's forward pass again: its prints must not reach --json's stdout
         with user_code("your model", "while shardplan compiled its training step", args.model, errors=False):
-            report = validate(model, plan, memory_rtol=args.memory_rtol, activation_rtol=args.activation_rtol,
-                              comm_rtol=args.comm_rtol)
+            report = validate(model, plan, mesh=mesh, memory_rtol=args.memory_rtol,
+                              activation_rtol=args.activation_rtol, comm_rtol=args.comm_rtol)
     except UserCodeError as e:  # raised tracing the model: name the factory the user gave
         raise e.named(args.model) from None
     if args.json or not sys.stdout.isatty():
@@ -126,5 +135,8 @@ def add_validate_commands(sub: Any) -> None:
                     help="relative tolerance of activations and temporaries (default 0.50)")
     va.add_argument("--comm-rtol", type=float, default=0.05, metavar="F",
                     help="relative tolerance of collective bytes per kind and axes (default 0.05)")
+    va.add_argument("--gpu-target", action="store_true",
+                    help="compile for the plan's GPU (dgx-a100, dgx-h100, h200) on compile-only devices, on this "
+                         "machine, GPU or not, in the plan's precision (needs the gpu-aot extra)")
     va.add_argument("--json", action="store_true", help="print JSON even on a terminal")
     va.set_defaults(run=_run_validate)

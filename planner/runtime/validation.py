@@ -137,7 +137,9 @@ def validate(
         raise ValueError(
             f"validate compiles a {plan.dtype} plan in its precision, but XLA:CPU computes {plan.dtype} in float32 "
             "(its collectives move twice the bytes the plan's do: measured on a bfloat16 plan), so a CPU compile "
-            "cannot check it; validate on the GPUs it is for, or plan with dtype float32 to validate on CPU")
+            "cannot check it; validate on the GPUs it is for (or compiled for them here: shardplan validate "
+            "--gpu-target, planner.runtime.gpu_target, the gpu-aot extra), or plan with dtype float32 to validate "
+            "on CPU")
     tx = default_optimizer(plan.optimizer) if optimizer is None else optimizer
 
     x = example_input(plan, plan.batch)
