@@ -16,8 +16,8 @@ import numpy as np
 
 from costmodels import MAX_DEVICES, Hardware
 
-__all__ = ["MAX_SEED", "MEMORY_MARGIN", "check_seed", "device_count", "memory_margin_bytes", "mesh_shapes",
-           "parse_memory_limit", "platform_of", "positive_int", "resolve_batch", "resolve_mesh"]
+__all__ = ["MAX_SEED", "MEMORY_MARGIN", "check_seed", "device_count", "memory_limit_bytes", "memory_margin_bytes",
+           "mesh_shapes", "parse_memory_limit", "platform_of", "positive_int", "resolve_batch", "resolve_mesh"]
 
 MAX_SEED = 2**32  # seeds are 32-bit: 0 <= seed < 2^32, which a plan file holds and reads back
 
@@ -76,6 +76,21 @@ def parse_memory_limit(value: float | int | str) -> float:
     if not (nbytes > 0 and math.isfinite(nbytes)):
         raise ValueError(f"memory limit must be a positive size, got {value!r}")
     return nbytes
+
+
+def memory_limit_bytes(memory_limit: float | int | str | None, hw: Hardware) -> float:
+    """The limit per device in bytes (``16GiB``, a number of bytes, or None
+    for the device's memory), at most what a device of ``hw`` has: a plan
+    "fitting" memory the device does not have is no answer."""
+    from planner._format import format_bytes_up
+
+    limit = hw.device.memory_bytes if memory_limit is None else parse_memory_limit(memory_limit)
+    if limit > hw.device.memory_bytes:
+        raise ValueError(
+            f"memory limit {format_bytes_up(limit)} is more than a {hw.name} device has "
+            f"({format_bytes_up(hw.device.memory_bytes)}); give at most that, or a hardware file with the right "
+            "memory_bytes")
+    return limit
 
 
 def memory_margin_bytes(limit_bytes: float, platform: str) -> float:

@@ -52,6 +52,7 @@ from planner.plan_inputs import (
     MEMORY_MARGIN,
     check_seed,
     device_count,
+    memory_limit_bytes,
     memory_margin_bytes,
     mesh_shapes,
     parse_memory_limit,
@@ -201,7 +202,7 @@ def plan(
     P = device_count(devices)
     seed = check_seed(seed)
     B = resolve_batch(P, batch, batch_per_device)
-    limit = _memory_limit_bytes(memory_limit, hw)
+    limit = memory_limit_bytes(memory_limit, hw)
     platform = platform_of(platform, hw)
     if calibration is not None:  # before any work, the pipelined search's included
         _note(callback, "calibration", check_calibration(calibration, graph, hw.name, dtype,
@@ -330,18 +331,6 @@ def _pipelined_instead(staged: Callable[..., Plan], error: InfeasibleMemoryError
             from None
     except ValueError as e:  # no pipelined configuration divides
         raise InfeasibleMemoryError(f"{error}; no pipelined plan either: {e}", error.required_bytes) from None
-
-
-def _memory_limit_bytes(memory_limit: float | int | str | None, hw: Hardware) -> float:
-    """The limit per device in bytes (parsed once: ``16GiB``, a number of
-    bytes, or None for the device's memory), at most what a device has."""
-    limit = hw.device.memory_bytes if memory_limit is None else parse_memory_limit(memory_limit)
-    if limit > hw.device.memory_bytes:  # a plan "fitting" memory the device does not have is no answer
-        raise ValueError(
-            f"memory limit {format_bytes_up(limit)} is more than a {hw.name} device has "
-            f"({format_bytes_up(hw.device.memory_bytes)}); give at most that, or a hardware file with the right "
-            "memory_bytes")
-    return limit
 
 
 LEVERS_AUTO = "auto"  # planner.plan's default: no levers unless nothing fits without them

@@ -29,7 +29,7 @@ from typing import Any
 
 from costmodels import STRATEGY_NAMES, write_atomic
 
-__all__ = ["MAX_WIDTH_IN", "STRATEGY_COLORS", "layer_label_step", "plot_history", "plot_plan", "plot_plan_memory",
+__all__ = ["MAX_DPI", "MAX_WIDTH_IN", "check_dpi", "STRATEGY_COLORS", "layer_label_step", "plot_history", "plot_plan", "plot_plan_memory",
            "plot_plan_time"]
 
 PLOT_HINT = "install the plot extra: pip install 'shardplan[plot]' (matplotlib)"
@@ -72,6 +72,7 @@ def _layers(plan: Any) -> Sequence[Any]:
     return layers
 
 
+MAX_DPI = 1200  # pixels grow with dpi squared; 1200 dpi is a print resolution
 MAX_WIDTH_IN = 24.0  # per-layer figures grow 0.22 inch a layer up to this width, then thin their labels
 _LABEL_FONTS = (8.0, 6.0)  # tick-label sizes tried in turn before labelling only every k-th layer
 _LABEL_PITCH = 1.25  # a rotated label takes its font size times this across the axis
@@ -291,6 +292,17 @@ def plot_history(plan_or_history: Any, ax: Any = None, memory_limit_bytes: float
     return ax
 
 
+def check_dpi(dpi: Any) -> int:
+    """``dpi`` if it is an integer from 1 to :data:`MAX_DPI`; else a one-line
+    ``ValueError`` saying why (the pixel count grows with dpi squared)."""
+    if isinstance(dpi, bool) or not isinstance(dpi, int) or not 1 <= dpi <= MAX_DPI:
+        pixels = MAX_WIDTH_IN * 8.0 * MAX_DPI**2 / 1e6
+        raise ValueError(f"dpi must be an integer from 1 to {MAX_DPI}, got {dpi!r} (the image's pixel count grows "
+                         f"with dpi squared: a {MAX_WIDTH_IN:g} x 8 inch figure at {MAX_DPI} dpi is already "
+                         f"{pixels:.0f} megapixels); for print use 300, or a vector format (.pdf, .svg)")
+    return dpi
+
+
 def plot_plan(plan: Any, path: str | Path | None = None, *, history: bool = False, dpi: int = 120) -> Any:
     """One :class:`matplotlib.figure.Figure` with :func:`plot_plan_time` above
     :func:`plot_plan_memory` (and :func:`plot_history` below them with
@@ -298,6 +310,7 @@ def plot_plan(plan: Any, path: str | Path | None = None, *, history: bool = Fals
     ``.png``, ``.pdf``, ``.svg``, ...). Returns the figure. Raises
     ``ValueError`` for an unsupported suffix, an unwritable path, or
     ``history=True`` on a plan without a recorded history."""
+    check_dpi(dpi)
     _require_matplotlib()
     from matplotlib.figure import Figure
 

@@ -333,7 +333,7 @@ CLI_CASES = [
                  id="calibration-for-another-dtype"),
     # -- knobs past their cap: work or memory would grow with the value ------------------
     pytest.param(["plot", "{plan_file}", "-o", "{missing}.png", "--dpi", "5000"], USAGE,
-                 "--dpi must be at most 1200, got 5000 (the image's pixel count grows with dpi squared",
+                 "--dpi must be an integer from 1 to 1200, got 5000 (the image's pixel count grows with dpi squared",
                  id="plot-dpi-above-cap"),
     pytest.param(["profile", M, "--batch", "100000"], USAGE, "--batch must be at most 65536, got 100000",
                  id="profile-batch-above-cap"),
@@ -476,6 +476,20 @@ def _oracle(**kw):
     return oracle(**{"model": M, "hardware": "abci-v100", "devices": [8], **kw})
 
 
+def _cost_fn(**kw):
+    from planner.automl import cost_fn
+    from planner.automl.templates import resnet_parametric
+
+    return cost_fn(resnet_parametric((1, 1), (8, 16), resolution=32, num_classes=10),
+                   **{"devices": 8, "hardware": "abci-v100", **kw})
+
+
+def _plot_plan(**kw):
+    from planner.plot import plot_plan
+
+    return plot_plan(None, **kw)  # the resolution is checked first
+
+
 def _parse_memory_limit(value):
     from planner.planning import parse_memory_limit
 
@@ -601,6 +615,12 @@ API_CASES = [
     pytest.param(lambda p: _evaluate(devices=2**41, strategy="data"), "devices must be at most 1048576",
                  id="evaluate-devices-above-cap"),
     pytest.param(lambda p: _oracle(devices=[8, 2**41]), "more than 1048576 (2^20)", id="oracle-devices-above-cap"),
+    pytest.param(lambda p: _cost_fn(devices=True), "devices must be a positive integer, got True",
+                 id="cost_fn-devices-bool"),
+    pytest.param(lambda p: _cost_fn(memory_limit="1TiB"), "is more than a abci-v100 device has",
+                 id="cost_fn-limit-above-the-device"),
+    pytest.param(lambda p: _plot_plan(dpi=20000), "dpi must be an integer from 1 to 1200, got 20000",
+                 id="plot_plan-dpi-above-cap"),
     # -- plans for another model ---------------------------------------------------------
     pytest.param(lambda p: _evaluate(model="resnet50", plan={n: "data" for n in get_model("vgg16").names}),
                  "was it made for another model", id="evaluate-plan-for-another-model"),
@@ -851,6 +871,8 @@ CLASS_TESTS = {
     "plans: what the CLI writes is readable; what Plan.read accepts never crashes a later command": [
         "test_bad_input.py::test_values_a_plan_file_could_not_hold_are_refused",
         "test_bad_input.py::test_shard_rejects_a_plan_for_another_model"],
+    "values: cost_fn's devices and memory limit as plan's; plot_plan's resolution capped (rows 'cost_fn-...', "
+    "'plot_plan-...')": ["test_bad_input.py::test_public_function_rejects_bad_input"],
     "numbers: cost_fn never answers 0 for what it cannot plan": [
         "test_automl.py::test_cost_fn_refuses_architectures_it_cannot_plan",
         "test_automl.py::test_cost_fn_refuses_a_batch_no_mesh_can_split",

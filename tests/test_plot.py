@@ -302,12 +302,17 @@ def test_oracle_plot_shows_throughput_and_names_what_it_leaves_out(oracle_report
 
 def test_cli_plot_dpi_cap(plan_file, tmp_path, capsys):
     _mpl()
-    from planner.cli.plot import MAX_DPI
+    from planner.plot import MAX_DPI, check_dpi
+
+    assert MAX_DPI == 1200  # the command line's help says so
+    for bad in (0, -1, MAX_DPI + 1, 20000, 1.5, True, "300"):
+        with pytest.raises(ValueError, match="dpi must be an integer from 1 to 1200"):
+            check_dpi(bad)
 
     assert main(["plot", str(plan_file), "-o", str(tmp_path / "at_cap.svg"), "--dpi", str(MAX_DPI)]) == 0
     assert (tmp_path / "at_cap.svg").read_bytes().lstrip().startswith(b"<?xml")
     assert main(["plot", str(plan_file), "-o", str(tmp_path / "x.png"), "--dpi", str(MAX_DPI + 1)]) == 2
-    _one_error_line(capsys, f"--dpi must be at most {MAX_DPI}", "dpi squared", ".pdf")
+    _one_error_line(capsys, f"--dpi must be an integer from 1 to {MAX_DPI}", "dpi squared", ".pdf")
     assert not (tmp_path / "x.png").exists()
 
 

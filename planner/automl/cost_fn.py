@@ -27,7 +27,7 @@ from costmodels import (
     strategy_mask,
 )
 from planner.automl.parametric import ArchParams, ParametricGraph
-from planner.planning import mesh_shapes, parse_memory_limit
+from planner.plan_inputs import device_count, memory_limit_bytes, mesh_shapes
 from search import INFEASIBLE_S, DPSchedule, best_plans, dp_schedule, soft_min_lanes
 
 __all__ = ["CostEstimate", "CostFunction", "cost_fn"]
@@ -204,14 +204,13 @@ def cost_fn(
         raise ValueError(  # noqa: TRY004 (user errors are ValueErrors)
             "build_graph must be a ParametricGraph (planner.parametric_graph, planner.resnet_parametric or "
             "planner.transformer_parametric)")
-    if not (isinstance(devices, (int, np.integer)) and devices >= 1):
-        raise ValueError(f"devices must be a positive integer, got {devices!r}")
+    devices = device_count(devices)
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature!r}")
     if not memory_penalty >= 0:
         raise ValueError(f"memory_penalty must be non-negative, got {memory_penalty!r}")
     hw = load_hardware(hardware)
-    limit = hw.device.memory_bytes if memory_limit is None else parse_memory_limit(memory_limit)
+    limit = memory_limit_bytes(memory_limit, hw)
     meshes = tuple(mesh_shapes(int(devices), int(devices), hw.devices_per_node, allow_cross_node_model_axis))
     sched = dp_schedule(build_graph.template)
     settings = CostSettings(dtype=dtype, optimizer=optimizer)

@@ -8,7 +8,7 @@ strategy above per-layer memory against the limit
 search's objective and memory over the limit against step. The format
 follows OUT's suffix (``.png``, ``.pdf``, ``.svg``, ...). Missing
 matplotlib, an unreadable or malformed plan, an unknown suffix, an
-unwritable OUT, ``--dpi`` outside 1 to :data:`MAX_DPI`, or ``--history``
+unwritable OUT, ``--dpi`` outside 1 to :data:`planner.plot.MAX_DPI`, or ``--history``
 on a plan without a recorded history exit with 2 and one line on stderr.
 """
 
@@ -19,26 +19,18 @@ from typing import Any
 
 from planner.cli.common import COMMAND_HELP
 
-__all__ = ["MAX_DPI", "add_plot_commands"]
-
-MAX_DPI = 1200  # pixels grow with dpi squared; 1200 dpi is a print resolution
+__all__ = ["add_plot_commands"]
 
 
 def _run_plot(args: argparse.Namespace) -> int:
     from planner.planning import Plan
-    from planner.plot import _require_matplotlib, plot_plan
+    from planner.plot import _require_matplotlib, check_dpi, plot_plan
     from planner.usage import UsageError
 
-    if args.dpi < 1:
-        raise UsageError(f"--dpi must be a positive integer, got {args.dpi}", "expected e.g. --dpi 120")
-    if args.dpi > MAX_DPI:
-        from planner.plot import MAX_WIDTH_IN
-
-        pixels = MAX_WIDTH_IN * 8.0 * MAX_DPI**2 / 1e6
-        raise UsageError(f"--dpi must be at most {MAX_DPI}, got {args.dpi} (the image's pixel count grows with "
-                         f"dpi squared: a {MAX_WIDTH_IN:g} x 8 inch figure at {MAX_DPI} dpi is already "
-                         f"{pixels:.0f} megapixels)",
-                         "expected e.g. --dpi 300 for print, or a vector format (-o OUT.pdf or OUT.svg)")
+    try:
+        check_dpi(args.dpi)
+    except ValueError as e:
+        raise UsageError(str(e).replace("dpi must", "--dpi must"), "expected e.g. --dpi 120") from None
     _require_matplotlib()  # before reading anything: the one-line install hint
     from costmodels import check_writable
 
@@ -68,5 +60,5 @@ def add_plot_commands(sub: Any) -> None:
     p.add_argument("--history", action="store_true",
                    help="also plot the search objective and memory over the limit against step")
     p.add_argument("--dpi", type=int, default=120, metavar="N",
-                   help=f"resolution of raster formats, 1 to {MAX_DPI} (default 120)")
+                   help="resolution of raster formats, 1 to 1200 (planner.plot.MAX_DPI; default 120)")
     p.set_defaults(run=_run_plot)
