@@ -1,7 +1,8 @@
 """One plan across processes: ``python -m planner.launch`` starts
 JAX processes on localhost joined by ``jax.distributed`` (CPU devices, gloo
 collectives); the same plan gives the same losses on 2 processes x 4 devices
-as on 1 process x 8, the sharded state survives a restart through Orbax, and
+as on 1 process x 8, the sharded state survives a restart through Orbax (the
+resumed run's losses are the uninterrupted run's, exactly), and
 a dead process stops the run instead of hanging it.
 
 Every subprocess runs in its own process group and is killed in ``finally``;
@@ -291,8 +292,8 @@ def test_two_processes_train_like_one_and_resume_from_a_checkpoint(tmp_path, req
                   "--timeout", str(HARD_TIMEOUT_S), "--", str(EXAMPLE), "--plan", str(plan_file)]
     ref_proc = None
     try:
-        # the one-process reference (6 steps) runs beside the first two-process run (3 steps, then save)
-        ref_proc = _popen(single + ["--steps", "6", "--out", str(tmp_path / "ref.json")],
+        # the one-process reference (3 steps) runs beside the first two-process run (3 steps, then save)
+        ref_proc = _popen(single + ["--steps", "3", "--out", str(tmp_path / "ref.json")],
                           _env(cache, JAX_NUM_CPU_DEVICES="8"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
         first = _run_example(launch_cmd + ["--steps", "3", "--save", str(ckpt), "--validate",
@@ -318,9 +319,17 @@ def test_two_processes_train_like_one_and_resume_from_a_checkpoint(tmp_path, req
     # both processes restart from the checkpoint and continue
     second = _run_example(launch_cmd + ["--steps", "3", "--start-step", "3", "--restore", str(ckpt),
                                         "--out", str(tmp_path / "b.json")], env, tmp_path / "b.json")
+    # the same two processes, 6 steps without the restart
+    whole = _run_example(launch_cmd + ["--steps", "6", "--out", str(tmp_path / "c.json")], env, tmp_path / "c.json")
     # gloo sums across processes in another order than one process does: f32 rounding only
-    assert first["losses"] + second["losses"] == pytest.approx(ref["losses"], rel=1e-5)
-    assert len(set(ref["losses"])) == 6  # training moves the loss: a stale state would not match
+    assert first["losses"] == pytest.approx(ref["losses"], rel=1e-5)
+    # The restored state is the saved one bit for bit and runs the same compiled step: the same losses exactly.
+    # The one-process run is no oracle for the steps after the restart: Adam's first updates move a weight
+    # whose gradient is rounding noise by up to the learning rate, and from the third step on the losses part
+    # by up to 1e-3 relative wherever f32 rounding differs (measured: one process whose initial weights moved
+    # by at most one ulp follows the two-process losses, not its own unmoved run's).
+    assert first["losses"] + second["losses"] == whole["losses"]
+    assert len(set(whole["losses"])) == 6  # training moves the loss: a stale state would not match
 
     # what crossed processes in the compiled program is what the plan charges to the inter-node tier
     assert first["collectives_error"] is None
