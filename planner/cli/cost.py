@@ -60,9 +60,6 @@ def _read_plan(path: str, graph: Any) -> tuple[dict[str, str], dict[str, Any]]:
     try:
         if isinstance(data, dict) and "schema" in data:
             plan = Plan.from_dict(data)
-            if plan.pipeline is not None:
-                raise ValueError("a pipelined plan: evaluate --plan costs one-stage plans; its predicted step is "
-                                 "the plan file's pipeline (shardplan plan prints it)")
             fields = {k: getattr(plan, k) for k in ("model", "graph_fingerprint", "devices", "mesh", "batch",
                                                     "dtype", "optimizer", "hardware", "levers", "hardware_spec")}
             fields["layers"] = [(x.name, x.option) for x in plan.layers]
@@ -72,6 +69,9 @@ def _read_plan(path: str, graph: Any) -> tuple[dict[str, str], dict[str, Any]]:
                                 for name, s, z, r, j in fields["layers"]]
     except ValueError as e:
         raise ValueError(f"{path}: {e}; {_PLAN_ACCEPTED}") from None
+    if fields.get("mesh") is not None and len(fields["mesh"]) == 3:  # (stage, data, model)
+        raise ValueError(f"{path} is a pipelined plan: evaluate --plan costs one-stage plans; its predicted step "
+                         "is the plan file's pipeline (shardplan plan prints it)")
     model, fingerprint = fields.get("model"), fields.get("graph_fingerprint")
     if (fingerprint and fingerprint != graph.fingerprint) or (not fingerprint and model and model != graph.model_name):
         raise ValueError(
