@@ -14,7 +14,10 @@ from costmodels.reshard import conversion_s
 from costmodels.shards import halo_rows, row_padding
 from costmodels.strategies import Layout, Strategy, layout_split
 
-__all__ = ["activation_workspace_bytes", "edge_reshard_parts_s", "edge_reshard_s", "halo_s", "loss_output_s"]
+__all__ = ["activation_workspace_bytes", "edge_reshard_parts_s", "edge_reshard_s", "halo_s", "loss_output_s",
+           "loss_workspace_bytes"]
+
+LOSS_BYTES_PER_ELEMENT = 4.0  # the loss runs on fp32 logits under every dtype (planner.runtime.export)
 
 
 def halo_s(a, attention, group_batch, delta, m, ma, mb, dst, emask, params):
@@ -100,9 +103,31 @@ def loss_output_s(out_bytes, pad, lay, src, emask, real, m, ma, mb):
     return jnp.where((has_consumer == 0)[:, None] & (real > 0)[:, None], to_loss, 0.0)
 
 
-def activation_workspace_bytes(a, attention, kv_el, in_lay, out_lay, group_batch, delta, m, cpu: bool):
+def loss_workspace_bytes(out_el, lay, group_batch, src, emask, real, m):
+    """``[L, S]`` bytes per device a sink layer's loss step holds beyond the
+    saved activations: the softmax cross-entropy (optax's
+    ``softmax_cross_entropy_with_integer_labels``, the export's loss) keeps
+    two logits-sized fp32 buffers in the loss's layout, ``exp(z - max z)``
+    and the logits' gradient ``softmax(z) - onehot(y)``, both live at once
+    at the backward pass's start (XLA:CPU's live ranges, jaxlib 0.10.2:
+    ``subtract_exponential_fusion`` and ``broadcast_multiply_fusion`` at the
+    peak; docs/validation.md, "The loss step"). The loss's layout is
+    :func:`loss_output_s`'s: the sink's batch split where it is batch-split,
+    else its output gathered over the model axis (a ``filter`` output layer's
+    logits whole on every member of its model group)."""
+    out_lay = lay[..., 1]
+    has_consumer = jnp.zeros(out_el.shape[0]).at[src].max(emask)
+    loss_layout = jnp.where(out_lay == Layout.BATCH, Layout.BATCH, Layout.REPLICATED)
+    logits = LOSS_BYTES_PER_ELEMENT * group_batch * out_el[:, None] / layout_split(loss_layout, m)  # [L, S] one buffer
+    return jnp.where((has_consumer == 0)[:, None] & (real > 0)[:, None], 2.0 * logits, 0.0)
+
+
+def activation_workspace_bytes(a, attention, kv_el, in_lay, out_lay, group_batch, delta, m, cpu: bool,
+                               loss_bytes=0.0):
     """``[L, S]`` bytes per device a layer keeps for the backward pass, and
-    its transient workspace beyond them at its backward step."""
+    its transient workspace beyond them at its backward step; ``loss_bytes``
+    ``[L, S]`` is a sink layer's loss step (:func:`loss_workspace_bytes`),
+    its workspace where larger."""
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     split_of = lambda layout: layout_split(layout, m)  # noqa: E731
     strat = jnp.arange(len(Strategy))[None, :]
@@ -128,4 +153,7 @@ def activation_workspace_bytes(a, attention, kv_el, in_lay, out_lay, group_batch
         # runs both products as one YNN fusion, which this does not tell apart:
         # docs/transformers.md). A saved activation: the remat lever recomputes it.
         activation = activation + probs
+    # A sink layer's loss step comes right before its backward step, with the same saved
+    # activations live: the layer's transient is the larger of the two.
+    workspace = jnp.maximum(workspace, loss_bytes)
     return activation, workspace

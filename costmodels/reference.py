@@ -342,6 +342,7 @@ def reference_memory(
     optimizer = master + 4.0 * OPTIMIZER_SLOTS[settings.optimizer] + update  # what ZeRO stage 1 shards
     gb = batch / d
     state, saved_total, workspace, updates = 0.0, 0.0, 0.0, 0.0
+    fed = {u for u, _ in graph.edges}  # the layers whose output another layer reads; the rest feed the loss
     for i in range(graph.num_layers):
         s, lever = _option(settings, choice[i])
         in_l, out_l, _, _ = _layouts(int(a.kind[i]), s)
@@ -370,8 +371,10 @@ def reference_memory(
             saved += probs  # XLA:CPU's transposed probabilities, for dV = P^T dO
         # transient: the input and output gradients (x and y are saved activations already)
         transient = delta * gb * (in_el / split(in_l) + out_el / split(out_l))
-        transient += local * ((grads if z >= 2 else 0.0) + (weights if z >= 3 else 0.0))  # ZeRO's whole gradient, weights
         transient += 2.0 * probs  # dP and dS, the probabilities' and the scores' gradients
+        if i not in fed:  # a sink's loss step: exp(z - max z) and the logits' gradient, fp32, in the loss's layout
+            transient = max(transient, 2.0 * 4.0 * out_el * gb / (m if out_l == _B else 1))
+        transient += local * ((grads if z >= 2 else 0.0) + (weights if z >= 3 else 0.0))  # ZeRO's whole gradient, weights
         if lever.remat:  # keep the input; the recomputed activations are the backward step's
             saved_total += in_el * gb * delta / split(in_l)
             transient += saved

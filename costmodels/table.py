@@ -22,7 +22,13 @@ from costmodels.calibration import (
     ShapeCalibrationArrays,
     calibrate_compute,
 )
-from costmodels._layer_terms import activation_workspace_bytes, edge_reshard_s, halo_s, loss_output_s
+from costmodels._layer_terms import (
+    activation_workspace_bytes,
+    edge_reshard_s,
+    halo_s,
+    loss_output_s,
+    loss_workspace_bytes,
+)
 from costmodels.collectives import (
     allgather_group_s,
     allreduce_s,
@@ -207,8 +213,9 @@ def cost_table(
     # (costmodels/levers.py adds them up, per lever); fp32 buffers (batch-norm
     # statistics) follow the channels, split only under filter.
     buffer_split = jnp.where(jnp.arange(S)[None, :] == Strategy.FILTER, m, 1.0)  # [1, S]
+    loss = loss_workspace_bytes(out_el, lay, group_batch, src, emask, real, m)  # [L, S] a sink's loss step
     activation, workspace = activation_workspace_bytes(a, attention, kv_el, in_lay, out_lay, group_batch, delta, m,
-                                                        settings.platform == "cpu")
+                                                        settings.platform == "cpu", loss)
 
     # -- memory levers (costmodels/levers.py): ZeRO over the weights' replica group, remat --
     group = ranks  # [S] ZeRO's data-parallel group: the ranks of the gradient all-reduce

@@ -347,16 +347,24 @@ def test_search_chooses_zero_or_model_parallelism_by_hand(batch, winner):
     assert plan_time(p, [filt]) == pytest.approx(filter_s, rel=1e-5)
     # memory by hand, the larger of two phases. Backward: the state but the optimizer's
     # update (4 B per weight), the saved input (filter's input is replicated in the
-    # group) and the backward step's input and output gradients (ZeRO-2: and the whole
-    # gradient). Optimizer step: the state with the update (20 B per weight; ZeRO-2
-    # shards 16 of them, the update among them, over the 8 replicas).
-    mem_data = max(16.0 * weights + 4 * batch / 8 * f_in + 4 * batch / 8 * (f_in + f_out), 20.0 * weights)
-    mem_zero2 = max((4 + 12 / 8) * weights + 4 * batch / 8 * f_in + 4 * batch / 8 * (f_in + f_out) + 4.0 * weights,
+    # group) and the larger of the backward step's input and output gradients and the
+    # loss step's two fp32 logits-sized buffers in the loss's layout (filter's output
+    # gathered over the model axis) (ZeRO-2: and the whole gradient). Optimizer step:
+    # the state with the update (20 B per weight; ZeRO-2 shards 16 of them, the update
+    # among them, over the 8 replicas).
+    step_data = max(4 * batch / 8 * (f_in + f_out), 2 * 4 * batch / 8 * f_out)
+    step_filter = max(4 * batch / 4 * (f_in + f_out / 2), 2 * 4 * batch / 4 * f_out)
+    mem_data = max(16.0 * weights + 4 * batch / 8 * f_in + step_data, 20.0 * weights)
+    mem_zero2 = max((4 + 12 / 8) * weights + 4 * batch / 8 * f_in + step_data + 4.0 * weights,
                     (4 + 16 / 8) * weights)
-    mem_filter = max(8.0 * weights + 4 * batch / 4 * f_in + 4 * batch / 4 * (f_in + f_out / 2), 10.0 * weights)
+    mem_filter = max(8.0 * weights + 4 * batch / 4 * f_in + step_filter, 10.0 * weights)
     for o, want in ((data, mem_data), (zero2, mem_zero2), (filt, mem_filter)):
         assert plan_memory(p, [o]) == pytest.approx(want, rel=1e-6)
-    limit = (max(mem_zero2, mem_filter) + mem_data) / 2
+    # a limit below data parallelism's memory that the winner fits (at batch 8192 filter's
+    # loss step, its logits gathered over the model axis, needs more than data parallelism)
+    mem_winner = mem_zero2 if winner == "zero" else mem_filter
+    assert mem_winner < mem_data
+    limit = (mem_winner + mem_data) / 2
     assert (zero_s < filter_s) == (winner == "zero")
     for method in ("auto", "milp", "gradient"):
         sol = solve(t, limit, method=method)
