@@ -362,100 +362,82 @@ def gpu_aot_probe(r: dict, *others: dict | None) -> list[str]:
     return [_gpu_aot_line(x) for x in (r, *others) if x]
 
 
+def transformer_memory(r: dict, before: dict | None = None) -> list[str]:
+    """`benchmarks/transformer_memory.py`: compiled over predicted memory per half of its cases, beside the same
+    script's run before the loss step was modelled."""
+    rows = ["| half | cases | fit their limit | within 10% | worst compiled / predicted | before |", "|---|---|---|---|---|---|"]
+    for half in ("dev", "held-out"):
+        a, b = r["summary"][half], (before or {}).get("summary", {}).get(half)
+        rows.append(f"| {half} | {a['compiled']} | {a['fit_their_limit']} | {a['within_10_percent']} | "
+                    f"{a['largest_ratio']:.3f} | {num(b and b['largest_ratio'])} |")
+    return rows
+
+
 SECTIONS = (
     Section("Search quality and speed", "search_quality", """\
-The gradient method (relaxed search, then refinement) against the exact
-optimum (the DP on chains, the MILP on graphs with branches) over zoo models
-× P × the `abci-v100` and `dgx-a100` presets × three limits: loose (the
-device's memory), tight (0.1% above the smallest memory any plan needs) and
-infeasible (1% below it), every mesh shape searched, every gradient plan
-re-checked to fit. `--quick` runs VGG16 and ResNet-50 on 8 and 256 devices;
-the full run, all eight models (192 instances), takes about 50 minutes.
-The MILP is fast here (its LP relaxation is nearly integral on these
-series-parallel graphs), so the 10× speed target is missed.""", search_quality,
+The gradient search (relaxed, then refined) against the exact optimum (DP on chains, MILP on graphs) over zoo
+models × P × `abci-v100`, `dgx-a100` × loose, tight (+0.1%) and infeasible (−1%) limits; `--quick`: VGG16 and
+ResNet-50 on 8 and 256 devices. The MILP's LP relaxation is nearly integral here: the 10× target is missed.""", search_quality,
             "python benchmarks/search_quality.py --quick"),
     Section("Memory levers on the menu", "search_quality_levers", """\
-The same with ZeRO stages 1–3 and recomputation on every layer's menu
-(`--levers all`, [levers.md](levers.md)) and a levers-only limit where only
-plans using levers fit; beside each instance, the lever-free menu's search
-times.""", search_levers,
+The same with ZeRO stages 1–3 and recomputation on every layer's menu ([levers.md](levers.md)), and a
+levers-only limit; beside each instance, the lever-free menu's search times.""", search_levers,
             "python benchmarks/search_quality.py --skip-timings --quick --models resnet152,cosmoflow-256 "
             "--levers all --milp-time-limit 120 --json benchmarks/results/search_quality_levers.json"),
     Section("Runs of recomputed layers", "search_quality_remat_runs", """\
-The lever menu with runs of recomputed layers (`--remat-runs`,
-[levers.md](levers.md#runs-of-recomputed-layers)): the DP over runs is the
-exact reference on chains; on graphs with branches the rows may compare with
-the exact solvers' best plan and bound, not a proven optimum. About 40
-minutes on 2 cores.""", search_levers,
+With runs of recomputed layers (`--remat-runs`, [levers.md](levers.md#runs-of-recomputed-layers)): the DP
+over runs is exact on chains; on graphs with branches rows compare with the exact solvers' best and bound.""", search_levers,
             "python benchmarks/search_quality.py --skip-timings --quick --models cosmoflow-256,vgg16 --levers all "
             "--remat-runs --milp-time-limit 120 --json benchmarks/results/search_quality_remat_runs.json"),
     Section("Cost model speed", "costmodel_speed", """\
-Cost-table evaluations per second for ResNet-152 (a configuration's table and
-one plan's time and memory): jitted, and vmapped over 1,000 configurations,
-against the same formulas in plain Python (`costmodels.reference`), which
-give the same time.""", costmodel_speed, "python benchmarks/costmodel_speed.py"),
+Cost-table evaluations per second for ResNet-152, jitted and vmapped over 1,000 configurations, against the
+same formulas in plain Python (`costmodels.reference`).""", costmodel_speed, "python benchmarks/costmodel_speed.py"),
     Section("AutoML throughput", "automl_throughput", """\
-256 ResNet-50-shaped networks on 32–128 GPUs, 4 mesh shapes each; a cost
-evaluation is one configuration's cost table and exact DP on one mesh
-([automl.md](automl.md)). `plan_many` plans the batch in one compiled call;
-`cost_fn` is the differentiable cost of a parametric architecture.""", automl_throughput,
+256 ResNet-50-shaped networks on 32–128 GPUs, 4 mesh shapes each ([automl.md](automl.md)): `plan_many` in
+one compiled call; `cost_fn`, the differentiable cost of a parametric architecture.""", automl_throughput,
             "python benchmarks/automl_throughput.py"),
     Section("Command-line latency", "cli_latency", """\
-Each case is a fresh process with a new cache (`SHARDPLAN_CACHE_DIR`): run 1
-compiles, run 2 reads compiled programs and cost tables, as a user's second
-command does. Predicted plan times beside wall times (ResNet-50's moved with
-the `dgx-a100` preset's fitted GEMM efficiency, not the search).""", cli_latency, "python benchmarks/cli_latency.py"),
+A fresh process and cache per case (`SHARDPLAN_CACHE_DIR`): run 1 compiles, run 2 reads compiled programs
+and cost tables, as a user's second command does; predicted plan times beside wall times.""", cli_latency, "python benchmarks/cli_latency.py"),
     Section("Calibration on the local device", "calibration", """\
-Two `planner.profile_layers` runs on this CPU: the first calibrates, the
-second is measured; each shard predicted by the `cpu-local` roofline and by
-the calibration (the third column calibrates on meshes of up to 2 devices
-only). The calibrated error cannot go below the run-to-run difference
-([calibration.md](calibration.md)).""", calibration,
+Two `planner.profile_layers` runs on this CPU: the first calibrates, the second is measured; each shard by
+the `cpu-local` roofline and by the calibration (the third column from meshes of ≤ 2 devices;
+[calibration.md](calibration.md)).""", calibration,
             "python benchmarks/calibration.py --model vgg16-cifar10 --batch 8 --max-devices 4 --repeats 9"),
     Section("Fidelity against real hardware", "fidelity", """\
-The compute model against one H200's per-layer shard times of VGG16
-(`shared/reference/measurements/`), uncalibrated beside a plain roofline
-with its best single efficiency, then calibrated, and the ParaDL oracle on
-ParaDL's ABCI series; per strategy and the constants' sources in
-[fidelity.md](fidelity.md).""", fidelity, "python benchmarks/fidelity.py"),
+The compute model against one H200's per-layer VGG16 shard times, uncalibrated beside a roofline with its
+best single efficiency, then calibrated, and the ParaDL oracle on ParaDL's ABCI series ([fidelity.md](fidelity.md)).""", fidelity, "python benchmarks/fidelity.py"),
     Section("Memory limits and collectives against XLA", "xla_agreement", """\
-Four models × batches 64 and 256 × meshes 8x1, 4x2, 2x4, 1x8 × limits none,
-mid and tight (smallest feasible + 2%), planned on that mesh for the `cpu`
-platform ([validation.md](validation.md#the-memory-promise)) and compiled on
-8 CPU devices. Targets: every program fits; total memory within 10%; every
-collective within 5%; parameters and optimizer state exact.""", xla_agreement,
+Four models × batches 64, 256 × meshes 8x1, 4x2, 2x4, 1x8 × limits none, mid, tight, planned for `cpu`
+and compiled on 8 CPU devices ([validation.md](validation.md#the-memory-promise)). Targets: every program
+fits; total memory within 10%; every collective within 5%; parameters and optimizer state exact.""", xla_agreement,
             "python benchmarks/xla_agreement.py"),
     Section("The grid under XLA:CPU's memory scheduler", "xla_agreement_memory_scheduler", """\
-The same grid compiled with XLA:CPU's depth-first `DFSMemoryScheduler`
-instead of its default; XLA reads the flag from `XLA_FLAGS` at start-up
-only, so it is a second run.""", xla_agreement,
+The same grid under XLA:CPU's depth-first `DFSMemoryScheduler` (a second run: XLA reads the flag at start-up).""", xla_agreement,
             "XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false python benchmarks/xla_agreement.py "
             "--json benchmarks/results/xla_agreement_memory_scheduler.json"),
     Section("Memory models scored on the grid", "memory_models", """\
-The cost model's memory (`today`) and alternatives to it, each a formula of
-per-layer sums (formulas in the script's docstring), against the compiled
-totals of the recorded grid; `xla-cpu-rules` is XLA:CPU's schedule rule by
-rule (`costmodels.scheduled_memory_per_device`).""", memory_models,
+The cost model's memory (`today`) and alternatives, each a formula of per-layer sums (the script's docstring),
+against the recorded grid's compiled totals; `xla-cpu-rules`: `costmodels.scheduled_memory_per_device`.""", memory_models,
             "python benchmarks/memory_models.py"),
     Section("Recomputation on XLA:CPU", "remat_xla", """\
-XLA:CPU merges `jax.checkpoint`'s recomputation back into the forward pass;
-the export's recomputation, tied to the cotangent, frees the memory. Then
-recomputed attention and runs of CNN layers against the prediction
-([levers.md](levers.md)).""", remat_xla, "python benchmarks/remat_xla.py"),
+XLA:CPU merges `jax.checkpoint`'s recomputation back into the forward pass; the export's, tied to the
+cotangent, frees the memory. Then recomputed attention and CNN runs against the prediction ([levers.md](levers.md)).""", remat_xla, "python benchmarks/remat_xla.py"),
     Section("ZeRO on XLA:CPU", "zero_xla", """\
-Every layer `data`, at each ZeRO stage every layer the cost model lets shard
-its state does: bytes per device predicted and compiled, and whether every
-collective matches (on CPU a reduce-scatter is an all-reduce and a slice).""", zero_xla,
+At each ZeRO stage, every layer the cost model lets shard its state: bytes per device predicted and compiled,
+and whether every collective matches (on CPU a reduce-scatter is an all-reduce and a slice).""", zero_xla,
             "python benchmarks/zero_xla.py"),
     Section("Transformers against XLA", "transformer_validation", """\
-ViT-B/16 and GPT-2 small at full size, one sample per device, planned for 8
-× `dgx-a100` under limits that force model parallelism and compiled on 8
-CPU devices (`--train` adds one sharded step; [transformers.md](transformers.md)).""",
+ViT-B/16 and GPT-2 small, one sample per device, planned for 8 × `dgx-a100` under limits that force model
+parallelism, compiled on 8 CPU devices ([transformers.md](transformers.md)).""",
             transformer_validation, "python benchmarks/transformer_validation.py"),
+    Section("Transformers' memory on XLA:CPU", "transformer_memory", """\
+Zoo and user-written transformers planned for 8 CPU devices under limits that force model parallelism and
+compiled ([validation.md](validation.md#the-loss-step)); rules chosen on the dev half.""", transformer_memory,
+            "python benchmarks/transformer_memory.py", also=("transformer_memory_before",)),
     Section("Megatron-LM's published runs", "megatron", """\
-Megatron-LM's runs (Narayanan et al. 2021: 1.7 B-1 T parameters, 32-3,072
-A100s) on `dgx-a100`, published execution (micro-batch size and interleave,
-unpublished, chosen by the planner) and own plan ([llm-scale.md](llm-scale.md)).""", megatron,
+Narayanan et al. 2021 (1.7 B–1 T parameters, 32–3,072 A100s) on `dgx-a100`: the published execution
+(unpublished micro-batch and interleave chosen by the planner) and the own plan ([llm-scale.md](llm-scale.md)).""", megatron,
             "python benchmarks/megatron.py --measurements ../shared/reference/measurements",
             also=("megatron_fit", "megatron_fit_memory")),
     Section("Planning with stages", "pipelined_plan", "", pipelined_plan, "python benchmarks/pipelined_plan.py",
@@ -465,9 +447,8 @@ VGG16-CIFAR-10's step (batch 64, 8 devices) compiled for an A100 and an H100 on 
 CUDA PJRT plugin's compile-only devices; total memory compiled against predicted ([validation.md](validation.md#compiling-for-a-gpu-target-on-a-machine-without-one)).""",
             gpu_aot_probe, "python benchmarks/gpu_aot_probe.py", also=("gpu_aot_probe_no_cuda_wheels", "gpu_aot_probe_latest")),
     Section("On one accelerator", "gpu_steps", """\
-The P = 1 plans of VGG16 and ResNet-50 as real training steps against their
-predicted `iteration_s`, and the 64-device plans' shard kernels timed on the
-one device (`--smoke` checks the script on a CPU).""", gpu_steps,
+The P = 1 plans of VGG16 and ResNet-50 as real training steps against their predicted `iteration_s`, and the
+64-device plans' shard kernels timed on the one device (`--smoke` checks the script on a CPU).""", gpu_steps,
             "python benchmarks/gpu_steps.py", needs_gpu=True),
 )
 
