@@ -109,7 +109,9 @@ COLUMNS = ("in_sample", "leave_series_out", "leave_network_out", "original")
 def report_lines(res: dict, other: dict) -> tuple[list[str], list[dict]]:
     """Mean accuracy per series and per network of each column, side by side;
     a last line for ``other`` (the choice with the spine divisor)."""
-    lines = [f"{'series':<30}{'points':>7}" + "".join(f"{c:>19}" for c in COLUMNS)]
+    lines = [f"Default mode with the environment's constants chosen from the series ({res['constants']}; linearity "
+             f"check {res['linearity_error']:.1e}): mean accuracy in-sample and left out, beside the original's",
+             f"{'series':<30}{'points':>7}" + "".join(f"{c:>19}" for c in COLUMNS)]
     table = []
     groups = [(s, res["series_index"] == i) for i, s in enumerate(res["series"])]
     groups += [(f"{n}, all points", res["network"] == n) for n in sorted(set(res["network"]))]

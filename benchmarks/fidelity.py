@@ -16,18 +16,21 @@ Prints, per dtype and strategy, the median and 90th-percentile relative error
   with one efficiency ``e`` for every layer (the median ratio over all rows:
   the best single constant);
 
-then the calibrated errors, and the mean accuracy min(P/E, E/P) of the
-ParaDL oracle on ParaDL's own ABCI series (``paradl-abci-fig2.json``) in
-default mode (on the ``abci-v100-chainermn`` environment preset), compat mode
-and the original oracle's predictions (see ``docs/fidelity.md``).
+then the kernel constants chosen from the rows with their error in-sample,
+leaving each layer out and each layer kind out (``_fidelity_fit.py``), the
+calibrated errors, and the mean accuracy min(P/E, E/P) of the ParaDL oracle
+on ParaDL's ABCI series (``paradl-abci-fig2.json``) in default mode (on the
+``abci-v100-chainermn`` environment preset), compat mode and the original
+oracle's predictions, then default mode with the environment's constants
+chosen in-sample, leaving each series and each network out (``_paradl_loo.py``;
+see ``docs/fidelity.md``).
 
 What is predicted for each row is exactly what was timed: one layer's shard
 (``shard`` in the row: a SAME 3x3 convolution over ``h`` rows, or ``x @ w``)
 forward and backward, both gradients, plus its ReLU, plus one jitted call's
 dispatch (``kernel.dispatch_s`` of the hardware). It is built as a graph
 ``input -> layer -> relu`` whose layer computes its input gradient too (as
-the measurement does), costed on one device under ``data``. Every number goes to ``--json PATH``
-(default ``benchmarks/results/fidelity.json``).
+the measurement does), costed on one device under ``data``. Numbers: ``--json PATH``.
 """
 
 from __future__ import annotations
@@ -354,10 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     rowset = _fidelity_fit.RowSet(rows, shard_graph)
     chosen = _fidelity_fit.choose(rowset)
     held_lines, held_table = _fidelity_fit.report_lines(chosen, rowset)
-    print(f"\nThe kernel model's constants chosen from the rows ({chosen['grid_points']} grid points, by the error "
-          f"leaving each layer kind out): {chosen['constants']}; error in-sample and left out")
-    for line in held_lines:
-        print(line)
+    print("\n" + "\n".join(held_lines))
     calibrated, calibrated_report = calibrated_lines(rows)
     print()
     for line in calibrated:
@@ -373,10 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     pdata, ppred = json.loads(paradl_path.read_text()), _paradl_loo.predictions(paradl_path)
     env = _paradl_loo.choose(pdata, ppred)
     env_lines, env_table = _paradl_loo.report_lines(env, _paradl_loo.choose(pdata, ppred, 3.0))
-    print(f"\nDefault mode with the environment's constants chosen from the series ({env['constants']}; "
-          f"linearity check {env['linearity_error']:.1e}): mean accuracy in-sample and left out, beside the original's")
-    for line in env_lines:
-        print(line)
+    print("\n" + "\n".join(env_lines))
     report = {"per_layer": {name: e.tolist() for name, e in columns.items()}, "calibrated": calibrated_report,
               "paradl": paradl.to_dict(),
               "held_out": {c: chosen[c].tolist() for c in ("in_sample", "leave_layer_out", "leave_kind_out")},

@@ -193,6 +193,14 @@ def fidelity(r: dict) -> list[str]:
     modes = list(next(iter(s["paradl_mean"].values())))
     out += ["", *table(["ParaDL on ABCI, mean min(P/E, E/P)", *modes],
                        [[m, *(f"{v[k]:.3f}" for k in modes)] for m, v in s["paradl_mean"].items()])]
+    if "held_out" in s:  # constants chosen from the rows, scored in-sample and on rows left out
+        cols = ("in_sample", "leave_layer_out", "leave_kind_out")
+        out += ["", *table(["per-layer error (median / p90)", "n", *(c.replace("_", " ") for c in cols)],
+                           [[x["rows"], x["n"], *(f"{pct(x[c + '_median'], False)} / {pct(x[c + '_p90'], False)}"
+                                                  for c in cols)] for x in s["held_out"]])]
+        cols = ("in_sample", "leave_series_out", "leave_network_out", "original")
+        out += ["", *table(["ParaDL default mode, mean min(P/E, E/P)", "points", *(c.replace("_", " ") for c in cols)],
+                           [[x["series"], x["points"], *(f"{x[c]:.3f}" for c in cols)] for x in s["paradl_held_out"]])]
     return out
 
 
