@@ -16,18 +16,21 @@ Prints, per dtype and strategy, the median and 90th-percentile relative error
   with one efficiency ``e`` for every layer (the median ratio over all rows:
   the best single constant);
 
-then the calibrated errors, and the mean accuracy min(P/E, E/P) of the
-ParaDL oracle on ParaDL's own ABCI series (``paradl-abci-fig2.json``) in
-default mode (on the ``abci-v100-chainermn`` environment preset), compat mode
-and the original oracle's predictions (see ``docs/fidelity.md``).
+then the kernel constants chosen from the rows with their error in-sample,
+leaving each layer out and each layer kind out (``_fidelity_fit.py``), the
+calibrated errors, and the mean accuracy min(P/E, E/P) of the ParaDL oracle
+on ParaDL's ABCI series (``paradl-abci-fig2.json``) in default mode (on the
+``abci-v100-chainermn`` environment preset), compat mode and the original
+oracle's predictions, then default mode with the environment's constants
+chosen in-sample, leaving each series and each network out (``_paradl_loo.py``;
+see ``docs/fidelity.md``).
 
 What is predicted for each row is exactly what was timed: one layer's shard
 (``shard`` in the row: a SAME 3x3 convolution over ``h`` rows, or ``x @ w``)
 forward and backward, both gradients, plus its ReLU, plus one jitted call's
 dispatch (``kernel.dispatch_s`` of the hardware). It is built as a graph
 ``input -> layer -> relu`` whose layer computes its input gradient too (as
-the measurement does), costed on one device under ``data``. Every number goes to ``--json PATH``
-(default ``benchmarks/results/fidelity.json``).
+the measurement does), costed on one device under ``data``. Numbers: ``--json PATH``.
 """
 
 from __future__ import annotations
@@ -313,7 +316,7 @@ def calibrated_lines(rows: list[dict]) -> tuple[list[str], dict]:
     return lines, report
 
 
-def paradl_lines(folder: Path) -> tuple[list[str], dict]:
+def paradl_lines(folder: Path):
     """Mean min(P/E, E/P) per ParaDL series: default mode on the environment
     preset, compat mode, and the original oracle's own predictions."""
     from planner.paradl.fidelity import MODES, paradl_fidelity
@@ -326,7 +329,7 @@ def paradl_lines(folder: Path) -> tuple[list[str], dict]:
     for model in sorted({s.model for s in report.series}):
         n = sum(len(s.devices) for s in report.series if s.model == model)
         lines.append(f"{model + ', all points':<30}{n:>7}" + "".join(f"{report.mean(m, model=model):>10.3f}" for m in MODES))
-    return lines, report.to_dict()
+    return lines, report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -349,30 +352,44 @@ def main(argv: list[str] | None = None) -> int:
           + (f"; previous = {args.previous}" if args.previous else ""))
     for line in table(columns, rows):
         print(line)
+    import _fidelity_fit
+
+    rowset = _fidelity_fit.RowSet(rows, shard_graph)
+    chosen = _fidelity_fit.choose(rowset)
+    held_lines, held_table = _fidelity_fit.report_lines(chosen, rowset)
+    print("\n" + "\n".join(held_lines))
     calibrated, calibrated_report = calibrated_lines(rows)
     print()
     for line in calibrated:
         print(line)
-    paradl, paradl_report = paradl_lines(args.measurements)
+    paradl_text, paradl = paradl_lines(args.measurements)
     print()
     print("ParaDL on ABCI (paradl-abci-fig2.json): mean min(P/E, E/P); default = default mode on "
           "abci-v100-chainermn, compat = compat mode on abci-v100, original = the original oracle's predictions")
-    for line in paradl:
+    for line in paradl_text:
         print(line)
+    import _paradl_loo
+    paradl_path = args.measurements / "paradl-abci-fig2.json"
+    pdata, ppred = json.loads(paradl_path.read_text()), _paradl_loo.predictions(paradl_path)
+    env = _paradl_loo.choose(pdata, ppred)
+    env_lines, env_table = _paradl_loo.report_lines(env, _paradl_loo.choose(pdata, ppred, 3.0))
+    print("\n" + "\n".join(env_lines))
     report = {"per_layer": {name: e.tolist() for name, e in columns.items()}, "calibrated": calibrated_report,
-              "paradl": paradl_report}
+              "paradl": paradl.to_dict(),
+              "held_out": {c: chosen[c].tolist() for c in ("in_sample", "leave_layer_out", "leave_kind_out")},
+              "paradl_held_out": {c: np.asarray(env[c]).tolist() for c in _paradl_loo.COLUMNS}}
     calibrated_summary = []
     for name, res in calibrated_report.items():
         e, dts = np.asarray(res["error"]), np.asarray(res["dtype"])
         calibrated_summary += [{"calibrated": name, "dtype": dt, "n": int((dts == dt).sum()),
                                 "median": float(np.median(e[dts == dt])), "p90": float(np.percentile(e[dts == dt], 90))}
                                for dt in ("float32", "bfloat16") if (dts == dt).any()]
-    from planner.paradl.fidelity import MODES, paradl_fidelity
-
-    paradl = paradl_fidelity(args.measurements / "paradl-abci-fig2.json")
+    from planner.paradl.fidelity import MODES
     summary = {"rows": len(rows), "previous": args.previous, "calibrated": calibrated_summary,
                "paradl_mean": {model: {m: paradl.mean(m, model=model) for m in MODES}
-                               for model in sorted({s.model for s in paradl.series})}}
+                               for model in sorted({s.model for s in paradl.series})},
+               "kernel_constants": chosen["constants"], "held_out": held_table,
+               "environment_constants": env["constants"], "paradl_held_out": env_table}
     write_results(args.json, __file__, "default" if args.previous is None else "with previous", summary,
                   table_rows(columns, rows), argv, measurements=os.path.relpath(args.measurements, ROOT), report=report)
     return 0

@@ -184,15 +184,23 @@ def calibration(r: dict) -> list[str]:
 def fidelity(r: dict) -> list[str]:
     s = r["summary"]
     cols = [c for c in ("model", "previous", "roofline") if f"{c}_median" in r["rows"][0]]
-    out = table(["rows", "n", *(f"{c} {q}" for c in cols for q in ("median", "p90"))],
-                [[x["rows"], x["n"], *(pct(x[f"{c}_{q}"], False) for c in cols for q in ("median", "p90"))]
+    held = {x["rows"]: x for x in s.get("held_out", [])}  # constants chosen from the rows, scored left out
+    left = [c for c in ("leave_layer_out", "leave_kind_out") if held]
+    out = table(["rows", "n", *(f"{c} {q}" for c in cols for q in ("median", "p90")),
+                 *(f"{c.replace('_', ' ')} median / p90" for c in left)],
+                [[x["rows"], x["n"], *(pct(x[f"{c}_{q}"], False) for c in cols for q in ("median", "p90")),
+                  *(f"{pct(held[x['rows']][c + '_median'], False)} / {pct(held[x['rows']][c + '_p90'], False)}"
+                    for c in left)]
                  for x in r["rows"] if x["rows"].endswith(" all")])
     out += ["", *table(["calibrated", "dtype", "n", "median", "p90"],
                        [[x["calibrated"], x["dtype"], x["n"], pct(x["median"], False), pct(x["p90"], False)]
                         for x in s["calibrated"]])]
     modes = list(next(iter(s["paradl_mean"].values())))
-    out += ["", *table(["ParaDL on ABCI, mean min(P/E, E/P)", *modes],
-                       [[m, *(f"{v[k]:.3f}" for k in modes)] for m, v in s["paradl_mean"].items()])]
+    env = {x["series"].removesuffix(", all points"): x for x in s.get("paradl_held_out", [])}
+    folds = [c for c in ("leave_series_out", "leave_network_out") if env]
+    out += ["", *table(["ParaDL on ABCI, mean min(P/E, E/P)", *modes, *(f"default, {c.replace('_', ' ')}" for c in folds)],
+                       [[m, *(f"{v[k]:.3f}" for k in modes), *(f"{env[m][c]:.3f}" for c in folds)]
+                        for m, v in s["paradl_mean"].items()])]
     return out
 
 

@@ -71,6 +71,9 @@ class HardwareArrays(NamedTuple):
     saturation_output_elements: jnp.ndarray  # [] output elements at half the peak rate
     compute_memory_exponent: jnp.ndarray  # [] p of the p-norm; inf = max
     dispatch_s: jnp.ndarray  # [] host cost of one jitted call (a measured step includes one; plans leave it out)
+    conv_call_s: jnp.ndarray  # [] fixed cost of one convolution library call, beyond launch_s
+    conv_layout_activations: jnp.ndarray  # [] 1 where a convolution transposes x and dx (channels-first library)
+    conv_layout_weights: jnp.ndarray  # [] 1 where it transposes w and dw
 
 
 def hardware_arrays(hw: Hardware, dtype: str = "float32") -> HardwareArrays:
@@ -97,6 +100,9 @@ def hardware_arrays(hw: Hardware, dtype: str = "float32") -> HardwareArrays:
         saturation_output_elements=f32(k.saturation_output_elements),
         compute_memory_exponent=f32(jnp.inf if k.compute_memory_exponent is None else k.compute_memory_exponent),
         dispatch_s=f32(k.dispatch_s),
+        conv_call_s=f32(k.conv_call_s),
+        conv_layout_activations=f32(k.conv_layout.get(mode) == "channels_first"),
+        conv_layout_weights=f32(mode in k.conv_layout),
     )
 
 
@@ -206,13 +212,30 @@ def shard_compute_s(hw: HardwareArrays, arrays, shapes: ShardShapes, dtype_bytes
                         peak, eff)
     bwd_weight = kernel_s(hw, bwd_weight_flops, c / g * window * g, f / g, b * out_px,
                           moved * (bwd_weight_flops > 0), peak, eff)
+    # A convolution's three kernels are library calls (cuDNN), each with a fixed cost beyond its
+    # launch; operands not in the library's layout are transposed by a memory-bound kernel that
+    # reads and writes them once: x and w before the forward, dx and dw after the backward.
+    conv = kind == LayerKind.CONV
+    zero = jnp.zeros_like(b)
+    call = jnp.where(conv, hw.conv_call_s, 0.0)
+    fwd = fwd + jnp.where(fwd_flops > 0, call, 0.0)
+    bwd_data = bwd_data + jnp.where(bwd_data_flops > 0, call, 0.0)
+    bwd_weight = bwd_weight + jnp.where(bwd_weight_flops > 0, call, 0.0)
+
+    def transpose(elements, where):  # one memory-bound copy kernel: read and write every element
+        return jnp.where(conv & where, kernel_s(hw, zero, zero, zero, zero, 2.0 * elements * delta,
+                                                 hw.vector_peak_flops_per_s, hw.efficiency[2]), 0.0)
+
+    acts, weights = hw.conv_layout_activations > 0, hw.conv_layout_weights > 0
+    fwd = fwd + transpose(x_el, acts & (fwd_flops > 0)) + transpose(w_el, weights & (fwd_flops > 0))
+    bwd_data = bwd_data + transpose(x_el, acts & (bwd_data_flops > 0))
+    bwd_weight = bwd_weight + transpose(w_el, weights & (bwd_weight_flops > 0))
     param_fwd, param_bwd = fwd, bwd_data + bwd_weight
 
     # Every other layer: a forward kernel reading x and writing y, and (where the layer
     # has a backward pass) one reading dy and x and writing dx; memory-bound on GPUs.
     has_bwd = (f32(a.flops_bwd_data)[:, None] > 0) | (f32(a.saved_elements)[:, None] > 0)
     veff = hw.efficiency[2]
-    zero = jnp.zeros_like(b)
     other_fwd = kernel_s(hw, fwd_flops, zero, zero, zero, (x_el + y_el) * delta, hw.vector_peak_flops_per_s, veff)
     other_bwd = jnp.where(has_bwd, kernel_s(hw, bwd_data_flops, zero, zero, zero, (2.0 * x_el + y_el) * delta,
                                             hw.vector_peak_flops_per_s, veff), 0.0)

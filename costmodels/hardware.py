@@ -63,6 +63,7 @@ _PLAUSIBLE: dict[str, tuple[float, float, str]] = {  # field -> (min, max, examp
     "bandwidth_bytes_per_s": (1e6, math.inf, "12.5e9 for 12.5 GB/s"),
     "launch_s": (0.0, 1e-2, "5e-6 for 5 us"),
     "dispatch_s": (0.0, 1.0, "2e-4 for 0.2 ms"),
+    "conv_call_s": (0.0, 1e-2, "3e-5 for 30 us"),
 }
 OP_CLASSES = ("conv", "matmul", "elementwise", "memory")
 # An attained fraction of peak below this is no measurement of a real kernel (the slowest a
@@ -82,6 +83,11 @@ class KernelSpec:
     saturation_output_elements: float = 0.0  # output elements at which a kernel reaches half its peak rate
     compute_memory_exponent: float | None = None  # p of the p-norm combining compute and memory time; None = max
     dispatch_s: float = 0.0  # host-side cost of one jitted call, paid once per training step
+    conv_call_s: float = 0.0  # fixed cost of one convolution library call (each of a conv's 3 kernels), beyond launch_s
+    # per math mode, the layout a convolution library's kernels run in: "channels_first" (the framework's
+    # channels-last activations x, dx and its HWIO weights w, dw are transposed to and from it) or
+    # "channels_last" (only w, dw: HWIO is no library filter layout); a mode not listed converts nothing
+    conv_layout: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -271,7 +277,22 @@ def _kernel_spec(data: Any, where: str) -> KernelSpec:
                                              f"{where}.saturation_output_elements", allow_zero=True),
         compute_memory_exponent=exponent,
         dispatch_s=_positive(k.get("dispatch_s", 0.0), f"{where}.dispatch_s", allow_zero=True, plausible="dispatch_s"),
+        conv_call_s=_positive(k.get("conv_call_s", 0.0), f"{where}.conv_call_s", allow_zero=True,
+                              plausible="conv_call_s"),
+        conv_layout=_conv_layout(k.get("conv_layout", {}), f"{where}.conv_layout"),
     )
+
+
+CONV_LAYOUTS = ("channels_first", "channels_last")
+
+
+def _conv_layout(data: Any, where: str) -> dict[str, str]:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must map math modes to a layout, e.g. {{\"tf32\": \"channels_first\"}}")
+    for mode, layout in data.items():
+        if layout not in CONV_LAYOUTS:
+            raise ValueError(f"{where}.{mode} is {layout!r}; expected one of {', '.join(CONV_LAYOUTS)}")
+    return dict(data)
 
 
 def hardware_from_dict(data: Any, *, source: str = "hardware") -> Hardware:

@@ -111,6 +111,40 @@ def test_conv_shard_by_hand_with_tiles():
     assert float(t_data.compute_s[conv, Strategy.DATA]) == pytest.approx(want, rel=1e-5)
 
 
+def test_conv_library_calls_and_layout_transposes_by_hand():
+    """conv_call_s is paid once per convolution kernel (3 here), never by a
+    dense layer; a channels-first math mode transposes x, w (forward), dx
+    (backward-data) and dw (backward-weight), each a memory-bound kernel
+    reading and writing its elements once; channels-last only w and dw."""
+    g = _conv_graph()
+    conv = list(g.names).index("conv")
+    base = _hw(launch_s=1e-6)
+    t0 = float(cost_table(g.arrays, hardware_arrays(base), 8.0, 1.0, 1.0).compute_s[conv, Strategy.DATA])
+    called = _hw(launch_s=1e-6, conv_call_s=2e-5)
+    t1 = float(cost_table(g.arrays, hardware_arrays(called), 8.0, 1.0, 1.0).compute_s[conv, Strategy.DATA])
+    assert t1 - t0 == pytest.approx(3 * 2e-5, rel=1e-4)
+    x_bytes, w_bytes = 4.0 * 8 * 64 * 256, 4.0 * 64 * 9 * 64  # float32 x of 8 samples, 3x3 64 -> 64 weights
+    copy = lambda n: 1e-6 + 2.0 * n / 1e12  # noqa: E731  (launch + read and write at 1 TB/s)
+    first = _hw(launch_s=1e-6, conv_layout={"tf32": "channels_first"})
+    t2 = float(cost_table(g.arrays, hardware_arrays(first), 8.0, 1.0, 1.0).compute_s[conv, Strategy.DATA])
+    assert t2 - t0 == pytest.approx(2 * copy(x_bytes) + 2 * copy(w_bytes), rel=1e-4)
+    last = _hw(launch_s=1e-6, conv_layout={"tf32": "channels_last"})
+    t3 = float(cost_table(g.arrays, hardware_arrays(last), 8.0, 1.0, 1.0).compute_s[conv, Strategy.DATA])
+    assert t3 - t0 == pytest.approx(2 * copy(w_bytes), rel=1e-4)
+    # bfloat16 is not listed: nothing converted
+    t4 = cost_table(g.arrays, hardware_arrays(first, "bfloat16"), 8.0, 1.0, 1.0, CostSettings(dtype="bfloat16"))
+    t5 = cost_table(g.arrays, hardware_arrays(base, "bfloat16"), 8.0, 1.0, 1.0, CostSettings(dtype="bfloat16"))
+    assert float(t4.compute_s[conv, 0]) == pytest.approx(float(t5.compute_s[conv, 0]), rel=1e-6)
+    # a dense layer pays neither
+    d = GraphBuilder("one-dense", (256,))
+    d.dense("fc", d.elementwise("identity", d.input), 128, bias=False)
+    dg = d.build()
+    fc = list(dg.names).index("fc")
+    both = _hw(launch_s=1e-6, conv_call_s=2e-5, conv_layout={"tf32": "channels_first"})
+    td = [float(cost_table(dg.arrays, hardware_arrays(h), 8.0, 1.0, 1.0).compute_s[fc, 0]) for h in (base, both)]
+    assert td[0] == td[1]
+
+
 def test_spatial_shard_reads_its_halo_rows():
     """Spatial over m = 4 on 16 rows: 4 output rows per device, reading 4 + 2 input rows."""
     hw = _hw()
@@ -196,6 +230,9 @@ def test_cost_table_compiles_once_per_bucket():
     ({"launch_s": 5}, "implausibly large"),
     ({"tile": 64}, "unknown field"),
     ({"saturation_output_elements": -1}, "non-negative"),
+    ({"conv_layout": {"tf32": "nhwc"}}, "expected one of channels_first, channels_last"),
+    ({"conv_layout": ["tf32"]}, "must map math modes"),
+    ({"conv_call_s": 3}, "implausibly large"),
 ])
 def test_bad_kernel_block_rejected(kernel, message):
     with pytest.raises(ValueError, match=message):

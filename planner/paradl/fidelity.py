@@ -35,7 +35,7 @@ from costmodels import Hardware, oracle_layers, parse_lc, read_json
 from planner.models.netfile import load_net
 from planner.paradl.report import oracle
 
-__all__ = ["MODES", "SeriesFidelity", "FidelityReport", "accuracy", "paradl_fidelity"]
+__all__ = ["MODES", "SeriesFidelity", "FidelityReport", "accuracy", "default_predictions", "paradl_fidelity"]
 
 MODES = ("default", "compat", "original")
 # The original's .lc masks per .net family (ParaDL §5 ".lc masks used").
@@ -137,6 +137,56 @@ def _spatial_span(mask: np.ndarray) -> np.ndarray:
     return out
 
 
+def _read(measurements, models_dir) -> tuple[Mapping[str, Any], Path]:
+    """The parsed measurements and the folder of ParaDL's .net / .lc files."""
+    if isinstance(measurements, Mapping):
+        data = measurements
+        if models_dir is None:
+            raise ValueError("give models_dir (the ParaDL .net/.lc folder) when the measurements are not a file")
+    else:
+        path = Path(os.fspath(measurements))
+        data = read_json(path, "measurements file (paradl-abci-fig2.json)")
+        if models_dir is None:
+            models_dir = path.resolve().parent.parent / "paradl" / "models"
+    if not isinstance(data.get("series"), list) or not data["series"]:
+        raise ValueError("the measurements have no 'series' list; expected paradl-abci-fig2.json's layout")
+    return data, Path(os.fspath(models_dir))
+
+
+def _series(data: Mapping[str, Any], models: Path):
+    """Per series: (the series, its .net path, its .lc paths, the spatial mask, devices, b)."""
+    for i, s in enumerate(data["series"]):
+        missing = [k for k in ("model", "net", "strategy", "per_unit", "devices", "emp", "original_oracle_pred")
+                   if k not in s]
+        if missing:
+            raise ValueError(f"series {i} lacks {', '.join(missing)}; expected paradl-abci-fig2.json's fields")
+        net = models / s["net"]
+        if not net.is_file():
+            raise ValueError(f"network file {net} not found; give models_dir, the folder of ParaDL's .net files")
+        lc = {fam: models / name for fam, name in _LC[_family(s["net"])].items()}
+        layers = oracle_layers(load_net(net))
+        spatial = parse_lc(lc["spatial"].read_text(encoding="utf-8"), layers, source=str(lc["spatial"]))
+        yield s, net, lc, spatial, [int(p) for p in s["devices"]], float(s["per_unit"])
+
+
+def default_predictions(
+    measurements: str | os.PathLike[str] | Mapping[str, Any],
+    hardware: Hardware | str | os.PathLike[str] = "abci-v100-chainermn",
+    *,
+    models_dir: str | os.PathLike[str] | None = None,
+) -> tuple[tuple[float, ...], ...]:
+    """Default mode's seconds per iteration of every point, series by series,
+    on ``hardware`` (what :func:`paradl_fidelity` reports as ``default_s``)."""
+    data, models = _read(measurements, models_dir)
+    return tuple(_default_s(net, hardware, devices, s["strategy"], b, spatial)
+                 for s, net, _, spatial, devices, b in _series(data, models))
+
+
+def _default_s(net, hardware, devices, st, b, spatial) -> tuple[float, ...]:
+    dflt = oracle(net, hardware, devices, [st], batch_per_device=b, lc={"spatial": _spatial_span(spatial)})
+    return tuple(dflt.row(st, p).total_s for p in devices)
+
+
 def paradl_fidelity(
     measurements: str | os.PathLike[str] | Mapping[str, Any],
     *,
@@ -149,39 +199,15 @@ def paradl_fidelity(
     ``compat_hardware``, beside the original's plotted predictions.
     ``models_dir``: the ParaDL ``.net`` / ``.lc`` files (default
     ``<measurements>/../../paradl/models``, as laid out in shared/reference)."""
-    if isinstance(measurements, Mapping):
-        data = measurements
-        if models_dir is None:
-            raise ValueError("give models_dir (the ParaDL .net/.lc folder) when the measurements are not a file")
-    else:
-        path = Path(os.fspath(measurements))
-        data = read_json(path, "measurements file (paradl-abci-fig2.json)")
-        if models_dir is None:
-            models_dir = path.resolve().parent.parent / "paradl" / "models"
-    models = Path(os.fspath(models_dir))
-    if not isinstance(data.get("series"), list) or not data["series"]:
-        raise ValueError("the measurements have no 'series' list; expected paradl-abci-fig2.json's layout")
+    data, models = _read(measurements, models_dir)
     out = []
-    for i, s in enumerate(data["series"]):
-        missing = [k for k in ("model", "net", "strategy", "per_unit", "devices", "emp", "original_oracle_pred")
-                   if k not in s]
-        if missing:
-            raise ValueError(f"series {i} lacks {', '.join(missing)}; expected paradl-abci-fig2.json's fields")
-        net = models / s["net"]
-        if not net.is_file():
-            raise ValueError(f"network file {net} not found; give models_dir, the folder of ParaDL's .net files")
-        lc = {fam: models / name for fam, name in _LC[_family(s["net"])].items()}
-        layers = oracle_layers(load_net(net))
-        spatial = parse_lc(lc["spatial"].read_text(encoding="utf-8"), layers, source=str(lc["spatial"]))
-        devices = [int(p) for p in s["devices"]]
-        b = float(s["per_unit"])
+    for s, net, lc, spatial, devices, b in _series(data, models):
         st = s["strategy"]
-        dflt = oracle(net, hardware, devices, [st], batch_per_device=b, lc={"spatial": _spatial_span(spatial)})
         comp = oracle(net, compat_hardware, devices, [st], batch_per_device=b, compat="paradl", lc=lc)
         out.append(SeriesFidelity(
             model=str(s["model"]), net=str(s["net"]), strategy=st, batch_per_device=b, devices=tuple(devices),
             measured_s=tuple(float(x) for x in s["emp"]),
-            default_s=tuple(dflt.row(st, p).total_s for p in devices),
+            default_s=_default_s(net, hardware, devices, st, b, spatial),
             compat_s=tuple(comp.row(st, p).total_s for p in devices),
             original_s=tuple(float(x) for x in s["original_oracle_pred"]),
         ))
