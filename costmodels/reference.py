@@ -207,8 +207,7 @@ def _shard_seconds(graph: LayerTable, i: int, s: int, hw: Hardware, dtype: str, 
         shapes = [(b * out_px * g, f / g, c / g * win), (b * in_px * g, c / g, f / g * win), (c * win, f / g, b * out_px)]
         t = [_kernel_seconds(hw, fl[j], *shapes[j], moved if fl[j] > 0 else 0.0, peak, eff) for j in range(3)]
         if kind == LayerKind.CONV:  # library calls, and transposes of operands not in the library's layout
-            k = dev.kernel
-            layout = k.conv_layout.get(mode)
+            k, layout = dev.kernel, dev.kernel.conv_layout.get(mode)
             copy = lambda n: _kernel_seconds(hw, 0.0, 0.0, 0.0, 0.0, 2.0 * n * delta,  # noqa: E731
                                              dev.peak_flops_per_s["float32"], dev.efficiency_of("elementwise", "float32"))
             x_copy = copy(x_el) if layout == "channels_first" else 0.0
