@@ -20,25 +20,23 @@ planner accepts, ``InfeasibleMemoryError.required_bytes``, + 2%), ``mid``
 ``0.6x`` (of the limit the unlimited plan needs; below tight the planner
 refuses, and the case is recorded as refused). The linen model is planned
 with ``levers='none'`` (the export applies ZeRO and recomputation to nnx
-modules only). Each plan's predicted memory is checked against
-:func:`planner.runtime.validation.fixed_plan` of its layer options (the cost
-model of exactly the program compiled). The plan is compiled with
-:func:`planner.validate` (nothing runs; a plan met before on the same case
-group is compiled once). Printed per case: the limit, predicted and compiled
-total (XLA ``argument + output - alias + temp``), compiled / predicted,
-whether it fits, and the seconds of the search and of the compile.
+modules only). Each plan's predicted memory must equal
+:func:`planner.runtime.validation.fixed_plan`'s for its layer options; the
+plan is compiled with :func:`planner.validate` (nothing runs; once per
+distinct plan of a group). Printed per case: the limit, predicted and
+compiled total (XLA ``argument + output - alias + temp``), compiled /
+predicted, whether it fits, the seconds of the search and of the compile.
 
 ``--verify`` plans with ``planner.plan(..., verify=True)`` instead (the
 compiler in the loop, :mod:`planner.verification`): every returned plan
 fits by construction (compiled ``<=`` its limit, else the planner refuses);
 printed beside the plan's search time are the verify rounds and seconds.
 
-Development and held-out halves: a case (id ``model/batch/DxM/limit``) is
-in the development half when the first byte of the SHA-256 of its id is
-even, else held out. The summary gives, per half and per model family (CNN
-/ transformer): the fraction of cases with compiled ``<=`` limit, the
-fraction with total memory within 10% of the prediction, and the median and
-the worst (farthest from 1) compiled / predicted ratio.
+Halves: a case (id ``model/batch/DxM/limit``) is in the development half when
+the first byte of the SHA-256 of its id is even, else held out. Per half and
+model family (CNN / transformer) the summary gives the fraction compiled
+``<=`` limit, the fraction within 10% of the prediction, and the median and
+worst (farthest from 1) compiled / predicted ratio.
 
 Memory is ordered right: where the search replaced the unlimited plan by a
 lighter one (predicted) to meet a limit, same model, batch and mesh, the
@@ -48,12 +46,10 @@ lighter one must compile lighter; violations are listed.
         [--meshes 4x2,2x4] [--limits none,mid,tight,0.8x,0.6x] [--breakdown DIR] [--json PATH]
 
 ``--quick``: decoder-tiny and vgg16-cifar10 at their smaller batch, mesh
-2x4, limits none and tight. ``--breakdown DIR`` dumps each compiled program's
-buffer assignment (XLA ``--xla_dump_to``) under DIR and prints the live set
-at XLA's peak by the op that made it (XLA's ``Stack trace breakdown``). Rows
-and summary go to ``--json PATH`` (default
-``benchmarks/results/memory_grid.json``; with ``--verify``
-``memory_grid_verify.json``).
+2x4, limits none and tight. ``--breakdown DIR``: XLA's buffer assignment
+dumped under DIR, the live set at XLA's peak printed by the op that made it.
+Rows and summary go to ``--json PATH`` (default
+``benchmarks/results/memory_grid.json``, with ``--verify`` ``memory_grid_verify.json``).
 """
 
 from __future__ import annotations
@@ -117,7 +113,7 @@ def build(name: str, batch: int):
 
 @contextlib.contextmanager
 def no_margin(on: bool):
-    """The cpu margin set to 0 while planning (``--no-margin``)."""
+    """The cpu margin 0 while planning (``--no-margin``)."""
     from planner.plan_inputs import MEMORY_MARGIN
 
     kept = MEMORY_MARGIN[PLATFORM]
@@ -132,7 +128,6 @@ def plan_case(graph, model, mesh, batch, limit, verify: bool, levers: str):
     """``planner.plan`` on ``mesh`` alone; ``(plan, wall seconds)``."""
     import planner
     from xla_agreement import _only_mesh
-
     t = time.perf_counter()
     with _only_mesh(mesh):
         p = planner.plan(graph, devices=DEVICES, hardware=HARDWARE, batch=batch, memory_limit=limit,
@@ -164,7 +159,6 @@ def checked(model, x, plan) -> None:
     """The plan's predicted memory is the cost model's for its layer options
     (those compiled): :func:`fixed_plan` on the plan's mesh."""
     import numpy as np
-
     from planner.runtime.validation import fixed_plan
 
     options = {r.name: r.option for r in plan.layers}
@@ -256,7 +250,6 @@ def ordering_violations(rows: list[dict]) -> list[dict]:
 def scores(rows: list[dict]) -> dict:
     """Fractions fitting and within 10%, the median and worst ratio of ``rows``."""
     import numpy as np
-
     done = [r for r in rows if not r["refused"] and "error" not in r]
     ratios = np.array([r["ratio"] for r in done])
     refused = sum(r["refused"] for r in rows)
@@ -278,11 +271,10 @@ def summary_of(rows: list[dict], seconds: float, verify: bool) -> dict:
     return out
 
 
-def _fmt(x, f) -> str:
-    return format("-", f[:3].rstrip(".")) if x is None else format(x, f)
-
-
 def print_summary(s: dict) -> None:
+    def _fmt(x, f) -> str:
+        return format("-", f[:3].rstrip(".")) if x is None else format(x, f)
+
     print(f"summary: {s['cases']} cases, {s['seconds']:.0f} s{', verified' if s['verify'] else ''}")
     print(f"{'half':12} {'family':12} {'cases':>5} {'refused':>7} {'failed':>6} {'fits':>6} {'within 10%':>10} {'median':>7} "
           f"{'worst':>7}")
@@ -321,7 +313,6 @@ def print_row(r: dict) -> None:
 def peak_breakdown(dump: str, top: int = 8) -> str:
     """The first-level entries of XLA's 'Stack trace breakdown for peak usage'."""
     import glob
-
     files = sorted(glob.glob(os.path.join(dump, "*train_step*live-range.txt")), key=os.path.getmtime)
     if not files:
         return ""

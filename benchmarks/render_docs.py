@@ -17,6 +17,7 @@ import argparse
 import json
 import statistics
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -211,6 +212,25 @@ def xla_agreement(r: dict) -> list[str]:
     return table(["model", "cases", "fits its limit", f"total within {s['total_rtol']:.0%}", "compiled / predicted − 1",
                   f"collectives within {s['comm_rtol']:.0%}", "state exact"], body) + [
         "", f"XLA:CPU scheduler: {r['cpu_scheduler']}; {s['compiled']} programs compiled, {s['failed']} failed."]
+
+
+def memory_grid(r: dict, verified: dict | None) -> list[str]:
+    """`benchmarks/memory_grid.py`: per half and family, the fractions, ratios and (where recorded) --verify's."""
+    s, body = r["summary"], []
+    v = verified["summary"] if verified else None
+    for h in ("development", "held-out"):
+        for f in ("cnn", "transformer"):
+            c = s[h][f]
+            w = v[h][f] if v else None
+            body.append([h, f, f"{c['compiled']} ({c['refused']}, {c['failed']})", pct(c["fits_fraction"], False),
+                         pct(c["within_10_percent_fraction"], False),
+                         f"{num(c['median_ratio'])}, {num(c['worst_ratio'])}",
+                         f"{w['compiled']}: {pct(w['fits_fraction'], False)}" if w and w["compiled"] else "-"])
+    order = s["ordering_violations"]
+    return table(["half", "family", "compiled (refused, failed)", "fits", "within 10%", "ratio: median, worst",
+                  "--verify: plans, fit"], body) + [
+        "", f"Lighter plans that compile lighter: {s['ordering_checked'] - len(order)} of {s['ordering_checked']}"
+        + (f"; --verify: {v['seconds']:.0f} s over {v['cases']} cases." if v else ".")]
 
 
 def memory_models(r: dict) -> list[str]:
@@ -431,6 +451,10 @@ instead of its default; XLA reads the flag from `XLA_FLAGS` at start-up
 only, so it is a second run.""", xla_agreement,
             "XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false python benchmarks/xla_agreement.py "
             "--json benchmarks/results/xla_agreement_memory_scheduler.json"),
+    Section("The memory promise on the models users bring", "memory_grid", """\
+CNNs and transformers (the zoo's and those of `tests/user_models.py`) × 2 batches × meshes 4x2, 2x4 × limits
+none, mid, tight, 0.8× and 0.6× of the unlimited plan's; halves by SHA-256 of the case id; ratio = compiled / predicted.""",
+            memory_grid, "python benchmarks/memory_grid.py", also=("memory_grid_verify",)),
     Section("Memory models scored on the grid", "memory_models", """\
 The cost model's memory (`today`) and alternatives to it, each a formula of
 per-layer sums (formulas in the script's docstring), against the compiled
@@ -472,6 +496,11 @@ one device (`--smoke` checks the script on a CPU).""", gpu_steps,
 )
 
 
+def _wrapped(text: str, width: int = 118) -> list[str]:
+    """A section's text as lines of at most ``width`` characters (words kept whole)."""
+    return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
+
+
 def render(results: Path = RESULTS) -> str:
     """docs/benchmarks.md from the results files in ``results``; the
     sections without one are listed at the end with their commands."""
@@ -483,7 +512,7 @@ def render(results: Path = RESULTS) -> str:
             continue
         r = json.loads(path.read_text())
         also = [json.loads(p.read_text()) if p.exists() else None for p in (results / f"{a}.json" for a in s.also)]
-        lines += [f"## {s.title}", ""] + ([*s.text.splitlines(), ""] if s.text else [])
+        lines += [f"## {s.title}", ""] + ([*_wrapped(s.text), ""] if s.text else [])
         lines += ([provenance(r), ""] if "machine" in r else []) + [*s.table(r, *also), ""]
     if missing:
         lines += ["## Not recorded here", "", *missing, ""]
