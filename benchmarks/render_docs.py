@@ -230,7 +230,16 @@ def memory_grid(r: dict, verified: dict | None) -> list[str]:
     return table(["half", "family", "compiled (refused, failed)", "fits", "within 10%", "ratio: median, worst",
                   "--verify: plans, fit"], body) + [
         "", f"Lighter plans that compile lighter: {s['ordering_checked'] - len(order)} of {s['ordering_checked']}"
-        + (f"; --verify: {v['seconds']:.0f} s over {v['cases']} cases." if v else ".")]
+        + (_verify_times(verified) if v else ".")]
+
+
+def _verify_times(r: dict) -> str:
+    done = [x for x in r["rows"] if x.get("verify_seconds") is not None]
+    rounds = [x["verify_rounds"] for x in done]
+    meshes = ", ".join(sorted({"x".join(map(str, x["mesh"])) for x in r["rows"]}))
+    search, verify = median([x["search_seconds"] for x in done]), median([x["verify_seconds"] for x in done])
+    return (f"; --verify ({r['summary']['cases']} cases, mesh {meshes}): median search {search:.1f} s, median verify "
+            f"(compiles, searches again) {verify:.1f} s; {sum(k > 1 for k in rounds)} of {len(rounds)} took 2+ rounds.")
 
 
 def memory_models(r: dict) -> list[str]:
