@@ -462,7 +462,7 @@ only, so it is a second run.""", xla_agreement,
             "--json benchmarks/results/xla_agreement_memory_scheduler.json"),
     Section("The memory promise on the models users bring", "memory_grid", """\
 CNNs and transformers (the zoo's and those of `tests/user_models.py`) × 2 batches × meshes 4x2, 2x4 × limits
-none, mid, tight, 0.8× and 0.6× of the unlimited plan's; halves by SHA-256 of the case id; ratio = compiled / predicted.""",
+none, mid, tight, 0.8× and 0.6× of the limit the unlimited plan needs; halves by SHA-256 of the case id; ratio = compiled / predicted.""",
             memory_grid, "python benchmarks/memory_grid.py", also=("memory_grid_verify",)),
     Section("Memory models scored on the grid", "memory_models", """\
 The cost model's memory (`today`) and alternatives to it, each a formula of
