@@ -17,6 +17,7 @@ import argparse
 import json
 import statistics
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -204,10 +205,15 @@ def fidelity(r: dict) -> list[str]:
     return out
 
 
-def xla_agreement(r: dict) -> list[str]:
+def xla_agreement_totals(r: dict) -> list[str]:
+    """:func:`xla_agreement`'s **all** row alone (a second run of the same grid)."""
+    return xla_agreement(r, per_model=False)
+
+
+def xla_agreement(r: dict, per_model: bool = True) -> list[str]:
     s, rows = r["summary"], r["rows"]
     body = []
-    for name in dict.fromkeys(x["model"] for x in rows):
+    for name in dict.fromkeys(x["model"] for x in rows) if per_model else ():
         mine = [x for x in rows if x["model"] == name and "error" not in x]
         errs = [x["total_error"] for x in mine]
         body.append([name, len(mine), sum(x["fits"] for x in mine), sum(abs(e) <= s["total_rtol"] for e in errs),
@@ -221,10 +227,41 @@ def xla_agreement(r: dict) -> list[str]:
         "", f"XLA:CPU scheduler: {r['cpu_scheduler']}; {s['compiled']} programs compiled, {s['failed']} failed."]
 
 
+def memory_grid(r: dict, verified: dict | None) -> list[str]:
+    """`benchmarks/memory_grid.py`: per half and family, the fractions, ratios and (where recorded) --verify's."""
+    s, body = r["summary"], []
+    v = verified["summary"] if verified else None
+    for h in ("development", "held-out"):
+        for f in ("cnn", "transformer"):
+            c = s[h][f]
+            w = v[h][f] if v else None
+            body.append([h, f, f"{c['compiled']} ({c['refused']}, {c['failed']})", pct(c["fits_fraction"], False),
+                         pct(c["within_10_percent_fraction"], False),
+                         f"{num(c['median_ratio'])}, {num(c['worst_ratio'])}",
+                         f"{w['compiled']}: {pct(w['fits_fraction'], False)}" if w and w["compiled"] else "-"])
+    order = s["ordering_violations"]
+    return table(["half", "family", "compiled (refused, failed)", "fits", "within 10%", "ratio: median, worst",
+                  "--verify: plans, fit"], body) + [
+        "", f"Lighter plans that compile lighter: {s['ordering_checked'] - len(order)} of {s['ordering_checked']}"
+        + (_verify_times(verified) if v else ".")]
+
+
+def _verify_times(r: dict) -> str:
+    done = [x for x in r["rows"] if x.get("verify_seconds") is not None]
+    rounds = [x["verify_rounds"] for x in done]
+    meshes = ", ".join(sorted({"x".join(map(str, x["mesh"])) for x in r["rows"]}))
+    search, verify = median([x["search_seconds"] for x in done]), median([x["verify_seconds"] for x in done])
+    return (f"; --verify ({r['summary']['cases']} cases, mesh {meshes}): median search {search:.1f} s, median verify "
+            f"(compiles, searches again) {verify:.1f} s; {sum(k > 1 for k in rounds)} of {len(rounds)} took 2+ rounds.")
+
+
+MEMORY_MODELS_SHOWN = ("today", "xla-cpu-rules", "sum", "phases", "liveness")  # the rest: the results file
+
+
 def memory_models(r: dict) -> list[str]:
     return table(["memory model", "within 10%", "smallest error", "largest error"],
                  [[x["model"], f"{x['within_10_percent']} of {x['cases']}", pct(x["smallest_error"]),
-                   pct(x["largest_error"])] for x in r["rows"]])
+                   pct(x["largest_error"])] for x in r["rows"] if x["model"] in MEMORY_MODELS_SHOWN])
 
 
 def remat_xla(r: dict) -> list[str]:
@@ -421,9 +458,14 @@ and compiled on 8 CPU devices ([validation.md](validation.md#the-memory-promise)
 fits; total memory within 10%; every collective within 5%; parameters and optimizer state exact.""", xla_agreement,
             "python benchmarks/xla_agreement.py"),
     Section("The grid under XLA:CPU's memory scheduler", "xla_agreement_memory_scheduler", """\
-The same grid under XLA:CPU's depth-first `DFSMemoryScheduler` (a second run: XLA reads the flag at start-up).""", xla_agreement,
+The same grid under XLA:CPU's depth-first `DFSMemoryScheduler` (a second run: XLA reads the flag at start-up).""",
+            xla_agreement_totals,
             "XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false python benchmarks/xla_agreement.py "
             "--json benchmarks/results/xla_agreement_memory_scheduler.json"),
+    Section("The memory promise on the models users bring", "memory_grid", """\
+CNNs and transformers (zoo, `tests/user_models.py`) × 2 batches × meshes 4x2, 2x4 × limits none, mid, tight,
+0.8×, 0.6× of the unlimited plan's; halves by SHA-256 of the case id; ratio: compiled / predicted.""",
+            memory_grid, "python benchmarks/memory_grid.py", also=("memory_grid_verify",)),
     Section("Memory models scored on the grid", "memory_models", """\
 The cost model's memory (`today`) and alternatives, each a formula of per-layer sums (the script's docstring),
 against the recorded grid's compiled totals; `xla-cpu-rules`: `costmodels.scheduled_memory_per_device`.""", memory_models,
@@ -461,6 +503,11 @@ The P = 1 plans of VGG16 and ResNet-50 as real training steps against their pred
 )
 
 
+def _wrapped(text: str, width: int = 118) -> list[str]:
+    """A section's text as lines of at most ``width`` characters (words kept whole)."""
+    return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
+
+
 def render(results: Path = RESULTS) -> str:
     """docs/benchmarks.md from the results files in ``results``; the
     sections without one are listed at the end with their commands."""
@@ -472,7 +519,7 @@ def render(results: Path = RESULTS) -> str:
             continue
         r = json.loads(path.read_text())
         also = [json.loads(p.read_text()) if p.exists() else None for p in (results / f"{a}.json" for a in s.also)]
-        lines += [f"## {s.title}", ""] + ([*s.text.splitlines(), ""] if s.text else [])
+        lines += [f"## {s.title}", ""] + ([*_wrapped(s.text), ""] if s.text else [])
         lines += ([provenance(r), ""] if "machine" in r else []) + [*s.table(r, *also), ""]
     if missing:
         lines += ["## Not recorded here", "", *missing, ""]

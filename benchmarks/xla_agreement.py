@@ -12,8 +12,11 @@ the limit it was made for, total memory per device predicted and compiled
 whether parameters + optimizer state (+ batch statistics, inputs, XLA's
 argument bytes) are exact, the worst collective (kind, axes) error (XLA:CPU's
 all-reduce + slice for a reduce-scatter counted as docs/validation.md says;
-``unpred.``: XLA issued a kind or axes the plan does not have), and ``fits``:
-compiled total <= the plan's limit.
+``unpred.``: XLA issued a kind or axes the plan does not have), ``fits``:
+compiled total <= the plan's limit, and the seconds of the plan's search and
+of its compile. ``--verify`` plans each case again with
+``planner.plan(..., verify=True)`` (the compiler in the loop: one compile
+per round) and prints its seconds and rounds beside the plan's search time.
 
 * models: vgg16-cifar10, vgg16-cifar10-splitbrain, resnet-2222-64px (the
   zoo's bottleneck ResNet with 2-2-2-2 blocks, ResNet-18's block counts, at
@@ -29,7 +32,7 @@ A plan met before (same model, batch, mesh and strategies: 'mid' and 'none'
 often agree) is compiled once. Progress goes to stderr; rows and the
 summary to stdout.
 
-    PYTHONPATH=. python benchmarks/xla_agreement.py [--quick] [--models a,b] [--batches 64,256]
+    PYTHONPATH=. python benchmarks/xla_agreement.py [--quick] [--verify] [--models a,b] [--batches 64,256]
         [--meshes 8x1,4x2] [--limits none,mid,tight] [--json PATH]
 
 ``--quick``: vgg16-cifar10, batch 64, meshes 4x2 and 2x4, limits none and
@@ -113,12 +116,13 @@ def _only_mesh(mesh):
         planning.mesh_shapes = original
 
 
-def plan_on(graph, mesh, batch, limit):
-    """``planner.plan`` on one mesh; ``limit`` None = the device's memory."""
+def plan_on(graph, mesh, batch, limit, **extra):
+    """``planner.plan`` on one mesh; ``limit`` None = the device's memory;
+    ``extra``: further arguments of ``planner.plan`` (``verify``, ``flax_model``)."""
     import planner
 
     kw = {"devices": DEVICES, "hardware": HARDWARE, "batch": batch, "memory_limit": limit, "optimizer": OPTIMIZER,
-          "platform": PLATFORM}
+          "platform": PLATFORM, **extra}
     if "mesh" in inspect.signature(planner.plan).parameters:
         return planner.plan(graph, mesh=tuple(mesh), **kw)
     with _only_mesh(mesh):
@@ -181,6 +185,8 @@ def main(argv=None) -> int:
     ap.add_argument("--meshes", help="comma-separated DxM (default 8x1,4x2,2x4,1x8)")
     ap.add_argument("--limits", help="comma-separated, from none,mid,tight")
     ap.add_argument("--slack", type=float, default=0.02, help="tight = the smallest feasible limit x (1 + slack)")
+    ap.add_argument("--verify", action="store_true",
+                    help="also plan each case with planner.plan(..., verify=True) and print its compile time")
     add_json_option(ap, __file__)
     args = ap.parse_args(argv)
 
@@ -219,7 +225,8 @@ def main(argv=None) -> int:
           f"total = argument + output - alias + temp; fits = compiled total <= limit")
     header = (f"{'model':25} {'batch':>5} {'mesh':4} {'limit':5} {'limit MB':>9} {'not data':>8} {'strategies':14} "
               f"{'predicted':>10} {'compiled':>10} {'err':>7} {'act err':>8} {'state':5} "
-              f"{'worst coll':>10} {'at (MB predicted/compiled)':40} {'fits':4}")
+              f"{'worst coll':>10} {'at (MB predicted/compiled)':40} {'fits':4} {'search s':>8} {'compile s':>9}"
+              + (f" {'verify s':>8} {'rounds':>6}" if args.verify else ""))
     print(header, flush=True)
 
     rows: list[dict] = []
@@ -273,6 +280,9 @@ def main(argv=None) -> int:
                             compiled_cache[key] = (label, e, time.perf_counter() - t1)
                     first, report, secs = compiled_cache[key]
                     rows.append(_row(name, batch, mesh, label, p, minimum, report, secs, first if reused else None))
+                    if args.verify:
+                        rows[-1].update(_verified(graph, model, mesh, batch, None if label == "none" else
+                                                  p.memory_limit_bytes))
                     _print_row(rows[-1])
     seconds = time.perf_counter() - start
     _summary(rows, len(compiled_cache), seconds)
@@ -285,13 +295,24 @@ def main(argv=None) -> int:
     return 0
 
 
+def _verified(graph, model, mesh, batch, limit) -> dict:
+    """The case planned again with the compiler in the loop: its rounds, its
+    seconds (compiles and searches) and XLA's bytes of the plan it returned."""
+    try:
+        p = plan_on(graph, mesh, batch, limit, verify=True, flax_model=model)
+    except ValueError as e:  # refused (InfeasibleMemoryError) or not compiled: a row, not the end of the grid
+        return {"verify_error": f"{type(e).__name__}: {e}"}
+    return {"verify_seconds": p.verify_seconds, "verify_rounds": p.verify_rounds,
+            "verified_compiled_bytes": p.compiled_memory_bytes, "verified_search_seconds": p.seconds}
+
+
 def _row(name, batch, mesh, label, plan, minimum, report, seconds, reused_from) -> dict:
     other, n, text = summarise_plan(plan)
     row = {
         "model": name, "batch": batch, "mesh": list(mesh), "limit": label,
         "limit_bytes": plan.memory_limit_bytes, "min_feasible_bytes": minimum,
         "plan_memory_bytes": plan.memory_bytes_per_device, "layers": n, "layers_not_data": other,
-        "strategies": text, "reused_from": reused_from, "compile_seconds": seconds,
+        "strategies": text, "reused_from": reused_from, "compile_seconds": seconds, "search_seconds": plan.seconds,
     }
     if isinstance(report, Exception):
         row["error"] = f"{type(report).__name__}: {report}"
@@ -332,9 +353,14 @@ def _print_row(r: dict) -> None:
                                             f"{_mb(w['predicted_bytes'])}/{_mb(w['compiled_bytes'])}")
     act = "-" if r["activations_error"] is None else f"{r['activations_error']:+.1%}"
     same = f"  (= {r['reused_from']})" if r["reused_from"] else ""
+    times = f" {r['search_seconds']:>8.1f} {r['compile_seconds']:>9.1f}"
+    if "verify_seconds" in r:
+        times += f" {r['verify_seconds']:>8.1f} {r['verify_rounds']:>6}"
+    elif "verify_error" in r:
+        times += f" verify: {r['verify_error'][:120]}"
     print(f"{lead} {_mb(r['predicted_total_bytes']):>10} {_mb(r['compiled_total_bytes']):>10} "
           f"{r['total_error']:>+7.1%} {act:>8} {'exact' if r['state_exact'] else 'NO':5} {_fmt_err(err):>10} "
-          f"{at:40} {'yes' if r['fits'] else 'NO':4}{same}", flush=True)
+          f"{at:40} {'yes' if r['fits'] else 'NO':4}{times}{same}", flush=True)
 
 
 def summary_of(rows: list[dict], compiled: int, seconds: float) -> dict:

@@ -385,4 +385,5 @@ def _data_parallel(graph: LayerGraph, hw: Hardware, P: int, batch: int, meshes, 
         return evaluation_of(graph, hw, P, (P, 1), batch, settings, tables[meshes.index((P, 1))],
                              strategy=Strategy.DATA)
     return evaluate(graph, hw, P, mesh=(P, 1), strategy="data", batch=batch, dtype=settings.dtype,
-                    optimizer=settings.optimizer, calibration=calibration, allow_other_hardware=allow_other_hardware)
+                    optimizer=settings.optimizer, calibration=calibration, allow_other_hardware=allow_other_hardware,
+                    platform=settings.platform)

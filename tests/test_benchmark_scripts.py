@@ -127,3 +127,29 @@ def test_search_quality_layer_order_bounds_hold_on_the_graph():
             assert brute.time_s * (1 - 1e-9) <= ref.lower_bound_s <= brute.time_s * (1 + 1e-9)
             checked += ref.time_s < given.time_s  # the DP's plan, not the one given
     assert checked
+
+
+@pytest.mark.slow
+def test_memory_grid_quick_splits_halves_and_scores_families(tmp_path):
+    """benchmarks/memory_grid.py --quick on one model: a row per limit, each in
+    the half SHA-256 of its case id puts it in (even first byte: development),
+    the summary per half and family, and the ordering line."""
+    import hashlib
+    import json
+
+    out = tmp_path / "grid.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "memory_grid.py"), "--quick", "--models", "vgg16-cifar10",
+         "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert [x["case"] for x in r["rows"]] == ["vgg16-cifar10/32/2x4/none", "vgg16-cifar10/32/2x4/tight"]
+    for x in r["rows"]:
+        even = hashlib.sha256(x["case"].encode()).digest()[0] % 2 == 0
+        assert x["half"] == ("development" if even else "held-out") and x["family"] == "cnn"
+        assert x["compiled_total_bytes"] > 0 and x["fits"] == (x["compiled_total_bytes"] <= x["limit_bytes"])
+    s = r["summary"]
+    assert s["development"]["all"]["cases"] + s["held-out"]["all"]["cases"] == 2
+    assert s["development"]["transformer"]["cases"] == s["held-out"]["transformer"]["cases"] == 0
+    assert "memory ordered right: " in proc.stdout and proc.stdout.count("\ndevelopment ") == 3

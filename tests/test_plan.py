@@ -317,3 +317,19 @@ def test_plan_builds_each_meshs_cost_table_once(monkeypatch):
                                 plan=p.strategies, batch=p.batch)
     assert again.iteration_s == pytest.approx(p.iteration_s, rel=1e-6)
     assert [r.compute_s for r in again.layers] == pytest.approx([r.compute_s for r in p.layers], rel=1e-6)
+
+
+def test_the_data_parallel_baseline_is_costed_for_the_plans_platform():
+    """Where the meshes searched leave out ``(P, 1)``, pure data parallelism
+    (the baseline, and the plan where it is the simplest) is evaluated for the
+    platform the plan is for: on cpu its memory is XLA:CPU's, not the gpu's."""
+    from planner.planning import _data_parallel
+
+    graph, hw = get_model("vgg16-cifar10"), load_hardware("dgx-a100")
+    for platform in ("cpu", "gpu"):
+        ev = _data_parallel(graph, hw, 8, 64, [(2, 4)], [None], CostSettings(platform=platform), None, False)
+        want = evaluate(graph, hw, 8, mesh=(8, 1), strategy="data", batch=64, platform=platform)
+        assert ev.memory_bytes_per_device == want.memory_bytes_per_device
+    cpu = _data_parallel(graph, hw, 8, 64, [(2, 4)], [None], CostSettings(platform="cpu"), None, False)
+    gpu = _data_parallel(graph, hw, 8, 64, [(2, 4)], [None], CostSettings(platform="gpu"), None, False)
+    assert cpu.memory_bytes_per_device != gpu.memory_bytes_per_device

@@ -16,6 +16,9 @@ twins are: test models for extraction, planning, validation and training.
   flag.
 * :func:`linen_gpt`: a ``flax.linen`` GPT with ``nn.MultiHeadDotProductAttention``
   and learned positions owned by its root module.
+* :func:`vit`: a small ViT in ``flax.nnx`` with Flax's own
+  ``nnx.MultiHeadAttention``, patches embedded by a strided ``nnx.Conv`` and
+  positions owned by its root module.
 """
 
 from __future__ import annotations
@@ -230,3 +233,46 @@ def linen_gpt(batch: int = 8, seq: int = 64):
     """The linen GPT (width 128, 2 blocks, 4 heads, positions for 128 tokens)
     and its example input of token ids."""
     return LinenGPT(), jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+
+
+class EncoderBlock(nnx.Module):
+    def __init__(self, width: int, heads: int, *, rngs: nnx.Rngs):
+        self.norm1 = nnx.LayerNorm(width, rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(num_heads=heads, in_features=width, decode=False, rngs=rngs)
+        self.norm2 = nnx.LayerNorm(width, rngs=rngs)
+        self.fc1 = nnx.Linear(width, 4 * width, rngs=rngs)
+        self.fc2 = nnx.Linear(4 * width, width, rngs=rngs)
+
+    def __call__(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.fc2(jax.nn.gelu(self.fc1(self.norm2(x))))
+
+
+class ViT(nnx.Module):
+    """A small ViT in ``flax.nnx`` as the Flax examples write one: patches
+    embedded by a strided ``nnx.Conv``, flattened to tokens, learned
+    positions as an ``nnx.Param`` of the root module, encoder blocks with
+    Flax's own ``nnx.MultiHeadAttention``, mean pooling and a linear head."""
+
+    def __init__(self, image: int = 32, patch: int = 4, width: int = 96, depth: int = 3, heads: int = 4,
+                 classes: int = 10, *, rngs: nnx.Rngs):
+        self.patch_embed = nnx.Conv(3, width, (patch, patch), strides=(patch, patch), padding="VALID", rngs=rngs)
+        tokens = (image // patch) ** 2
+        self.pos_embedding = nnx.Param(jax.random.normal(rngs.params(), (1, tokens, width)) * 0.02)
+        self.blocks = nnx.List([EncoderBlock(width, heads, rngs=rngs) for _ in range(depth)])
+        self.norm = nnx.LayerNorm(width, rngs=rngs)
+        self.head = nnx.Linear(width, classes, rngs=rngs)
+
+    def __call__(self, images):
+        x = self.patch_embed(images)
+        b, h, w, c = x.shape
+        x = x.reshape(b, h * w, c) + self.pos_embedding[...]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x).mean(axis=1))
+
+
+def vit(batch: int = 8):
+    """The ViT (32x32 RGB images, 4x4 patches, width 96, 3 blocks, 4 heads)
+    and an example input."""
+    return ViT(rngs=nnx.Rngs(0)), jax.ShapeDtypeStruct((batch, 32, 32, 3), jnp.float32)
