@@ -238,11 +238,10 @@ def _checked_options(model: nnx.Module, strategies: Mapping[str, str], zero: Map
         raise ValueError(f"{both[:3]} are in remat_layers and in recompute_runs: give each layer one of them")
     attention = {"/".join(map(str, p)) for p, mod in nnx.iter_modules(model)
                  if isinstance(mod, nnx.MultiHeadAttention)}
+    # a layer recomputed alone outside an nnx.MultiHeadAttention (a hand-written attention): a run of one layer,
+    # cut from the traced step as every run is
     elsewhere = sorted(r for r in remat if r.rpartition("/")[0] not in attention)
-    if elsewhere:
-        raise ValueError(f"cannot recompute {elsewhere[:3]} alone: remat_layers recomputes the attention layer of "
-                         "an nnx.MultiHeadAttention (<path>/attention); give other layers as recompute_runs")
-    return remat, runs
+    return remat.difference(elsewhere), runs + [[name] for name in elsewhere]
 
 
 def precision(dtype: str) -> Any:
