@@ -97,9 +97,14 @@ def test_a_linen_gpt_extracts_plans_model_parallel_and_trains_like_one_device(de
     assert specs["query"]["kernel"] == P(None, "model", None)  # (features, heads, head_dim): by heads
     report = planner.validate(model, p, memory_rtol=1.0, activation_rtol=1.0)
     # the query, key and value projections' input gradients added on each device and reduced once over
-    # model, as the fused layer counts them (planner.runtime.calls.fanned_out), every all-reduce there exact
-    (row,) = [r for r in report.collectives if (r.kind, r.axes) == ("all-reduce", ("model",))]
-    assert row.compiled_bytes == row.predicted_bytes and row.count == 9
+    # model, as the fused layer counts them (planner.runtime.calls.fanned_out). XLA:CPU lowers a
+    # reduce-scatter over model as an all-reduce and a slice, and where the plan all-gathers that slice back
+    # it drops the all-gather and keeps the all-reduce's whole output: what the all-reduces compile beyond
+    # their prediction is exactly what the all-gathers compile below theirs (a known difference,
+    # docs/transformers.md)
+    rows = {(r.kind, r.axes): r for r in report.collectives}
+    ar, ag = rows[("all-reduce", ("model",))], rows[("all-gather", ("model",))]
+    assert ar.compiled_bytes - ar.predicted_bytes == ag.predicted_bytes - ag.compiled_bytes >= 0
     x = jax.random.randint(jax.random.key(1), spec.shape, 0, 512)
     y = jax.random.randint(jax.random.key(2), spec.shape, 0, 512)
 
