@@ -70,16 +70,14 @@ def gpu_compiler_missing(hw: Any) -> str | None:
     return None
 
 
-def _flax_model_of(model: Any, name: str | None) -> Any:
+def _flax_model_of(model: Any) -> Any:
     """The Flax model of a zoo name or a transformer config (abstract: nothing
-    initialised), or None."""
-    from planner.models.loading import zoo_names
+    initialised), or None (a layer graph)."""
+    from planner.models.loading import flax_model_of
     from planner.models.transformer import TransformerConfig
 
-    if isinstance(model, str) and model in zoo_names():
-        from planner.models.flax_zoo import flax_model
-
-        return flax_model(model)[0]
+    if isinstance(model, str):
+        return flax_model_of(model)
     if isinstance(model, TransformerConfig):
         from flax import nnx
 
@@ -89,8 +87,8 @@ def _flax_model_of(model: Any, name: str | None) -> Any:
     return None
 
 
-def _why_not(args: dict[str, Any], flax_model: Any) -> str | None:
-    """Why the plan of ``args`` cannot be verified here (None: it can)."""
+def _compiler_missing(args: dict[str, Any]) -> str | None:
+    """Why this machine cannot compile the plan of ``args`` (None: it can)."""
     from costmodels import load_hardware
 
     from planner.plan_inputs import platform_of
@@ -99,12 +97,8 @@ def _why_not(args: dict[str, Any], flax_model: Any) -> str | None:
     platform = platform_of(args["platform"], hw)
     if platform == "tpu":
         return "the plan is for tpu, whose compiler is not on this machine"
-    if platform == "gpu" and gpu_compiler_missing(hw):
-        return gpu_compiler_missing(hw)
-    if flax_model is None:
-        return "there is no Flax model to compile (give flax_model=, or plan a zoo model or a TransformerConfig)"
     if platform == "gpu":  # compile-only devices, as many as the mesh needs
-        return None
+        return gpu_compiler_missing(hw)
     import jax
 
     local = len(jax.devices("cpu"))
@@ -119,8 +113,11 @@ def verified_plan(plan_fn: Callable[..., Plan], args: dict[str, Any]) -> Plan:
     loop (module docstring); ``plan_fn`` is ``planner.plan`` itself."""
     callback = args["callback"]
     say = (lambda message: callback(SearchEvent("verify", message))) if callback is not None else (lambda _: None)
-    flax_model = args["flax_model"] if args["flax_model"] is not None else _flax_model_of(args["model"], args["name"])
-    why = _why_not(args, flax_model)
+    why, flax_model = _compiler_missing(args), None
+    if why is None:  # the model built only where it will be compiled
+        flax_model = args["flax_model"] if args["flax_model"] is not None else _flax_model_of(args["model"])
+        if flax_model is None:
+            why = "there is no Flax model to compile (give flax_model=, or plan a zoo model or a TransformerConfig)"
     if why is not None:
         if args["verify"]:
             raise ValueError(f"verify: cannot compile this plan here: {why}")

@@ -13,6 +13,7 @@ import planner
 from costmodels import load_hardware
 from planner import verification
 from planner.infeasible import InfeasibleMemoryError
+from planner.models.loading import flax_model_of
 from builders import tiny_cnn
 
 LIMIT = 1_000_000.0  # the tiny CNN's plan at batch 64 on 8: 2x4, predicted 735,232 B
@@ -111,7 +112,7 @@ def test_xla_replans_a_transformer_the_prediction_puts_under_its_limit():
     under the limit and compiles over it on XLA:CPU; verified, the plan returned compiles within it."""
     limit = 1.2 * _least_limit(XLA_ARGS)
     unverified = planner.plan("decoder-tiny", **XLA_ARGS, memory_limit=limit, verify=False)
-    model = verification._flax_model_of("decoder-tiny", None)
+    model = flax_model_of("decoder-tiny")
     assert unverified.memory_bytes_per_device <= unverified.memory_limit_bytes
     assert verification.compiled_memory_bytes(model, unverified) > unverified.memory_limit_bytes
     verified = planner.plan("decoder-tiny", **XLA_ARGS, memory_limit=limit, verify=True)
@@ -125,7 +126,7 @@ def test_xla_a_limit_nothing_meets_fails_with_the_best_compiled_figure():
     excess no plan fits."""
     limit = 1.001 * _least_limit(XLA_ARGS)
     first = planner.plan("decoder-tiny", **XLA_ARGS, memory_limit=limit, verify=False)
-    compiled = verification.compiled_memory_bytes(verification._flax_model_of("decoder-tiny", None), first)
+    compiled = verification.compiled_memory_bytes(flax_model_of("decoder-tiny"), first)
     assert compiled > limit
     with pytest.raises(InfeasibleMemoryError, match=f"smallest needs {compiled:,.0f} B"):
         planner.plan("decoder-tiny", **XLA_ARGS, memory_limit=limit, verify=True)

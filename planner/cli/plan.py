@@ -102,23 +102,16 @@ def _render_pipelined(result: Any, output: str | None) -> None:
 
 
 def _flax_model_to_verify(args: argparse.Namespace, hw: Any) -> Any:
-    """The Flax model ``--verify`` compiles (a zoo model's twin, a factory's
-    module), where the plan's compiler is on this machine; None otherwise."""
-    from planner.models.loading import FACTORY_PATTERN, call_factory, zoo_names
+    """The Flax model ``--verify`` compiles (:func:`planner.models.loading.flax_model_of`),
+    where the plan's compiler is on this machine; None otherwise."""
+    from planner.models.loading import flax_model_of
     from planner.plan_inputs import platform_of
-
     from planner.verification import gpu_compiler_missing
 
     platform = platform_of(args.platform, hw)
     if args.verify is False or platform == "tpu" or (platform == "gpu" and gpu_compiler_missing(hw)):
         return None
-    if args.model in zoo_names():
-        from planner.models.flax_zoo import flax_model
-
-        return flax_model(args.model)[0]
-    if FACTORY_PATTERN.fullmatch(args.model):
-        return call_factory(args.model)[0]
-    return None
+    return flax_model_of(args.model)
 
 
 def _run_plan(args: argparse.Namespace) -> int:

@@ -29,16 +29,13 @@ _ACCEPTED = "expected a built-in model name or package.module:factory returning 
 
 
 def _flax_model(spec: str) -> Any:
-    from planner.models.loading import FACTORY_PATTERN, call_factory, zoo_names
+    from planner.models.loading import flax_model_of
     from planner.usage import UsageError
 
-    if spec in zoo_names():
-        from planner.models.flax_zoo import flax_model
-
-        return flax_model(spec)[0]
-    if not FACTORY_PATTERN.fullmatch(spec):
+    model = flax_model_of(spec)
+    if model is None:
         raise UsageError(f"unknown model {spec!r} (validate needs a Flax model)", _ACCEPTED)
-    return call_factory(spec)[0]
+    return model
 
 
 def _exact_bytes(v: float) -> str:

@@ -26,7 +26,7 @@ from planner.models.transformer import TRANSFORMER_SCHEMA, TransformerConfig, bu
 from planner.usage import UsageError
 from planner.user_code import UserCodeError, user_code
 
-__all__ = ["FACTORY_PATTERN", "accepted_models", "call_factory", "load_model", "zoo_names"]
+__all__ = ["FACTORY_PATTERN", "accepted_models", "call_factory", "flax_model_of", "load_model", "zoo_names"]
 
 FACTORY_PATTERN = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
 _NET_MAGIC = b"Dataset|"
@@ -110,6 +110,20 @@ def _load_file(path: Path) -> LayerGraph:
     raise UsageError(
         f"{path} is neither a ParaDL .net file (first line Dataset|...) nor a .json layer graph", accepted_models()
     )
+
+
+def flax_model_of(spec: str) -> Any:
+    """The Flax model a command-line MODEL names: a built-in model's twin
+    (abstract: nothing initialised) or a ``package.module:factory``'s module
+    (the factory runs); None for a layer-graph or ``.net`` file, which has
+    none."""
+    if spec in zoo_names():
+        from planner.models.flax_zoo import flax_model
+
+        return flax_model(spec)[0]
+    if FACTORY_PATTERN.fullmatch(spec):
+        return call_factory(spec)[0]
+    return None
 
 
 def call_factory(spec: str) -> tuple[Any, Any]:
