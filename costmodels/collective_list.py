@@ -17,6 +17,7 @@ import numpy as np
 
 from costmodels.layers import (
     ATTENTION_KINDS,
+    LayerKind,
     LayerTable,
     is_kind,
     key_value_channels,
@@ -69,7 +70,13 @@ def plan_collectives(
     all-gathers the updated weights (phase ``update``); stage 2
     reduce-scatters the gradient and all-gathers the updated weights; stage
     3 reduce-scatters the gradient and all-gathers the weights before their
-    forward and their backward use."""
+    forward and their backward use.
+
+    The gradient of a residual ``add`` is the gradient of each of its
+    inputs: where two producers take it in one layout, it is converted once
+    (one collective; XLA computes a value once). The time model
+    (:mod:`costmodels.table`) charges each edge its conversion, an upper
+    bound there."""
     settings = CostSettings() if settings is None else settings
     a = graph.unpadded()
     n = graph.num_layers
@@ -86,12 +93,20 @@ def plan_collectives(
 
     pad = np.asarray(row_padding(a.out_spatial[:, 0], m))  # [L] a row-split output's padded size
 
-    def convert(src_layout: int, dst_layout: int, nbytes: float, phase: str, where: str, rows_of: int) -> None:
+    issued: set[tuple] = set()  # (tensor, its bytes, source layout, target layout) already converted
+
+    def convert(src_layout: int, dst_layout: int, nbytes: float, phase: str, where: str, rows_of: int,
+                tensor: tuple | None = None) -> None:
         if m <= 1:
             return
         kind = Collective(int(CONVERSION[src_layout, dst_layout]))
         if kind is Collective.NONE:
             return
+        if tensor is not None:  # one tensor into one layout: one collective
+            key = (tensor, nbytes, int(src_layout), int(dst_layout))
+            if key in issued:
+                return
+            issued.add(key)
         if Layout.SPATIAL in (src_layout, dst_layout):
             nbytes *= float(pad[rows_of])
         result = nbytes if kind in (Collective.ALL_GATHER, Collective.ALL_REDUCE) else nbytes / m
@@ -102,12 +117,14 @@ def plan_collectives(
     batch_adds = adds_run_batch_split(graph, choice, d, m)
     fwd_in = lambda v: Layout.BATCH if v in batch_adds else lay[v, choice[v], 0]  # noqa: E731
     fwd_out = lambda u: Layout.BATCH if u in batch_adds else lay[u, choice[u], 1]  # noqa: E731
+    adds = np.asarray(a.kind) == LayerKind.ADD  # [L] an add's input gradients are its output gradient
     for u, v in graph.edges:
         consumers.add(u)
         nbytes = float(out_el[u]) * gb * delta
         where = f"{graph.names[u]} -> {graph.names[v]}"
         convert(fwd_out(u), fwd_in(v), nbytes, "forward", where, u)
-        convert(lay[v, choice[v], 2], lay[u, choice[u], 3], nbytes, "backward", where, u)
+        convert(lay[v, choice[v], 2], lay[u, choice[u], 3], nbytes, "backward", where, u,
+                ("gradient", v) if adds[v] else None)
     attention = is_kind(np.asarray(a.kind), ATTENTION_KINDS)
     for i in range(n):
         s = choice[i]

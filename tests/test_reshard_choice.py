@@ -138,3 +138,23 @@ def test_splitbrain_plan_at_1x8_validates(devices):
     # L_M (8 samples x 8192), L_S twice (8 x 4096: before classifier/1 and the head), labels
     gathers = (8 * 8192 + 8 * 4096 + 8 * 4096) * 4 + 8 * 4
     assert by[("all-gather", ("model",))].compiled_bytes == gathers == by[("all-gather", ("model",))].predicted_bytes
+
+
+def test_a_residual_adds_gradient_is_gathered_once_for_both_its_producers():
+    # fc0 -> fc1, and add(fc0, fc1): the add runs batch-split (data), both producers replicated. Its
+    # gradient is the gradient of each input, one tensor: gathered once for both (XLA computes it once),
+    # 8 samples x 64 features x 4 B over m = 2; fc1 -> add's gather would be the same collective.
+    b = GraphBuilder("residual", (64,))
+    h0 = b.dense("fc0", b.input, 64)
+    h1 = b.dense("fc1", h0, 64)
+    b.dense("fc2", b.add("add", [h0, h1]), 4)
+    g = b.build()
+    choice = [Strategy.REPLICATED, Strategy.REPLICATED, Strategy.DATA, Strategy.DATA]
+    recs = [r for r in plan_collectives(g, choice, 8, 1, 2) if r.phase == "backward"]
+    assert [(r.kind, r.where, r.bytes_per_device) for r in recs] == [("all-gather", "fc0 -> add", 8 * 64 * 4)]
+    # producers that take it in different layouts convert it each: gathered for fc0, all-to-all to fc1's
+    # channels (a 1/m shard of the same bytes)
+    split = [Strategy.REPLICATED, Strategy.FILTER, Strategy.DATA, Strategy.DATA]
+    recs = [r for r in plan_collectives(g, split, 8, 1, 2) if r.phase == "backward" and r.where.endswith("-> add")]
+    assert [(r.kind, r.where, r.bytes_per_device) for r in recs] == [
+        ("all-gather", "fc0 -> add", 8 * 64 * 4), ("all-to-all", "fc1 -> add", 8 * 64 * 4 / 2)]

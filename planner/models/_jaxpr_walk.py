@@ -304,9 +304,11 @@ class _Walker(_TransformerRules):
     def layer_of(self, values: Sequence[Any]) -> int | None:
         """After the walk: the layer an equation with output ``values`` belongs
         to (the layer its first activation output is, or is folded into), or
-        ``None`` where it computes no activation (e.g. a parameter's reshape)."""
+        ``None`` where it computes no activation (e.g. a parameter's reshape,
+        or positions looked up in a table, :class:`_Positions`, before they
+        are added to the tokens)."""
         for v in values:
-            if v is not None:
+            if v is not None and not isinstance(v, _Positions):
                 return self.root(v)
         return None
 
