@@ -53,10 +53,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import flax.linen as nn
 import optax
 from flax import nnx
 from jax.sharding import Mesh
@@ -249,8 +249,9 @@ def _collective_rows(graph: Any, plan: Plan, hlo: str, mesh: Mesh, platform: str
                      ) -> tuple[CollectiveRow, ...]:
     """:func:`compare_collectives` of what ``plan`` predicts for ``graph`` and
     what ``hlo`` holds; ``linen``: the model is a linen module, whose channel
-    layers' partial sums XLA reduces as it chooses
-    (:mod:`planner.runtime.linen`)."""
+    layers' partial sums XLA reduces as it chooses and whose outputs it
+    gathers once for all readers (:func:`_gathered_once`,
+    :mod:`planner.runtime.linen`)."""
     d, m = plan.mesh
     choice = _choice(graph, plan)
     settings = CostSettings(dtype=plan.dtype, optimizer=plan.optimizer)
