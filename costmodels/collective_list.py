@@ -57,7 +57,7 @@ class CollectiveRecord:
 
 def plan_collectives(
     graph: LayerTable, choice: Sequence[int], batch: float, d: int, m: int, settings: CostSettings | None = None,
-    levers: Sequence[Lever] | None = None,
+    levers: Sequence[Lever] | None = None, *, one_conversion_per_output: bool = False,
 ) -> tuple[CollectiveRecord, ...]:
     """Every collective of one training iteration of the discrete plan ``choice``
     (a strategy code per layer, each under ``levers``' lever, default none)
@@ -74,7 +74,10 @@ def plan_collectives(
 
     The gradient of a residual ``add`` is the gradient of each of its
     inputs: where two producers take it in one layout, it is converted once
-    (one collective; XLA computes a value once). The time model
+    (one collective; XLA computes a value once). With
+    ``one_conversion_per_output``, likewise a layer's output for all the
+    readers that take it in one layout (an export that pins no reader's
+    input apart: a linen model's, ``planner.runtime.linen``). The time model
     (:mod:`costmodels.table`) charges each edge its conversion, an upper
     bound there."""
     settings = CostSettings() if settings is None else settings
@@ -122,38 +125,15 @@ def plan_collectives(
         consumers.add(u)
         nbytes = float(out_el[u]) * gb * delta
         where = f"{graph.names[u]} -> {graph.names[v]}"
-        convert(fwd_out(u), fwd_in(v), nbytes, "forward", where, u)
+        convert(fwd_out(u), fwd_in(v), nbytes, "forward", where, u, ("output", u) if one_conversion_per_output else None)
         convert(lay[v, choice[v], 2], lay[u, choice[u], 3], nbytes, "backward", where, u,
                 ("gradient", v) if adds[v] else None)
     attention = is_kind(np.asarray(a.kind), ATTENTION_KINDS)
     for i in range(n):
         s = choice[i]
         first = len(recs)
-        if s == Strategy.SPATIAL and m > 1 and attention[i]:
-            # sequence parallelism: the keys and the values gathered, their gradients reduce-scattered
-            # the keys (or values) of the fused input, split by rows (padded)
-            kv_channels = key_value_channels(float(a.in_channels[i]), float(a.out_channels[i]))
-            kv = kv_channels * float(a.in_spatial[i, 0]) * gb * delta * float(row_padding(a.in_spatial[i, 0], m))
-            name = graph.names[i]
-            for what in ("keys", "values"):
-                recs.append(CollectiveRecord("all-gather", (MODEL_AXIS,), "forward", f"{name} ({what})", kv))
-            for what in ("keys", "values"):
-                recs.append(CollectiveRecord("reduce-scatter", (MODEL_AXIS,), "backward", f"{name} ({what})", kv / m))
-        elif s == Strategy.SPATIAL and m > 1:
-            rows = max(0.0, (a.kernel[i, 0] - 1) * a.dilation[i, 0] + 1 - a.stride[i, 0])
-            if rows > 0:
-                x_row = a.in_channels[i] * a.in_spatial[i, 1] * a.in_spatial[i, 2] * gb * delta
-                y_row = a.out_channels[i] * a.out_spatial[i, 1] * a.out_spatial[i, 2] * gb * delta
-                name = graph.names[i]
-                recs.append(CollectiveRecord("collective-permute", (MODEL_AXIS,), "forward", name, float(rows * x_row)))
-                if i in produced:  # the input gradient (none for a layer fed by the model input)
-                    recs.append(CollectiveRecord("collective-permute", (MODEL_AXIS,), "backward", name, float(rows * y_row)))
-                if a.params[i] > 0:
-                    # The weight gradient needs the input's halo again: XLA's SPMD partitioner
-                    # re-exchanges it rather than keeping the forward's haloed input
-                    # (measured, docs/validation.md).
-                    recs.append(CollectiveRecord("collective-permute", (MODEL_AXIS,), "backward",
-                                                 f"{name} (weight gradient)", float(rows * x_row)))
+        if s == Strategy.SPATIAL and m > 1:
+            recs.extend(_spatial_exchanges(a, i, graph.names[i], bool(attention[i]), i in produced, gb * delta, m))
         if levers[i].remat:  # the backward pass runs the layer's forward again, its exchanges too
             recs.extend(dataclasses.replace(r, phase="recompute") for r in recs[first:] if r.phase == "forward")
         if i not in consumers:  # a model output: the loss runs batch-split, else on the gathered output
@@ -162,10 +142,50 @@ def plan_collectives(
             t = Layout.BATCH if out_l == Layout.BATCH else Layout.REPLICATED
             convert(out_l, t, nbytes, "forward", f"{graph.names[i]} -> loss", i)
             convert(t, gout_l, nbytes, "backward", f"{graph.names[i]} -> loss", i)
+    recs.extend(_gradient_collectives(graph, choice, d, m, settings, levers))
+    return tuple(recs)
+
+
+def _spatial_exchanges(a, i: int, name: str, attention: bool, fed: bool, sample_bytes: float, m: int
+                       ) -> list[CollectiveRecord]:
+    """The exchanges inside layer ``i`` split by rows over ``m`` devices
+    (``spatial``); ``sample_bytes``: the group's batch times the element size."""
+    if attention:
+        # sequence parallelism: the keys and the values gathered, their gradients reduce-scattered
+        # the keys (or values) of the fused input, split by rows (padded)
+        kv_channels = key_value_channels(float(a.in_channels[i]), float(a.out_channels[i]))
+        kv = kv_channels * float(a.in_spatial[i, 0]) * sample_bytes * float(row_padding(a.in_spatial[i, 0], m))
+        return ([CollectiveRecord("all-gather", (MODEL_AXIS,), "forward", f"{name} ({what})", kv)
+                 for what in ("keys", "values")]
+                + [CollectiveRecord("reduce-scatter", (MODEL_AXIS,), "backward", f"{name} ({what})", kv / m)
+                   for what in ("keys", "values")])
+    rows = max(0.0, (a.kernel[i, 0] - 1) * a.dilation[i, 0] + 1 - a.stride[i, 0])
+    if rows <= 0:
+        return []
+    x_row = a.in_channels[i] * a.in_spatial[i, 1] * a.in_spatial[i, 2] * sample_bytes
+    y_row = a.out_channels[i] * a.out_spatial[i, 1] * a.out_spatial[i, 2] * sample_bytes
+    out = [CollectiveRecord("collective-permute", (MODEL_AXIS,), "forward", name, float(rows * x_row))]
+    if fed:  # the input gradient (none for a layer fed by the model input)
+        out.append(CollectiveRecord("collective-permute", (MODEL_AXIS,), "backward", name, float(rows * y_row)))
+    if a.params[i] > 0:
+        # The weight gradient needs the input's halo again: XLA's SPMD partitioner
+        # re-exchanges it rather than keeping the forward's haloed input
+        # (measured, docs/validation.md).
+        out.append(CollectiveRecord("collective-permute", (MODEL_AXIS,), "backward", f"{name} (weight gradient)",
+                                    float(rows * x_row)))
+    return out
+
+
+def _gradient_collectives(graph: LayerTable, choice: np.ndarray, d: int, m: int, settings: CostSettings,
+                          levers: Sequence[Lever]) -> list[CollectiveRecord]:
+    """Each weighted layer's gradient reduction over its replicas, and ZeRO's
+    weight gathers (:func:`plan_collectives`'s docstring)."""
+    a = graph.unpadded()
+    recs: list[CollectiveRecord] = []
     local = sharded_parameters(graph, choice, m)
     tied = tied_output(np.asarray(a.kind), np.asarray(a.params))
     local = np.where(tied, np.asarray(a.in_channels) * np.asarray(a.out_channels), local)  # its gradient of the table
-    for i in range(n):
+    for i in range(graph.num_layers):
         s = choice[i]
         if a.params[i] <= 0 and not tied[i]:
             continue
@@ -185,7 +205,7 @@ def plan_collectives(
             recs.append(CollectiveRecord("all-gather", axes, "backward", f"{name} (weights)", weights))
         elif z:  # the updated shards gathered after the optimizer step
             recs.append(CollectiveRecord("all-gather", axes, "update", f"{name} (weights)", weights))
-    return tuple(recs)
+    return recs
 
 
 def adds_run_batch_split(graph: LayerTable, choice: Sequence[int], d: int, m: int) -> set[int]:

@@ -250,37 +250,19 @@ def _collective_rows(graph: Any, plan: Plan, hlo: str, mesh: Mesh, platform: str
     """:func:`compare_collectives` of what ``plan`` predicts for ``graph`` and
     what ``hlo`` holds; ``linen``: the model is a linen module, whose channel
     layers' partial sums XLA reduces as it chooses and whose outputs it
-    gathers once for all readers (:func:`_gathered_once`,
-    :mod:`planner.runtime.linen`)."""
+    converts once for all readers (:mod:`planner.runtime.linen`)."""
     d, m = plan.mesh
     choice = _choice(graph, plan)
     settings = CostSettings(dtype=plan.dtype, optimizer=plan.optimizer)
-    records = plan_collectives(graph, choice, plan.batch, d, m, settings, _levers(graph, plan)) + auxiliary_collectives(
+    # a linen model's readers are fed from one conversion of each output: no block input is pinned apart
+    records = plan_collectives(graph, choice, plan.batch, d, m, settings, _levers(graph, plan),
+                               one_conversion_per_output=linen) + auxiliary_collectives(
         graph, choice, plan.batch, d, m, settings)
-    if linen:
-        records = _gathered_once(records)
     # the export reduce-scatters these channel layers' outputs (of an nnx model) and these ZeRO layers' weight
     # gradients itself (a reduce-scatter on every platform)
     exported = (frozenset() if linen else frozenset(scatter_layouts(graph, plan.strategies, m, plan.zero_stages)),
                 frozenset(local_gradient_layers(graph, plan.strategies, plan.zero_stages)))
     return compare_collectives(records, hlo, mesh, platform, rtol, exported)
-
-
-def _gathered_once(records: tuple) -> tuple:
-    """A linen model's collectives: the linen export pins no residual
-    block's input (:mod:`planner.runtime.linen`), so XLA feeds every reader
-    of a layer's output that takes it whole (gathered or reduced) from one
-    conversion, where the plan counts one per reader (measured: the linen
-    GPT's positions, read by a ``LayerNorm`` and an ``add``)."""
-    seen, out = set(), []
-    for r in records:
-        if r.phase == "forward" and r.kind in ("all-gather", "all-reduce") and " -> " in r.where:
-            key = (r.where.split(" -> ")[0], r.kind, r.axes, r.bytes_per_device)
-            if key in seen:
-                continue
-            seen.add(key)
-        out.append(r)
-    return tuple(out)
 
 
 def fixed_plan(
