@@ -197,7 +197,7 @@ def limit_between(p, seed: int) -> float:
         np.where(p.feasible, p.workspace_bytes, 0))), float(np.sum(np.max(np.where(p.feasible, p.optimizer_bytes, 0),
                                                                           axis=1))))
     frac = np.random.default_rng(seed + 2).uniform(-0.1, 1.0)
-    return float(np.floor(lo + frac * (hi - lo))) + 0.5
+    return float(np.floor(max(lo + frac * (hi - lo), 0.9 * lo))) + 0.5  # never below 0.9 x the smallest
 
 
 # --- runs of recomputing layers: tables by hand (menu "remat": K = 3, O = 15) -------------------
