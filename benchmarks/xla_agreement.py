@@ -268,7 +268,7 @@ def main(argv=None) -> int:
                       + f" ({time.perf_counter() - t0:.0f} s planning)", flush=True)
                 for label in limits:
                     p = plans[label]
-                    key = (name, batch, mesh, tuple(sorted(p.strategies.items())))
+                    key = (name, batch, mesh, tuple((r.name, r.option) for r in p.layers))  # levers too
                     reused = key in compiled_cache
                     if not reused:
                         print(f"# compiling {name} batch {batch} mesh {d}x{m} limit {label}", file=sys.stderr,

@@ -13,6 +13,7 @@ module on first use (``_LAZY`` says which), so ``import costmodels`` pays
 for neither JAX nor NumPy; type checkers and IDEs see the names through the
 ``TYPE_CHECKING`` imports below."""
 
+# long module: the package's contract, each public name in a type-checking import, __all__ and the lazy map
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # loaded on first use (module docstring)
@@ -119,7 +120,8 @@ if TYPE_CHECKING:  # loaded on first use (module docstring)
         strategy_mask,
     )
     from costmodels.table import OPTIMIZER_SLOTS, CostSettings, CostTable, cost_table
-    from costmodels.xla_cpu import MEASURED_JAXLIB, XlaCpuBuffers, schedule_note, scheduled_memory_per_device
+    from costmodels.xla_cpu import LOCAL_GRADIENT_STRATEGIES, MEASURED_JAXLIB, XlaCpuBuffers, schedule_note
+    from costmodels.xla_cpu_schedule import scheduled_memory_per_device
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -137,6 +139,7 @@ __all__ = [
     "MAX_SPATIAL_DIMS",
     "MAX_TIERS",
     "MAX_WORK_POINTS",
+    "LOCAL_GRADIENT_STRATEGIES",
     "MEASURED_JAXLIB",
     "MIN_BUCKET",
     "MODEL_AXIS",
@@ -379,9 +382,10 @@ _LAZY = {  # public name -> the module that defines it, imported on first use
     "CostTable": "costmodels.table",
     "cost_table": "costmodels.table",
     "XlaCpuBuffers": "costmodels.xla_cpu",
+    "LOCAL_GRADIENT_STRATEGIES": "costmodels.xla_cpu",
     "MEASURED_JAXLIB": "costmodels.xla_cpu",
     "schedule_note": "costmodels.xla_cpu",
-    "scheduled_memory_per_device": "costmodels.xla_cpu",
+    "scheduled_memory_per_device": "costmodels.xla_cpu_schedule",
 }
 
 

@@ -11,7 +11,7 @@ reduce-scatter or an all-to-all, the halo rows for a collective-permute.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from costmodels.layers import (
     LayerTable,
     is_kind,
     key_value_channels,
+    read_parameter_fraction,
     tied_output,
     token_lookups,
 )
@@ -57,7 +58,7 @@ class CollectiveRecord:
 
 def plan_collectives(
     graph: LayerTable, choice: Sequence[int], batch: float, d: int, m: int, settings: CostSettings | None = None,
-    levers: Sequence[Lever] | None = None, *, one_conversion_per_output: bool = False,
+    levers: Sequence[Lever] | None = None, *, one_conversion_per_output: bool | Collection[int] = False,
 ) -> tuple[CollectiveRecord, ...]:
     """Every collective of one training iteration of the discrete plan ``choice``
     (a strategy code per layer, each under ``levers``' lever, default none)
@@ -76,8 +77,11 @@ def plan_collectives(
     inputs: where two producers take it in one layout, it is converted once
     (one collective; XLA computes a value once). With
     ``one_conversion_per_output``, likewise a layer's output for all the
-    readers that take it in one layout (an export that pins no reader's
-    input apart: a linen model's, ``planner.runtime.linen``). The time model
+    readers that take it in one layout (``True``: every layer's, an export
+    that pins no reader's input apart, a linen model's,
+    ``planner.runtime.linen``; a collection of layers: theirs, output and
+    gradient, an output the export pins to its readers' one layout, the sum
+    of their input gradients converted back once). The time model
     (:mod:`costmodels.table`) charges each edge its conversion, an upper
     bound there."""
     settings = CostSettings() if settings is None else settings
@@ -121,13 +125,15 @@ def plan_collectives(
     fwd_in = lambda v: Layout.BATCH if v in batch_adds else lay[v, choice[v], 0]  # noqa: E731
     fwd_out = lambda u: Layout.BATCH if u in batch_adds else lay[u, choice[u], 1]  # noqa: E731
     adds = np.asarray(a.kind) == LayerKind.ADD  # [L] an add's input gradients are its output gradient
+    pinned = frozenset() if isinstance(one_conversion_per_output, bool) else frozenset(one_conversion_per_output)
     for u, v in graph.edges:
         consumers.add(u)
         nbytes = float(out_el[u]) * gb * delta
         where = f"{graph.names[u]} -> {graph.names[v]}"
-        convert(fwd_out(u), fwd_in(v), nbytes, "forward", where, u, ("output", u) if one_conversion_per_output else None)
+        once = u in pinned or one_conversion_per_output is True
+        convert(fwd_out(u), fwd_in(v), nbytes, "forward", where, u, ("output", u) if once else None)
         convert(lay[v, choice[v], 2], lay[u, choice[u], 3], nbytes, "backward", where, u,
-                ("gradient", v) if adds[v] else None)
+                ("gradient", v) if adds[v] else ("output gradient", u) if u in pinned else None)
     attention = is_kind(np.asarray(a.kind), ATTENTION_KINDS)
     for i in range(n):
         s = choice[i]
@@ -185,6 +191,7 @@ def _gradient_collectives(graph: LayerTable, choice: np.ndarray, d: int, m: int,
     local = sharded_parameters(graph, choice, m)
     tied = tied_output(np.asarray(a.kind), np.asarray(a.params))
     local = np.where(tied, np.asarray(a.in_channels) * np.asarray(a.out_channels), local)  # its gradient of the table
+    read = read_parameter_fraction(np.asarray(a.kind), np.asarray(a.params), np.asarray(a.out_elements))
     for i in range(graph.num_layers):
         s = choice[i]
         if a.params[i] <= 0 and not tied[i]:
@@ -194,7 +201,7 @@ def _gradient_collectives(graph: LayerTable, choice: np.ndarray, d: int, m: int,
         if ranks <= 1:
             continue
         name, z = graph.names[i], levers[i].zero_stage
-        grad = float(local[i]) * settings.gradient_bytes_per_param
+        grad = float(local[i] * read[i]) * settings.gradient_bytes_per_param
         weights = float(local[i]) * settings.weight_bytes_per_param
         if z >= 2:  # ZeRO §7.2.1: each device reduces its shard of the gradient
             recs.append(CollectiveRecord("reduce-scatter", axes, "gradient", name, grad / ranks))

@@ -45,7 +45,8 @@ import jax.numpy as jnp
 from costmodels.levers import option_recomputing, strategy_probs
 from costmodels.table import CostTable
 
-__all__ = ["expected_time", "iteration_time", "memory_per_device", "one_hot", "recomputed_runs", "reshard_per_edge"]
+__all__ = ["expected_time", "iteration_time", "memory_per_device", "one_hot", "recomputed_runs",
+           "recomputed_runs_per_layer", "reshard_per_edge"]
 
 
 def one_hot(choice, num_options: int):
@@ -85,9 +86,11 @@ def iteration_time(table: CostTable, probs):
     return expected_time(table, probs, pair)
 
 
-def recomputed_runs(table: CostTable, probs):
+def recomputed_runs_per_layer(table: CostTable, probs):
     """What runs of recomputing layers change in the backward phase's memory,
-    under option probabilities ``probs`` [L, O]: ``(credit, transient)``.
+    under option probabilities ``probs`` [L, O]: ``(credit, transient)``,
+    ``[L]`` bytes each (the credit by the joining consumer whose kept input
+    it frees).
 
     A *run* is a recomputing layer (``remat``) and the consecutive layers
     after it, in the table's order (a topological one), that recompute
@@ -138,8 +141,15 @@ def recomputed_runs(table: CostTable, probs):
     between = jnp.where(zeros[hi] - zeros[lo] > 0, 0.0, jnp.exp(logs[hi] - logs[lo]))  # [E]
     in_run = rho[src] * between * (src < dst)  # [E]
     kept = jnp.sum(jnp.where(joins[None, :], probs[dst] * table.checkpoint_bytes[dst], 0.0), axis=-1)  # [E]
-    credit = jnp.sum(in_run * kept * table.edge_input_share * table.edge_mask)
+    credit = jnp.zeros(L).at[dst].add(in_run * kept * table.edge_input_share * table.edge_mask)  # [L] per consumer
     return credit, transient
+
+
+def recomputed_runs(table: CostTable, probs):
+    """:func:`recomputed_runs_per_layer` with the credit summed: ``(credit,
+    transient)``, bytes and ``[L]`` bytes."""
+    credit, transient = recomputed_runs_per_layer(table, probs)
+    return jnp.sum(credit), transient
 
 
 @jax.jit

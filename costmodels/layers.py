@@ -29,6 +29,7 @@ __all__ = [
     "VECTOR_FIELDS",
     "bucket_size",
     "is_kind",
+    "read_parameter_fraction",
     "key_value_channels",
     "key_value_heads",
     "token_lookups",
@@ -110,6 +111,19 @@ def tied_output(kind: Any, params: Any) -> Any:
     table (a dense layer that owns no parameters: the table is the
     embedding's; ``GraphBuilder.dense(tied=True)``)."""
     return (kind == LayerKind.DENSE) & (params <= 0)
+
+
+def read_parameter_fraction(kind: Any, params: Any, out_elements: Any) -> Any:
+    """Elementwise: the share of a layer's parameters that receives a
+    gradient. An element-wise layer reads its parameters element by element
+    against its output, so at most one per output element: a position table
+    sliced to the sequence (``pos[:, :seq]``) gets its gradient in the rows
+    read, and the slice's transpose pads the reduced sum with zeros (XLA
+    reduces the rows read only: measured on the linen GPT,
+    docs/validation.md). 1 on every other kind and where nothing is held."""
+    elementwise = (kind == LayerKind.ELEMENTWISE) & (params > out_elements)
+    read = out_elements / (params + (params <= 0))  # no 0 / 0 where nothing is held
+    return 1.0 + elementwise * (read - 1.0)
 
 
 def token_lookups(table: LayerTable) -> tuple[int, ...]:

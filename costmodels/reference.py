@@ -7,6 +7,7 @@ and as the baseline of ``benchmarks/costmodel_speed.py``. It is far slower;
 never use it for planning.
 """
 
+# long module: the whole cost model written out again, term by term, as an independent oracle
 from __future__ import annotations
 
 import math
@@ -279,7 +280,11 @@ def reference_iteration_time(
         bucket = settings.gradient_bucket_bytes
         if int(a.kind[i]) == LayerKind.DENSE and float(a.params[i]) <= 0:  # tied: its own gradient of the table
             local = float(a.in_channels[i]) * float(a.out_channels[i])
-        gbytes = DTYPE_BYTES[settings.dtype] * local  # the device's own shard of the gradient
+        out_el = cout * math.prod(float(x) for x in a.out_spatial[i])
+        read = 1.0  # an element-wise layer's parameters get a gradient where read, one per output element
+        if int(a.kind[i]) == LayerKind.ELEMENTWISE and float(a.params[i]) > out_el:
+            read = out_el / float(a.params[i])
+        gbytes = DTYPE_BYTES[settings.dtype] * local * read  # the device's own shard of the gradient
         grad = _allreduce(hw, ranks, per_node, bucket) * gbytes / bucket
         if lever.zero_stage:  # ZeRO: reduce-scatter the gradients (stage 1: all-reduce), gather the weights
             if lever.zero_stage >= 2:
@@ -351,6 +356,7 @@ def reference_memory(
     gb = batch / d
     state, saved_total, workspace, updates = 0.0, 0.0, 0.0, 0.0
     fed = {u for u, _ in graph.edges}  # the layers whose output another layer reads; the rest feed the loss
+    read_by_saver = {u for u, v in graph.edges if float(a.saved_elements[v]) > 0}  # a reader keeps its input
     for i in range(graph.num_layers):
         s, lever = _option(settings, choice[i])
         in_l, out_l, _, _ = _layouts(int(a.kind[i]), s)
@@ -393,8 +399,12 @@ def reference_memory(
             dims = float(a.spatial_rank[i]) + 2.0
             saved_total += 4.0 * dims * out_el * gb / split(out_l)
             transient += 4.0 * dims * float(a.saved_elements[i]) * gb / split(in_l)
+        if settings.platform == "cpu" and m > 1 and out_l == _R and i in read_by_saver:
+            saved_total += delta * out_el * gb  # XLA:CPU keeps a replicated output whole where its reader slices it
         if settings.platform == "cpu" and int(a.kind[i]) == LayerKind.CONV:  # XLA:CPU's transposed output gradient
             transient += delta * out_el * gb / split(_layouts(int(a.kind[i]), s)[3])
+        if settings.platform == "cpu" and m > 1 and int(a.kind[i]) == LayerKind.DENSE and s == Strategy.CHANNEL:
+            transient += 2.0 * delta * out_el * gb / split(_layouts(int(a.kind[i]), s)[3])  # its gathered dy, twice more
         workspace = max(workspace, transient)
     # the larger of the backward phase and the optimizer step (the activations freed, the update live)
     return max(state - updates + saved_total + workspace, state)

@@ -36,7 +36,7 @@ from costmodels.collectives import (
     tier_of,
 )
 from costmodels.compute import DTYPE_BYTES, HardwareArrays, shard_compute_s
-from costmodels.layers import ATTENTION_KINDS, LayerKind, is_kind, tied_output
+from costmodels.layers import ATTENTION_KINDS, LayerKind, is_kind, read_parameter_fraction, tied_output
 from costmodels.levers import LeverInputs, lever_costs, lever_menu
 from costmodels.shards import row_padding, shard_shapes
 from costmodels.strategies import Strategy, layout_split, strategy_layouts, strategy_mask
@@ -192,7 +192,8 @@ def cost_table(
 
     # -- gradient all-reduce (ParaDL §4.3, §4.8), in buckets -------------------
     tied = tied_output(kind, params)[:, None]  # [L, 1]
-    ranks, ranks_per_node, grad_sync = _gradient_sync(net, a, d, m, local_params, tied, settings)
+    read = read_parameter_fraction(kind, params, out_el)[:, None]  # [L, 1] of its parameters, a gradient
+    ranks, ranks_per_node, grad_sync = _gradient_sync(net, a, d, m, local_params * read, tied, settings)
     bucket = settings.gradient_bucket_bytes
 
     src = jnp.asarray(a.edge_src).astype(jnp.int32)
@@ -236,9 +237,9 @@ def cost_table(
                      optimizer_bytes=settings.optimizer_bytes_per_param,
                      update_bytes=settings.update_bytes_per_param, bucket_bytes=bucket)
 
-    # -- XLA:CPU's own buffers (costmodels/xla_cpu.py); levers leave them alone
+    # -- XLA:CPU's own buffers (costmodels/xla_cpu.py); ZeRO changes the gradients and kernel copies
     activation_out, workspace_out, xla_cpu = _with_xla_cpu(lc, a, lay, local_params, group_batch, d, m, delta,
-                                                           settings)
+                                                           group, settings)
 
     # each in-edge's part of its destination's input (a concatenation's inputs differ in size)
     sent = out_el[src] * emask  # [E]
@@ -304,15 +305,20 @@ def _lever_masks(a, kind, params, real, tied, group, m, feasible, activation, in
     return zero_ok, recomputable, joinable
 
 
-def _with_xla_cpu(lc, a, lay, local_params, group_batch, d, m, delta, settings: CostSettings):
+def _with_xla_cpu(lc, a, lay, local_params, group_batch, d, m, delta, group, settings: CostSettings):
     """The options' activation and workspace bytes ``[L, O]`` with XLA:CPU's
     own buffers added where the platform is ``cpu`` (costmodels/xla_cpu.py;
-    the same under every lever), and those buffers (None elsewhere)."""
+    the same under every lever), and those buffers (None elsewhere);
+    ``group`` ``[S]`` is ZeRO's replica group per strategy."""
     if settings.platform != "cpu":
         return lc.activation_bytes, lc.workspace_bytes, None
+    menu = lever_menu(settings.levers)
+    K = len(menu)
+    stages = jnp.asarray([lever.zero_stage for lever in menu] * len(Strategy))  # [O] option s K + k: strategy s
+    shards = jnp.where(stages >= 2, jnp.repeat(jnp.asarray(group, jnp.float32), K), 1.0)  # [O] ZeRO 2, 3 shard gradients
+    recomputes = jnp.asarray([lever.remat for lever in menu] * len(Strategy))  # [O]
     extra_activation, extra_workspace, xla_cpu = xla_cpu_buffers(
-        a, lay, local_params, group_batch, d, m, delta, settings.gradient_bytes_per_param)
-    K = lc.activation_bytes.shape[-1] // len(Strategy)
+        a, lay, local_params, group_batch, d, m, delta, settings.gradient_bytes_per_param, shards, stages, recomputes)
     # option s K + k: strategy s
     return (lc.activation_bytes + jnp.repeat(extra_activation, K, axis=-1),
             lc.workspace_bytes + jnp.repeat(extra_workspace, K, axis=-1), xla_cpu)

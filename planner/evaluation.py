@@ -308,7 +308,7 @@ def evaluate(
 
 def _planned_memory(table, probs, choice) -> float:
     """The plan's peak memory per device: XLA:CPU's schedule where it applies
-    (a ``cpu`` table, a plan without levers: :func:`planner.schedule_fit.choice_peak`),
+    (a ``cpu`` table: :func:`planner.schedule_fit.choice_peak`),
     else the solvers' two phases (:func:`costmodels.memory_per_device`)."""
     peak = choice_peak(table, choice)
     return float(memory_per_device(table, probs)) if peak is None else peak

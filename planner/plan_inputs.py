@@ -25,8 +25,8 @@ MAX_SEED = 2**32  # seeds are 32-bit: 0 <= seed < 2^32, which a plan file holds 
 # The share of a memory limit the search keeps free, per XLA platform: what
 # the cost model does not capture (docs/validation.md, "The memory promise").
 # cpu, measured with what XLA:CPU does counted by the cost model (its
-# max-pool expansion and transposed convolution output gradients, and for
-# plans without levers its schedule, costmodels.xla_cpu: kernel copies,
+# max-pool expansion and transposed convolution output gradients, and
+# its schedule, costmodels.xla_cpu_schedule: kernel copies,
 # reversed kernels, the pools' iotas, the gradient all-reduce;
 # benchmarks/xla_agreement.py: 96 plans of four models, batches 64 and 256,
 # every 8-device mesh, limits none / mid / tight, and 48 held out at batch

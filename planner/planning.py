@@ -131,10 +131,11 @@ def plan(
     (default :data:`MILP_TIME_LIMIT_S`; None: no limit) with the best plan it
     found; ``optimality_gap`` says how far from its lower bound that plan may
     be (None without a bound). ``method="auto"`` answers within about
-    ``time_budget_s`` per search (default :data:`search.TIME_BUDGET_S`; None:
-    no budget): where its exact solvers prove nothing in their share, the
-    gradient search's local search stops when the budget is spent, with a
-    plan that fits (:func:`search.solve_many`).
+    ``time_budget_s`` (default :data:`search.TIME_BUDGET_S`; None: no
+    budget), the searches again against XLA:CPU's schedule included: where
+    its exact solvers prove nothing in their share, the gradient search's
+    local search stops when the budget is spent, with a plan that fits
+    (:func:`search.solve_many`).
 
     ``levers`` puts memory levers on each layer's menu beside its strategy
     (:mod:`costmodels.levers`): ``zero`` (ZeRO stages 1-3 over the layer's
@@ -228,9 +229,11 @@ def plan(
     # search sums memory in float32 in its own order; the plan's reported memory is another
     # float32 sum: FLOAT32_ROUNDING keeps the two on the same side of the limit.
     budget = max((limit - margin) * (1.0 - FLOAT32_ROUNDING), 1.0)
-    def search(ts: list, limit_bytes: float) -> list[Solution]:  # the tables ts within limit_bytes
+    def search(ts: list, limit_bytes: float) -> list[Solution]:  # the tables ts within limit_bytes, in the time left
+        # (never 0, which solve_many refuses: a search past the budget still runs each stage's minimum)
+        left = None if time_budget_s is None else max(time_budget_s - (_time.perf_counter() - start), 1e-3)
         return solve_many(ts, limit_bytes, method, seed, callback, config=config,
-                          milp_time_limit_s=milp_time_limit_s, time_budget_s=time_budget_s)
+                          milp_time_limit_s=milp_time_limit_s, time_budget_s=left)
 
     # on cpu, what XLA:CPU's schedule holds must fit too (planner/schedule_fit.py)
     solutions = fit_schedule(tables, search(tables, budget), budget, lambda t, b: search([t], b)[0], callback)

@@ -11,8 +11,9 @@ exceeds the budget is searched again on its mesh with the budget lowered by
 the excess, up to :data:`SCHEDULE_RETRIES` times; where that finds nothing
 that fits, the plan needing the least of the solvers' memory is taken if it
 fits both (so the smallest limit an infeasible plan's error names always
-fits), and otherwise the mesh counts as not fitting. Plans with memory levers keep the solvers'
-memory (the schedule was measured without them: docs/validation.md).
+fits), and otherwise the mesh counts as not fitting. Plans with memory
+levers are checked too (:mod:`costmodels.xla_cpu_schedule`: ZeRO's
+gradients, recomputed runs).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from costmodels import CostTable, menu_of, one_hot, scheduled_memory_per_device
+from costmodels import CostTable, one_hot, scheduled_memory_per_device
 from search import (
     AUTO_MILP_TIME_LIMIT_S,
     SearchEvent,
@@ -41,11 +42,8 @@ SCHEDULE_RETRIES = 4  # searches again per mesh; each lowers the budget by the l
 def choice_peak(table: CostTable, choice) -> float | None:
     """The peak of the plan ``choice`` (an option code per real layer) under
     XLA:CPU's schedule, or None where it does not apply (a table not built
-    for ``cpu``, a plan with levers)."""
+    for ``cpu``)."""
     if table.xla_cpu is None:
-        return None
-    menu = menu_of(table.feasible.shape[1])
-    if any(lever.zero_stage or lever.remat for lever in (menu[int(c) % len(menu)] for c in choice)):
         return None
     rows = table.feasible.shape[0]
     choice = np.concatenate([np.asarray(choice, dtype=np.int64), np.zeros(rows - len(choice), dtype=np.int64)])

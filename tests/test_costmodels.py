@@ -79,6 +79,18 @@ def test_hierarchical_allreduce_by_hand():
     assert float(allreduce_s(net, 4.0, 4.0, 1e8)) == pytest.approx(6 * (9e-6 + 2.5e7 / 50e9), rel=1e-6)
 
 
+def test_read_parameter_fraction_by_hand():
+    from costmodels.layers import LayerKind, read_parameter_fraction
+
+    kind = np.array([LayerKind.ELEMENTWISE, LayerKind.ELEMENTWISE, LayerKind.ELEMENTWISE, LayerKind.NORM,
+                     LayerKind.ELEMENTWISE])
+    params = np.array([128 * 128, 64 * 128, 0, 128, 1])  # a table sliced to 64 of its 128 rows; read whole; none;
+    out_elements = np.array([64 * 128] * 5, float)  # a norm's scale; a scalar gate
+    assert read_parameter_fraction(kind, params, out_elements).tolist() == [0.5, 1.0, 1.0, 1.0, 1.0]
+    got = read_parameter_fraction(jnp.asarray(kind), jnp.asarray(params, jnp.float32), jnp.asarray(out_elements))
+    assert np.asarray(got).tolist() == [0.5, 1.0, 1.0, 1.0, 1.0]
+
+
 @pytest.mark.parametrize(
     "src, dst, expected",
     [

@@ -8,11 +8,13 @@ linen twin of each nnx model, and the zoo (``planner.models.zoo`` vs
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 import pytest
 from builders import TinyResNet
 from flax import nnx
 
+from costmodels import MEASURED_JAXLIB
 from planner.ir.builder import GraphBuilder
 from planner.ir.graph import LayerArrays
 from planner.models.extraction import extract
@@ -447,6 +449,53 @@ def test_activation_names_folding_and_scopes():
     assert a.flops_fwd[g.names.index("gelu")] > 4  # several element-wise ops per element
     add = g.names.index("sub/add")
     assert sorted(s for s, d in g.edges if d == add) == [g.names.index("sub/relu6"), g.names.index("sub/relu")]
+
+
+class _Mlp(nnx.Module):
+    def __init__(self, act, rngs):
+        self.up, self.down, self.act = nnx.Linear(16, 256, rngs=rngs), nnx.Linear(256, 16, rngs=rngs), act
+
+    def __call__(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+def _xla_temp_bytes_per_sample(model) -> float:
+    """XLA:CPU's temporaries of the gradient step, per sample (batch 256 less batch 128)."""
+    gdef, params = nnx.split(model)
+
+    def loss(p, x):
+        return jnp.sum(nnx.merge(gdef, p)(x) ** 2)
+
+    def temp(b):
+        lowered = jax.jit(jax.grad(loss)).lower(params, jax.ShapeDtypeStruct((b, 16), jnp.float32))
+        return lowered.compile().memory_analysis().temp_size_in_bytes
+
+    return (temp(256) - temp(128)) / 128
+
+
+def test_an_activation_keeps_the_transcendental_values_its_derivative_reads():
+    """Against XLA:CPU: what each activation function keeps beside ReLU
+    (which keeps its input) is what the extraction counts: GELU(tanh) its
+    tanh, SiLU its logistic, 256 floats each per sample; tanh alone no more
+    than ReLU (its output, the tanh, is the next layer's input, which that
+    layer keeps). GELU(erf) keeps its erf and exp(-x^2) on jaxlib 0.10 (the
+    release the cpu rules were measured on, costmodels.MEASURED_JAXLIB) and
+    one of them on 0.12: the count is its upper bound there."""
+    acts = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "gelu_erf": lambda x: jax.nn.gelu(x, approximate=False),
+            "silu": jax.nn.silu, "tanh": jnp.tanh}
+    kept = {"relu": 0, "gelu": 1, "gelu_erf": 2, "silu": 1, "tanh": 0}
+    xla, saved = {}, {}
+    for name, act in acts.items():
+        model = _Mlp(act, nnx.Rngs(0))
+        g = extract(model, spec(16))
+        saved[name] = float(g.unpadded().saved_elements[1])  # the activation's row
+        assert saved[name] == 256 * (1 + kept[name]), name
+        xla[name] = _xla_temp_bytes_per_sample(model)
+    for name in ("gelu", "silu", "tanh"):
+        assert xla[name] - xla["relu"] == (saved[name] - saved["relu"]) * 4, name
+    counted = (saved["gelu_erf"] - saved["relu"]) * 4
+    measured_here = jaxlib.__version__.split(".")[:2] == MEASURED_JAXLIB.split(".")[:2]
+    assert xla["gelu_erf"] - xla["relu"] == counted if measured_here else 0 < xla["gelu_erf"] - xla["relu"] <= counted
 
 
 class Shared(nnx.Module):

@@ -40,6 +40,7 @@ def test_the_lighter_plan_at_a_tight_limit_compiles_lighter(devices, name, batch
     tight = planner.plan(graph, batch=batch, memory_limit=e.value.required_bytes * 1.02, **KW)
     # the search replaced the plan by a lighter one (predicted) ...
     assert tight.memory_bytes_per_device < free.memory_bytes_per_device
-    assert tight.strategies != free.strategies or tight.mesh != free.mesh
+    options = lambda p: [layer.option for layer in p.layers]  # noqa: E731  strategies with their levers
+    assert options(tight) != options(free) or tight.mesh != free.mesh
     # ... and XLA compiles it lighter
     assert _compiled_bytes(model, tight) < _compiled_bytes(model, free)

@@ -170,3 +170,51 @@ def test_validate_fails_naming_the_part_when_over_the_limit(tight_tiny, tmp_path
                  "--activation-rtol", "1", "--comm-rtol", "1"]) == 1
     err = capsys.readouterr().err
     assert "does not fit the plan's limit" in err and "activations and temporaries" in err
+
+
+@pytest.mark.slow
+def test_a_cnn_plan_with_zero_at_its_tightest_limit_fits_once_compiled(devices, monkeypatch):
+    """VGG16-CIFAR-10 at batch 32 on a 4x2 mesh with ZeRO's levers, 2% above
+    the smallest limit the planner accepts, which only plans with ZeRO meet:
+    XLA's compiled total is within the limit (XLA:CPU's schedule checks plans
+    with ZeRO too)."""
+    from planner import planning
+    from planner.models.flax_zoo import flax_model
+    from planner.runtime.validation import validate
+
+    monkeypatch.setattr(planning, "mesh_shapes", lambda *a, **k: [(4, 2)])
+    model, x = flax_model("vgg16-cifar10", batch=32)
+    graph = extract(model, x)
+    kw = dict(devices=8, hardware="dgx-a100", batch=32, platform="cpu", optimizer="adam", levers="zero")
+    with pytest.raises(InfeasibleMemoryError) as err:
+        plan(graph, memory_limit="1kB", **kw)
+    p = plan(graph, memory_limit=err.value.required_bytes * 1.02, **kw)
+    assert any("zero2" in r.option or "zero3" in r.option for r in p.layers)
+    total = {r.part: r for r in validate(model, p).memory}["total"]
+    assert total.compiled_bytes <= p.memory_limit_bytes, (total.compiled_bytes, p.memory_limit_bytes)
+
+
+def test_a_search_that_starts_past_the_plans_time_budget_still_runs(monkeypatch):
+    """A plan's searches (the first, and those again against XLA:CPU's
+    schedule) share its time budget; one that starts after the budget is
+    spent still runs, with the smallest positive budget (solve_many refuses
+    0), and the plan is returned."""
+    import itertools
+
+    from planner import planning
+
+    model, x = tiny_cnn()
+    graph = extract(model, x)
+    budgets = []
+    real = planning.solve_many
+
+    def solve_many(*args, **kw):
+        budgets.append(kw["time_budget_s"])
+        return real(*args, **kw)
+
+    clock = itertools.count(0, 50)  # every reading of the clock 50 s after the last
+    monkeypatch.setattr(planning, "solve_many", solve_many)
+    monkeypatch.setattr(planning._time, "perf_counter", lambda: float(next(clock)))
+    p = plan(graph, devices=8, hardware="dgx-a100", batch=B, platform="cpu", levers="none", time_budget_s=40.0)
+    assert p.memory_bytes_per_device > 0 and budgets and all(0 < b <= 40.0 for b in budgets)
+    assert budgets[-1] == 1e-3  # past the budget: the smallest

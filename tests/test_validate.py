@@ -233,3 +233,35 @@ def test_table_rendering(reports, capsys, monkeypatch):
     assert "optimizer state" in out and "reduce-scatters lowered" in out
     assert f"cpu ({cpu_scheduler()} scheduler)" in out
     assert "all figures within tolerance" in out
+
+
+def test_an_output_pinned_for_its_readers_is_converted_once_each_way():
+    """nanoGPT's fused c_attn (a module call) read by its three splits
+    (functional): under ``filter`` with the splits on ``data`` on 2x4, the
+    export pins its output to the splits' layout, one all-to-all of the
+    whole output forward and one of the summed gradient back; counted per
+    edge, three each."""
+    import user_models
+
+    from costmodels import STRATEGY_NAMES, plan_collectives
+    from planner import extract
+    from planner.runtime.layouts import pinned_outputs
+
+    model, x = user_models.nanogpt(batch=8)
+    g = extract(model, x)
+    strategies = {n: "data" for n in g.names}
+    strategies["h/0/attn/c_attn"] = "filter"
+    modules = {"/".join(map(str, p)) for p, _ in nnx.iter_modules(model)}
+    pinned = pinned_outputs(g, strategies, modules)
+    c_attn = g.names.index("h/0/attn/c_attn")
+    assert c_attn in pinned and g.names.index("h/0/attn/split") not in pinned
+    choice = [STRATEGY_NAMES.index(strategies[n]) for n in g.names]
+
+    def c_attn_conversions(once):
+        recs = plan_collectives(g, choice, 8, 2, 4, one_conversion_per_output=once)
+        return [(r.phase, r.bytes_per_device) for r in recs
+                if r.kind == "all-to-all" and r.where.startswith("h/0/attn/c_attn ->")]
+
+    whole = 8 / 2 * 64 * 3 * 128 * 4 / 4  # its output per data group, 4 bytes, an all-to-all's share
+    assert c_attn_conversions(pinned) == [("forward", whole), ("backward", whole)]
+    assert c_attn_conversions(False) == [("forward", whole), ("backward", whole)] * 3

@@ -88,7 +88,7 @@ class _Structure(NamedTuple):
     depthwise: np.ndarray  # [n] 1.0 if groups == in_channels > 1
     add_inputs: np.ndarray  # [n] inputs of an add
     max_pool: np.ndarray  # [n] 1.0 for a max pool (saves its input)
-    saves_output: np.ndarray  # [n] 1.0 for an activation that keeps its output
+    saved_values: np.ndarray  # [n] input-sized values an activation keeps (its input, the values its derivative reads)
     per_element: np.ndarray  # [n] FLOPs per element of an element-wise layer
     spatial_rounds: int
     chan_rounds: int
@@ -143,7 +143,7 @@ def _structure(t: LayerGraph, group: np.ndarray) -> _Structure:
         depthwise=((g > 1) & (g == c_in)).astype(float),
         add_inputs=np.where(kind == LayerKind.ADD, np.round(a.flops_fwd / np.maximum(out_el, 1)) + 1, 0.0),
         max_pool=((kind == LayerKind.POOL) & (a.saved_elements > 0)).astype(float),
-        saves_output=((kind == LayerKind.ELEMENTWISE) & (a.saved_elements > 0)).astype(float),
+        saved_values=np.where(kind == LayerKind.ELEMENTWISE, a.saved_elements / np.maximum(in_el, 1), 0.0),
         per_element=np.where(kind == LayerKind.ELEMENTWISE, a.flops_fwd / np.maximum(in_el, 1), 0.0),
         spatial_rounds=int(depth_s.max(initial=0)) + 1, chan_rounds=int(depth_c.max(initial=0)) + 1,
         max_kernel=int(a.kernel.max(initial=1)), transformer=transformer_structure(t, indeg),
@@ -289,7 +289,7 @@ class ParametricGraph:
         buffers = jnp.where(bn, 2.0 * out_c, 0.0)
         saved = jnp.select(
             [param_layer | bn, pool, ew, other],
-            [in_el, maxp * in_el, jnp.asarray(st.saves_output, jnp.float32) * in_el, f32(t.saved_elements)], 0.0)
+            [in_el, maxp * in_el, jnp.asarray(st.saved_values, jnp.float32) * in_el, f32(t.saved_elements)], 0.0)
         tr = transformer_rules(st.transformer, in_c, out_c, in_pos, out_pos)
         fwd, bwd_data, bwd_weight, params_, saved = (
             jnp.where(tr.mask > 0, new, old) for new, old in ((tr.flops_fwd, fwd), (tr.flops_bwd_data, bwd_data),

@@ -280,15 +280,18 @@ class GraphBuilder(TokenLayers):
         )
 
     # -- layers without parameters ---------------------------------------------
-    def elementwise(self, name: str, x: int, *, flops_per_element: float = 1.0, saves_output: bool = True) -> int:
+    def elementwise(self, name: str, x: int, *, flops_per_element: float = 1.0, saves_output: bool = True,
+                    kept_values: int = 0) -> int:
         """ReLU and other activations (1 FLOP per element, as XLA counts ``max``);
-        dropout; scaling."""
+        dropout; scaling. It keeps its input (``saves_output``) and
+        ``kept_values`` more values of its size: the transcendental values its
+        derivative reads (GELU's tanh, SiLU's logistic: ``_primitives._kept_values``)."""
         c, sp = self.shape(x)
         n = c * math.prod(sp)
         return self._add(
             name, LayerKind.ELEMENTWISE, [x], c, sp,
             flops=F.elementwise_flops(n, flops_per_element),
-            saved_elements=float(n) if saves_output else 0.0,
+            saved_elements=float(n) * (float(saves_output) + kept_values),
         )
 
     def relu(self, name: str, x: int) -> int:

@@ -32,6 +32,7 @@ from planner.models._primitives import (
     _RESCALE,
     _SHAPE_OPS,
     _eqn_flops,
+    _kept_values,
 )
 from planner.models._transformer_walk import (
     _HEAD_GROUPING_HINT,
@@ -91,8 +92,16 @@ class _Chain:
     unit: tuple  # identifies the activation function call the ops belong to
     name: str
     flops_per_element: int = 0
+    kept_values: int = 0  # transcendental values its ops' derivatives read (_primitives._kept_values)
+    ends_transcendental: bool = False  # its last op's output is one of them: the function's output
     node: int | None = None  # once materialised
     alias: _Chain | None = None  # merged into another chain
+
+    def kept(self, p: str) -> _Chain:
+        """Op ``p`` goes on the function: count what its derivative reads."""
+        self.kept_values += _kept_values(p)
+        self.ends_transcendental = _kept_values(p) > 0
+        return self
 
 
 def _is_zero_literal(a: Any) -> bool:
@@ -207,7 +216,8 @@ class _Walker(_TransformerRules):
         if c.node is None:
             self.check(c.root, c.shape, f"element-wise op {c.name!r}")
             c.node = self.emit(self.b.elementwise, self.b.auto_name(c.scope, c.name), c.root,
-                                        flops_per_element=float(max(1, c.flops_per_element)))
+                               flops_per_element=float(max(1, c.flops_per_element)),
+                               kept_values=c.kept_values - c.ends_transcendental)
         return c.node
 
     def unit(self, eqn: Any, calls: tuple) -> tuple[tuple, str]:
@@ -570,12 +580,13 @@ class _Walker(_TransformerRules):
                 unit, _ = self.unit(eqn, calls)
                 if unit == c.unit:  # the same activation function goes on
                     c.flops_per_element += 0 if p in _FREE else 1  # its rescales are FLOPs too (XLA counts them)
+                    c.kept(p)
                     return [c]
             x = self.resolve(v)  # a new function starts: the previous one is a layer
             if rescale:
                 return [x]  # only rescales / shifts / selects: folded into its producer
             unit, name = self.unit(eqn, calls)
-            return [_Chain(x, scope, shape, unit, name, 0 if p in _FREE else 1)]
+            return [_Chain(x, scope, shape, unit, name, 0 if p in _FREE else 1).kept(p)]
         roots = {self.root(v) for _, v in acts}
         if len(roots) == 1:  # e.g. x * sigmoid(x): still a function of one producer
             chains: list[_Chain] = []
@@ -584,12 +595,14 @@ class _Walker(_TransformerRules):
                     chains.append(self.find(v))
             if not chains:
                 unit, name = self.unit(eqn, calls)
-                return [_Chain(roots.pop(), scope, shape, unit, name, 1)]
+                return [_Chain(roots.pop(), scope, shape, unit, name, 1).kept(p)]
             c = chains[0]
             for other in chains[1:]:
                 c.flops_per_element += other.flops_per_element
+                c.kept_values += other.kept_values
                 other.alias = c
             c.flops_per_element += 1
+            c.kept(p)
             return [c]
         if p in ("add", "add_any") and len(acts) == 2:
             return self.merge(self.b.add, "add", acts, scope, shape)

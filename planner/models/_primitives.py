@@ -32,6 +32,27 @@ _ELEMENTWISE = frozenset(
         "shift_left", "shift_right_logical", "shift_right_arithmetic", "select_n", "clamp",
     }
 )
+# Transcendental element-wise ops, by the transcendental values their
+# derivative reads. XLA's fusion does not duplicate expensive ops into the
+# backward pass, so those values stay from the forward pass: its output
+# (_READS_ITS_OUTPUT; tanh: 1 - y^2, logistic: y (1 - y), exp: y, sqrt: y),
+# unless it is the activation function's output, which its consumer keeps
+# anyway; and a value its JVP computes (_READS_ANOTHER; erf, erfc: exp(-x^2),
+# sin and cos: each other), with its output too where a later op of the
+# function reads it (x * erf(x)). Measured on XLA:CPU (docs/validation.md,
+# tests/test_extract.py): GELU(tanh) keeps its tanh, GELU(erf) its erf and
+# the exp (jaxlib 0.10; 0.12 keeps one of them), SiLU its logistic; tanh
+# alone no more than ReLU.
+_READS_ITS_OUTPUT = frozenset({"tanh", "logistic", "exp", "exp2", "expm1", "sqrt", "rsqrt", "cbrt"})
+_READS_ANOTHER = frozenset({"erf", "erfc", "sin", "cos"})
+
+
+def _kept_values(p: str) -> int:
+    """Transcendental values of op ``p``'s size the backward pass reads if
+    ``p`` is not the activation function's last op (one fewer if it is)."""
+    return int(p in _READS_ITS_OUTPUT or p in _READS_ANOTHER) + int(p in _READS_ANOTHER)
+
+
 # Element-wise ops that, with exactly one activation operand and constants
 # otherwise, only rescale / shift / select it: folded into its producer.
 _RESCALE = frozenset({"mul", "div", "add", "sub", "neg", "select_n"})

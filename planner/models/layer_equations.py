@@ -24,6 +24,7 @@ from flax import nnx
 
 from planner.ir.builder import GraphBuilder
 from planner.models._jaxpr_walk import _Walker
+from planner.models._parameters import leaf_parameters, owned_values
 from planner.models._tracing import (
     _PATH_ATTR,
     _CallTracker,
@@ -31,6 +32,7 @@ from planner.models._tracing import (
     _nnx_infos,
     _patched_nnx_calls,
 )
+from planner.usage import InternalError
 
 __all__ = ["EquationLayers", "equation_layers", "marked_module_calls"]
 
@@ -56,17 +58,23 @@ def marked_module_calls(model: nnx.Module) -> Iterator[Callable[[nnx.Module], No
         yield tag
 
 
-def equation_layers(model: nnx.Module, closed: jex.ClosedJaxpr, input_index: int, batch: int,
+def equation_layers(model: nnx.Module, closed: jex.ClosedJaxpr, state: Any, batch: int,
                     on_unsupported: str = "error") -> EquationLayers:
     """The layers of ``closed`` (a forward pass of ``model`` traced under
-    :func:`marked_module_calls`, whose ``input_index``-th input is the
-    model's input of batch size ``batch``) and the layer of each of its
-    top-level equations."""
+    :func:`marked_module_calls`, whose inputs are the leaves of ``state``,
+    then the model's input of batch size ``batch``) and the layer of each of
+    its top-level equations. The parameters in ``state`` that a module owns
+    beside its submodules' (a root module's learned positions) are followed
+    as the extraction follows them (:func:`owned_values`)."""
     jaxpr = closed.jaxpr
-    builder = GraphBuilder("runs", _graph_input_shape(jaxpr.invars[input_index].aval))
-    walker = _Walker(builder, _nnx_infos(model), batch, on_unsupported)
-    invals: list[Any] = [None] * len(jaxpr.invars)
-    invals[input_index] = GraphBuilder.input
+    builder = GraphBuilder("runs", _graph_input_shape(jaxpr.invars[-1].aval))
+    infos = _nnx_infos(model)
+    walker = _Walker(builder, infos, batch, on_unsupported)
+    params = {tuple(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    invals = owned_values(leaf_parameters(state, lambda keys: keys if keys in params else None), infos,
+                          GraphBuilder.input)
+    if len(invals) != len(jaxpr.invars):
+        raise InternalError(f"equation_layers: {len(jaxpr.invars)} traced inputs for {len(invals) - 1} state leaves")
     record: list[list[Any]] = []
     outs = walker.walk(jaxpr, invals, (), (), record)
     walker.close()

@@ -52,6 +52,9 @@ TRANSFORMER_VERSION = 1
 
 GELU_FLOPS_PER_ELEMENT = 8.0  # jax.nn.gelu (tanh form): 8 element-wise primitives, as XLA counts them
 SILU_FLOPS_PER_ELEMENT = 2.0  # jax.nn.silu: logistic and a product (the extractor's count of primitives)
+# the transcendental values each one's derivative reads, kept beside its input (GraphBuilder.elementwise)
+GELU_KEPT_VALUES = 1  # its tanh
+SILU_KEPT_VALUES = 1  # its logistic
 
 _CHOICES = {"norm": ("layer", "rms"), "mlp": ("gelu", "swiglu"), "positions": ("learned", "rotary")}
 _SIZES = ("width", "depth", "heads", "hidden", "tokens", "vocab", "image", "patch", "classes")
@@ -227,12 +230,14 @@ def _transformer_block(b: GraphBuilder, scope: str, x: int, cfg: TransformerConf
     if cfg.mlp == "swiglu":
         gate = b.dense(layer_path(mlp, "gate"), h, cfg.hidden, bias=cfg.bias)
         up = b.dense(layer_path(mlp, "up"), h, cfg.hidden, bias=cfg.bias)
-        gate = b.elementwise(b.auto_name(mlp, "silu"), gate, flops_per_element=SILU_FLOPS_PER_ELEMENT)
+        gate = b.elementwise(b.auto_name(mlp, "silu"), gate, flops_per_element=SILU_FLOPS_PER_ELEMENT,
+                             kept_values=SILU_KEPT_VALUES)
         h = b.multiply(b.auto_name(mlp, "multiply"), [gate, up])
         h = b.dense(layer_path(mlp, "down"), h, c, bias=cfg.bias)
     else:
         h = b.dense(layer_path(mlp, "fc1"), h, cfg.hidden, bias=cfg.bias)
-        h = b.elementwise(b.auto_name(mlp, "gelu"), h, flops_per_element=GELU_FLOPS_PER_ELEMENT)
+        h = b.elementwise(b.auto_name(mlp, "gelu"), h, flops_per_element=GELU_FLOPS_PER_ELEMENT,
+                          kept_values=GELU_KEPT_VALUES)
         h = b.dense(layer_path(mlp, "fc2"), h, c, bias=cfg.bias)
     return b.add(b.auto_name(scope, "add"), [x, h])
 

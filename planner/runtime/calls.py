@@ -18,7 +18,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from costmodels import AXIS_NAMES
+from costmodels import AXIS_NAMES, STRATEGY_NAMES
+from costmodels import LOCAL_GRADIENT_STRATEGIES as _LOCAL_GRADIENT_CODES
 from planner.plans.specs import (
     PARAM_GRADIENT_LAYOUTS,
     PARAM_LAYOUTS,
@@ -42,7 +43,8 @@ __all__ = [
 ]
 
 
-LOCAL_GRADIENT_STRATEGIES = ("data", "filter", "replicated")  # a layer's weight gradient from its own shards
+# a layer's weight gradient from its own shards, by strategy name
+LOCAL_GRADIENT_STRATEGIES = tuple(STRATEGY_NAMES[s] for s in _LOCAL_GRADIENT_CODES)
 
 
 def looks_up_positions(ids: Any, batch: int) -> bool:

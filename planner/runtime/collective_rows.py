@@ -3,7 +3,7 @@ by kind and mesh axes (:func:`compare_collectives`): the collective rows of
 ``planner.validate`` (:mod:`planner.runtime.validation`), with what XLA
 compiles differently from the plan on purpose accounted for
 (reduce-scatters lowered as all-reduce + slice on CPU, a two-axis
-all-reduce in two steps)."""
+all-reduce in two steps or split over ``model``)."""
 
 from __future__ import annotations
 
@@ -88,6 +88,7 @@ def compare_collectives(records: Sequence[Any], hlo: str, mesh: Mesh, platform: 
         counts[key] += 1
         crosses[key] |= any(len({int(device_process[i]) for i in g}) > 1 for g in c.groups)
     _hierarchical(predicted, compiled, notes, rtol)
+    _split_over_model(predicted, compiled, notes, rtol, sizes[MODEL_AXIS])
     rows = []
     for key in sorted(set(predicted) | set(compiled)):
         p, g = predicted.get(key, 0.0), compiled.get(key, 0.0)
@@ -111,4 +112,27 @@ def _hierarchical(predicted: dict, compiled: dict, notes: dict, rtol: float) -> 
         predicted[dat] = predicted.get(dat, 0.0) + missing
         note = f"includes {missing:,.0f} B of a (data, model) all-reduce compiled as model then data"
         for key in (both, mod, dat):
+            notes[key] = "; ".join(x for x in (notes.get(key, ""), note) if x)
+
+
+def _split_over_model(predicted: dict, compiled: dict, notes: dict, rtol: float, m: int) -> None:
+    """XLA may reduce a gradient the plan all-reduces over ``("data",
+    "model")`` in a layout split over ``model`` instead: an all-reduce over
+    ``data`` of each device's ``1/m`` of it, then an all-gather over
+    ``model`` of the whole (measured on a position table that a linen model
+    slices to the sequence, read from an output split by features over
+    ``model``: docs/validation.md). When the compiled program lacks exactly
+    such a share ``x`` of the predicted two-axis all-reduce and has ``x / m``
+    extra on the ``data`` all-reduce and ``x`` extra on the ``model``
+    all-gather, move the prediction."""
+    both, dat, gat = ("all-reduce", AXIS_NAMES), ("all-reduce", (DATA_AXIS,)), ("all-gather", (MODEL_AXIS,))
+    missing = predicted.get(both, 0.0) - compiled.get(both, 0.0)
+    extra_d = compiled.get(dat, 0.0) - predicted.get(dat, 0.0)
+    extra_g = compiled.get(gat, 0.0) - predicted.get(gat, 0.0)
+    if m > 1 and missing > 0 and close_to(missing / m, extra_d, rtol) and close_to(missing, extra_g, rtol):
+        predicted[both] -= missing
+        predicted[dat] = predicted.get(dat, 0.0) + missing / m
+        predicted[gat] = predicted.get(gat, 0.0) + missing
+        note = f"includes {missing:,.0f} B of a (data, model) all-reduce compiled split over model: data, then gathered"
+        for key in (both, dat, gat):
             notes[key] = "; ".join(x for x in (notes.get(key, ""), note) if x)

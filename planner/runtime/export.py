@@ -166,7 +166,7 @@ def _build(model: nnx.Module, strategies: Mapping[str, str], mesh: Mesh, optimiz
                 leaves = [*jax.tree.leaves(params), *jax.tree.leaves(state.other)]
                 # ("replicate": what the extraction cannot map becomes a layer of its own, which the
                 # comparison below reports, instead of an error about the export's own operations)
-                found = equation_layers(model, closed, len(leaves), int(x.shape[0]), "replicate")
+                found = equation_layers(model, closed, (params, state.other), int(x.shape[0]), "replicate")
                 if set(found.names) != set(strategies):
                     extra = sorted(set(found.names) - set(strategies))
                     missing = sorted(set(strategies) - set(found.names))

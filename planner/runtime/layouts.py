@@ -8,7 +8,7 @@ the program compiled and the collectives expected follow one rule."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from planner.plans.specs import (
@@ -23,6 +23,7 @@ __all__ = [
     "block_layouts",
     "consumer_layouts",
     "local_gradient_layers",
+    "pinned_outputs",
     "producer_layouts",
     "scatter_layouts",
 ]
@@ -99,6 +100,21 @@ def consumer_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, dic
     for u, v in graph.edges:
         out.setdefault(graph.names[u], {})[graph.names[v]] = _io_layouts(graph, strategies, v)[0]
     return out
+
+
+def pinned_outputs(graph: Any, strategies: Mapping[str, str], modules: Collection[str]) -> frozenset[int]:
+    """The layers of ``graph`` that are module calls (their names in
+    ``modules``) whose consumers are all functional ops taking their output
+    in one layout: :func:`shard_training` pins such an output to that layout
+    (:func:`consumer_layouts`), so that it is converted once for all of them
+    and the sum of their input gradients once back."""
+    consumers: dict[int, set[str]] = {}
+    readers: dict[int, set[str]] = {}
+    for u, v in graph.edges:
+        consumers.setdefault(u, set()).add(_io_layouts(graph, strategies, v)[0])
+        readers.setdefault(u, set()).add(graph.names[v])
+    return frozenset(u for u, layouts in consumers.items()
+                     if graph.names[u] in modules and len(layouts) == 1 and not readers[u].intersection(modules))
 
 
 def scatter_layouts(graph: Any, strategies: Mapping[str, str], m: int,

@@ -15,7 +15,7 @@ Memory rows (jax-notes.md §3):
 * ``activations and temporaries``: the plan's predicted memory per device
   (:func:`costmodels.memory_per_device`, which counts gradients, the
   optimizer's update, saved activations and the largest workspace; for a
-  ``cpu`` plan without levers XLA:CPU's schedule,
+  ``cpu`` plan XLA:CPU's schedule,
   :func:`costmodels.scheduled_memory_per_device`) less its weights, optimizer state
   and buffers, against ``output - alias + temp`` with the state donated.
   Within ``activation_rtol``.
@@ -36,7 +36,8 @@ XLA lowers a reduce-scatter as an all-reduce of the whole buffer followed by
 a slice (it has no reduce-scatter pass there), so on the ``cpu`` platform a
 predicted reduce-scatter of ``b`` bytes over ``n`` devices is expected as an
 all-reduce of ``n * b`` bytes; the row says so. A two-axis all-reduce that
-XLA splits into one over ``model`` and one over ``data`` is matched too.
+XLA splits into one over ``model`` and one over ``data``, or computes split
+over ``model`` (over ``data``, then gathered), is matched too.
 
 The step is compiled with every module input pinned first to its producer's
 planned layout (:func:`planner.runtime.export.producer_layouts`) and every module
@@ -78,7 +79,7 @@ from planner.models.extraction import extract
 from planner.plans.record import Plan
 from planner.plans.specs import zero_group_axes
 from planner.runtime.export import lower_training
-from planner.runtime.layouts import local_gradient_layers, scatter_layouts
+from planner.runtime.layouts import local_gradient_layers, pinned_outputs, scatter_layouts
 from planner.runtime.collective_rows import CollectiveRow, close_to, compare_collectives
 from planner.runtime.linen import as_nnx
 from planner.runtime.report import MemoryRow, ValidationReport, cpu_scheduler, default_optimizer, limit_row
@@ -151,7 +152,7 @@ def validate(
     compiled = lowered.compile()
     memory = _memory_rows(graph, plan, compiled, abstract, x, memory_rtol, activation_rtol)
     platform = mesh.devices.flat[0].platform
-    colls = _collective_rows(graph, plan, compiled.as_text(), mesh, platform, comm_rtol, linen)
+    colls = _collective_rows(graph, plan, compiled.as_text(), mesh, platform, comm_rtol, linen, _module_names(model))
     notes = tuple(n for n in (schedule_note(),) if n and platform == "cpu")
     return ValidationReport(plan.model, (d, m), plan.batch, plan.optimizer, platform, memory_rtol, activation_rtol,
                             comm_rtol, memory, colls, cpu_scheduler() if platform == "cpu" else "", notes)
@@ -241,22 +242,31 @@ def collective_rows(model: nnx.Module, plan: Plan, hlo_text: str, *, mesh: Mesh 
         raise ValueError("comm_rtol must be a non-negative fraction, e.g. 0.05")
     graph = planned_graph(model, plan)
     mesh = plan_mesh(plan, mesh)
-    return _collective_rows(graph, plan, hlo_text, mesh, mesh.devices.flat[0].platform, comm_rtol,
-                            isinstance(model, nn.Module))
+    linen = isinstance(model, nn.Module)
+    return _collective_rows(graph, plan, hlo_text, mesh, mesh.devices.flat[0].platform, comm_rtol, linen,
+                            frozenset() if linen else _module_names(model))
 
 
-def _collective_rows(graph: Any, plan: Plan, hlo: str, mesh: Mesh, platform: str, rtol: float, linen: bool = False
-                     ) -> tuple[CollectiveRow, ...]:
+def _module_names(model: nnx.Module) -> frozenset[str]:
+    """The paths of an nnx model's modules: the layers that are module calls."""
+    return frozenset("/".join(map(str, path)) for path, _ in nnx.iter_modules(model))
+
+
+def _collective_rows(graph: Any, plan: Plan, hlo: str, mesh: Mesh, platform: str, rtol: float, linen: bool = False,
+                     modules: frozenset[str] = frozenset()) -> tuple[CollectiveRow, ...]:
     """:func:`compare_collectives` of what ``plan`` predicts for ``graph`` and
     what ``hlo`` holds; ``linen``: the model is a linen module, whose channel
     layers' partial sums XLA reduces as it chooses and whose outputs it
-    converts once for all readers (:mod:`planner.runtime.linen`)."""
+    converts once for all readers (:mod:`planner.runtime.linen`); else
+    ``modules``, an nnx model's module paths, whose outputs read by
+    functional ops alone the export converts once (:func:`pinned_outputs`)."""
     d, m = plan.mesh
     choice = _choice(graph, plan)
     settings = CostSettings(dtype=plan.dtype, optimizer=plan.optimizer)
     # a linen model's readers are fed from one conversion of each output: no block input is pinned apart
+    once = True if linen else pinned_outputs(graph, plan.strategies, modules)
     records = plan_collectives(graph, choice, plan.batch, d, m, settings, _levers(graph, plan),
-                               one_conversion_per_output=linen) + auxiliary_collectives(
+                               one_conversion_per_output=once) + auxiliary_collectives(
         graph, choice, plan.batch, d, m, settings)
     # the export reduce-scatters these channel layers' outputs (of an nnx model) and these ZeRO layers' weight
     # gradients itself (a reduce-scatter on every platform)
