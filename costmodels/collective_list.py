@@ -17,6 +17,7 @@ import numpy as np
 
 from costmodels.layers import (
     ATTENTION_KINDS,
+    LayerArrays,
     LayerKind,
     LayerTable,
     is_kind,
@@ -148,7 +149,7 @@ def plan_collectives(
             t = Layout.BATCH if out_l == Layout.BATCH else Layout.REPLICATED
             convert(out_l, t, nbytes, "forward", f"{graph.names[i]} -> loss", i)
             convert(t, gout_l, nbytes, "backward", f"{graph.names[i]} -> loss", i)
-    recs.extend(_gradient_collectives(graph, choice, d, m, settings, levers))
+    recs.extend(_gradient_collectives(graph, a, choice, d, m, settings, levers))
     return tuple(recs)
 
 
@@ -182,11 +183,11 @@ def _spatial_exchanges(a, i: int, name: str, attention: bool, fed: bool, sample_
     return out
 
 
-def _gradient_collectives(graph: LayerTable, choice: np.ndarray, d: int, m: int, settings: CostSettings,
-                          levers: Sequence[Lever]) -> list[CollectiveRecord]:
+def _gradient_collectives(graph: LayerTable, a: LayerArrays, choice: np.ndarray, d: int, m: int,
+                          settings: CostSettings, levers: Sequence[Lever]) -> list[CollectiveRecord]:
     """Each weighted layer's gradient reduction over its replicas, and ZeRO's
-    weight gathers (:func:`plan_collectives`'s docstring)."""
-    a = graph.unpadded()
+    weight gathers (:func:`plan_collectives`'s docstring); ``a``: ``graph``'s
+    unpadded arrays."""
     recs: list[CollectiveRecord] = []
     local = sharded_parameters(graph, choice, m)
     tied = tied_output(np.asarray(a.kind), np.asarray(a.params))

@@ -96,9 +96,16 @@ def consumer_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[str, dic
     and agree, :func:`shard_training` pins the module's output to that
     layout, so that the conversion the cost model puts on the edge happens
     there and the functional ops run in their planned layout."""
-    out: dict[str, dict[str, str]] = {}
+    return {graph.names[u]: {graph.names[v]: layout for v, layout in readers.items()}
+            for u, readers in _reader_layouts(graph, strategies).items()}
+
+
+def _reader_layouts(graph: Any, strategies: Mapping[str, str]) -> dict[int, dict[int, str]]:
+    """For each layer of ``graph`` that feeds others: reader index -> the
+    layout that reader takes its input in under ``strategies``."""
+    out: dict[int, dict[int, str]] = {}
     for u, v in graph.edges:
-        out.setdefault(graph.names[u], {})[graph.names[v]] = _io_layouts(graph, strategies, v)[0]
+        out.setdefault(u, {})[v] = _io_layouts(graph, strategies, v)[0]
     return out
 
 
@@ -108,13 +115,9 @@ def pinned_outputs(graph: Any, strategies: Mapping[str, str], modules: Collectio
     in one layout: :func:`shard_training` pins such an output to that layout
     (:func:`consumer_layouts`), so that it is converted once for all of them
     and the sum of their input gradients once back."""
-    consumers: dict[int, set[str]] = {}
-    readers: dict[int, set[str]] = {}
-    for u, v in graph.edges:
-        consumers.setdefault(u, set()).add(_io_layouts(graph, strategies, v)[0])
-        readers.setdefault(u, set()).add(graph.names[v])
-    return frozenset(u for u, layouts in consumers.items()
-                     if graph.names[u] in modules and len(layouts) == 1 and not readers[u].intersection(modules))
+    return frozenset(u for u, readers in _reader_layouts(graph, strategies).items()
+                     if graph.names[u] in modules and len(set(readers.values())) == 1
+                     and not any(graph.names[v] in modules for v in readers))
 
 
 def scatter_layouts(graph: Any, strategies: Mapping[str, str], m: int,
@@ -132,11 +135,9 @@ def scatter_layouts(graph: Any, strategies: Mapping[str, str], m: int,
     if m <= 1:
         return {}
     a = graph.unpadded()
-    consumers: dict[int, set[str]] = {}
-    for u, v in graph.edges:
-        consumers.setdefault(u, set()).add(_io_layouts(graph, strategies, v)[0])
     out: dict[str, str] = {}
-    for u, layouts in consumers.items():
+    for u, readers in _reader_layouts(graph, strategies).items():
+        layouts = set(readers.values())
         name, kind = graph.names[u], graph.kind_names[u]
         if strategies.get(name) != "channel" or not (kind == "dense" or kind.startswith("conv")):
             continue
