@@ -468,7 +468,7 @@ CNNs and transformers (zoo, `tests/user_models.py`) × 2 batches × meshes 4x2, 
             memory_grid, "python benchmarks/memory_grid.py", also=("memory_grid_verify",)),
     Section("Memory models scored on the grid", "memory_models", """\
 The cost model's memory (`today`) and alternatives, each a formula of per-layer sums (the script's docstring),
-against the recorded grid's compiled totals; `xla-cpu-rules`: `costmodels.scheduled_memory_per_device`.""", memory_models,
+against the recorded grid's compiled totals; `xla-cpu-rules`: the schedule; all but `today` drop the plans' levers.""", memory_models,
             "python benchmarks/memory_models.py"),
     Section("Recomputation on XLA:CPU", "remat_xla", """\
 XLA:CPU merges `jax.checkpoint`'s recomputation back into the forward pass; the export's, tied to the

@@ -399,6 +399,8 @@ def reference_memory(
             dims = float(a.spatial_rank[i]) + 2.0
             saved_total += 4.0 * dims * out_el * gb / split(out_l)
             transient += 4.0 * dims * float(a.saved_elements[i]) * gb / split(in_l)
+        if settings.platform == "cpu" and int(a.kind[i]) == LayerKind.NORM:  # its centred input, broadcast deviation
+            saved_total += 2.0 * float(a.saved_elements[i]) * gb * delta / split(in_l)
         if settings.platform == "cpu" and m > 1 and out_l == _R and i in read_by_saver:
             saved_total += delta * out_el * gb  # XLA:CPU keeps a replicated output whole where its reader slices it
         if settings.platform == "cpu" and int(a.kind[i]) == LayerKind.CONV:  # XLA:CPU's transposed output gradient

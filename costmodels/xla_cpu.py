@@ -47,7 +47,8 @@ class XlaCpuBuffers(NamedTuple):
     gradient_bytes: jnp.ndarray  # [L, O] the weight gradients per device as the backward pass makes them (G)
     held_gradient_bytes: jnp.ndarray  # [L, O] the gradients the option's state holds (ZeRO 2, 3: its shard)
     kernel_copy_bytes: jnp.ndarray  # [L, O] the kernel copy made at the step's start (C)
-    scattered_gradient_bytes: jnp.ndarray  # [L, O] the whole gradient a tied ZeRO layer scatters at its step (R)
+    scattered_gradient_bytes: jnp.ndarray  # [L, O] what a ZeRO layer scattering its gradient holds at its step (R)
+    late_copy_bytes: jnp.ndarray  # [L, O] a ZeRO dense layer's gradient copy, from after its step to the end (P)
     reversed_kernel_bytes: jnp.ndarray  # [L, S] ConvOperandSwapper's reversed kernel, forward only (S)
     pool_input_bytes: jnp.ndarray  # [L, S] a max pool's zero broadcast, its input's size (Z)
     pool_iota_bytes: jnp.ndarray  # [L, S] a max pool's int32 iotas, one per dimension (I)
@@ -79,10 +80,16 @@ def xla_cpu_buffers(a, lay, local_params, group_batch, d, m, delta, gradient_byt
     (``copy_bitcast_fusion``, ``wrapped_copy``; measured on nanoGPT at 1x8
     and vit-tiny at 2x4, docs/validation.md). And
     XLA:CPU's schedule (:mod:`costmodels.xla_cpu_schedule`, measured rule by rule): a copy of
-    every conv and dense kernel but the first weighted layer's and a channel
-    dense layer's, a reversed kernel where ConvOperandSwapper swaps a conv's
-    operands (window larger than the input), each max pool's zero broadcast
-    (its input's size).
+    every conv kernel but the first weighted layer's (a dense kernel has
+    none: XLA:CPU's dot takes its transposed operand as it is; live ranges
+    of nanoGPT, the Llama-style model, vit-tiny and VGG16's classifier), a
+    reversed kernel where ConvOperandSwapper swaps a conv's operands (window
+    larger than the input), each max pool's zero broadcast (its input's
+    size). A layer or RMS norm keeps, beside its input, its centred input
+    and its inverse deviation broadcast to the input's shape for the
+    backward pass (``bitcast_broadcast_fusion``, ``wrapped_broadcast``:
+    two more input-sized buffers per norm in the live ranges of nanoGPT
+    and the ViT with ``nnx.MultiHeadAttention``).
 
     ``gradient_shards`` ``[O]``: per option, the devices its state's
     gradients are sharded over (ZeRO stages 2 and 3: the replica group;
@@ -111,17 +118,20 @@ def xla_cpu_buffers(a, lay, local_params, group_batch, d, m, delta, gradient_byt
     weighted = (conv | (kind == LayerKind.DENSE)) & (params > 0) & (real > 0)
     first = weighted & (jnp.cumsum(weighted) == 1)
     gradients = gradient_bytes_per_param * local_params  # [L, S] whole: as XLA:CPU makes them under every lever
-    copied = (weighted & ~first)[:, None] & ~((kind == LayerKind.DENSE)[:, None] & (strat == Strategy.CHANNEL))
+    copied = (weighted & ~first & conv)[:, None] & (strat >= 0)  # [L, S] conv kernels only
     swapped = conv & (jnp.prod(f32(a.kernel), axis=-1) > jnp.prod(f32(a.in_spatial), axis=-1))
     K = gradient_shards.shape[0] // len(Strategy)
     per_option = lambda x: jnp.repeat(x, K, axis=-1)  # noqa: E731  [L, S] -> [L, O]
     held = per_option(gradients * real[:, None]) / f32(gradient_shards)[None, :]  # [L, O]
     scattered, tied = _zero_tied(weighted, conv, zero_stages, recomputes, K)
+    whole = per_option(gradients * real[:, None])  # [L, O]
+    dense_copy = scattered & ~conv[:, None]  # [L, O] a ZeRO dense layer copies its whole gradient (_zero_tied)
     buffers = XlaCpuBuffers(
         gradient_bytes=jnp.where(scattered, held, per_option(gradients * real[:, None])),
         held_gradient_bytes=held,
         kernel_copy_bytes=jnp.where(tied, 0.0, per_option(jnp.where(copied, gradients, 0.0))),
-        scattered_gradient_bytes=jnp.where(scattered, per_option(gradients * real[:, None]), 0.0),
+        scattered_gradient_bytes=jnp.where(scattered, whole, 0.0) + jnp.where(dense_copy, whole, 0.0),
+        late_copy_bytes=jnp.where(dense_copy, whole, 0.0),
         reversed_kernel_bytes=jnp.where(swapped[:, None], gradients, 0.0),
         pool_input_bytes=jnp.where(max_pool, delta * pool_in, 0.0),
         pool_iota_bytes=iota_bytes,
@@ -130,7 +140,9 @@ def xla_cpu_buffers(a, lay, local_params, group_batch, d, m, delta, gradient_byt
         reduces_gradients=f32(d > 1),
     )
     kept_whole = _kept_whole(a, out_lay, m, delta * out_per_device)
-    return index_bytes + kept_whole, iota_bytes + dy_copy, buffers
+    norm_kept = jnp.where((kind == LayerKind.NORM)[:, None], 2.0 * delta * f32(a.saved_elements)[:, None]
+                          * group_batch / split_of(in_lay), 0.0)  # [L, S] centred input, broadcast deviation
+    return index_bytes + kept_whole + norm_kept, iota_bytes + dy_copy, buffers
 
 
 def _kept_whole(a, out_lay, m, out_bytes):
@@ -164,9 +176,11 @@ def _zero_tied(weighted, conv, zero_stages, recomputes, K: int):
     after it, and a convolution's kernel copy is not made at the step's
     start
     (VGG16-CIFAR-10, every layer ``data``, ``benchmarks/zero_xla.py``). A
-    dense layer keeps its copy (nanoGPT at batch 64 on 4x2, every layer
-    ``data``: stage 2 compiles 5.56 MB below stage 0, what the schedule
-    predicts with the copies kept, 3 MB less than without them). Under
+    dense layer's backward step copies the whole gradient for the
+    reduce-scatter, a transient beside it, and a gradient-sized copy lives
+    from after the step to the end of the step function
+    (``wrapped_copy``: vit-tiny at stage 2 on 2x4, every layer ``data``;
+    VGG16-CIFAR-10-SplitBrain's ``filter`` classifier at 4x2). Under
     ``channel`` the gradient is all-reduced whole (XLA's partitioner) and
     the weights are copied at the step's start, as without ZeRO. In a
     recomputed run the export ties the run's inputs, weights included, to

@@ -9,12 +9,12 @@ in ways found in its buffer assignment and live ranges
 ``xla-cpu-rules`` scores them on the validation grid), with the buffers of
 :func:`costmodels.xla_cpu.xla_cpu_buffers`:
 
-* it makes a copy ``C`` of every conv and dense kernel at the step's start
-  (``transpose_copy_fusion``, ``copy``), none for the first weighted layer,
-  a ``channel`` dense layer, nor a ZeRO-2/3 convolution whose weights the
-  export ties to its input (:func:`costmodels.xla_cpu.xla_cpu_buffers`);
-  each weight gradient later replaces its copy, so at the backward pass's
-  start the copies stand where the gradients would;
+* it makes a copy ``C`` of every conv kernel at the step's start
+  (``transpose_copy_fusion``, ``copy``), none for the first weighted layer
+  nor a ZeRO-2/3 convolution whose weights the export ties to its input
+  (:func:`costmodels.xla_cpu.xla_cpu_buffers`); each weight gradient later
+  replaces its copy, so at the backward pass's start the copies stand
+  where the gradients would. A dense kernel has no copy;
 * ``ConvOperandSwapper`` swaps a convolution's operands where the window
   exceeds the input and reverses the kernel for it: one more kernel-sized
   buffer ``S`` in the forward pass (``wrapped_reverse``);
@@ -22,6 +22,11 @@ in ways found in its buffer assignment and live ranges
   the step's start and each lives until its own pool's backward step, and
   each pool's zero broadcast ``Z`` (its input's size) lives into the
   backward pass;
+* a ZeRO-2/3 dense layer reducing its own gradient copies it whole at its
+  backward step (in ``R``, below) and keeps a gradient-sized copy ``P``
+  from after that step to the end: the backward pass peaks at a layer's
+  step too, with the activations of the layers up to it and the copies
+  ``P`` of those after it;
 * on ``d > 1`` the gradient reduction holds the gradients made so far
   twice, its operands ``G`` (each layer's gradient as the backward pass
   keeps it: whole, but a ZeRO-2/3 conv's or dense layer's own shard where
@@ -45,8 +50,9 @@ layers in execution order::
 
     forward  = sum C + sum S + max_{pool i} (sum_{j<=i} A_j + sum_{j>=i} I_j
                                              + sum_{j!=i} Z_j + 2 out_i)
-    backward = sum C + sum A + sum Z + max_l (W_l + transient_l)
-    reduce   = [d > 1] max_l (sum_{j<l} (C_j + A_j + Z_j) + sum_{j>=l} (G_j + H_j))
+    backward = max(sum C + sum A + sum Z + max_l W_l,
+                   max_l (sum_{j<=l} (C_j + A_j + Z_j) + sum_{j>l} P_j + W_l))
+    reduce   = [d > 1] max_l (sum_{j<l} (C_j + A_j + Z_j) + sum_{j>=l} (G_j + H_j + P_j))
     peak     = args + max(forward, backward, reduce, sum H + sum U)
 
 Without levers ``H = U = G``. It is a structure chosen among a dozen
@@ -108,9 +114,13 @@ def scheduled_memory_per_device(table: CostTable, probs):
     to_use = jnp.cumsum(iotas[::-1])[::-1]  # iotas of the pools from l on, built at the start
     at_pool = made + to_use + jnp.sum(Z) - Z + 2.0 * out  # [L] the forward peak if at pool l
     forward = jnp.where(jnp.any(pool), jnp.sum(C) + jnp.sum(S) + jnp.max(jnp.where(pool, at_pool, 0.0)), 0.0)
-    backward = jnp.sum(C) + jnp.sum(A) + jnp.sum(Z) + jnp.max(W)
-    before = jnp.cumsum(C + A + Z) - (C + A + Z)  # copies and activations of the layers before l
-    cut = before + jnp.cumsum((G + H)[::-1])[::-1]  # [L] the reduction's cut before layer l
+    P = per_layer(x.late_copy_bytes, probs)  # [L] a ZeRO dense layer's gradient copy, after its step
+    after = jnp.cumsum(P[::-1])[::-1] - P  # [L] the copies of the layers after l
+    upto = jnp.cumsum(C + A + Z)  # [L] copies and activations of the layers up to l
+    at_step = jnp.max(jnp.where(mask > 0, upto + after + W, 0.0))  # [] the peak at a layer's backward step
+    backward = jnp.maximum(jnp.sum(C) + jnp.sum(A) + jnp.sum(Z) + jnp.max(W), at_step)
+    before = upto - (C + A + Z)  # copies and activations of the layers before l
+    cut = before + jnp.cumsum((G + H + P)[::-1])[::-1]  # [L] the reduction's cut before layer l
     reduce = x.reduces_gradients * jnp.max(jnp.where(mask > 0, cut, 0.0))
     step = jnp.sum(H) + jnp.sum(U)
     return jnp.sum(args) + jnp.maximum(jnp.maximum(forward, backward), jnp.maximum(reduce, step))

@@ -103,17 +103,20 @@ def test_a_linen_gpt_extracts_plans_model_parallel_and_trains_like_one_device(de
     # model, as the fused layer counts them (planner.runtime.calls.fanned_out); the channel layers' partial
     # sums reduced as XLA:CPU chooses for a linen model (an all-reduce and a slice). Gathered over model:
     # the inputs of the fused projections and of the Dense_0s (filter, from data) and the output gradients
-    # of the three channel layers (LinenBlock_0/Dense_1, LinenBlock_1's out and Dense_1), 7 gathers of
-    # (4, 64, 128) float32; the token ids for the filter embedding; and the positions' gradient, of the 64
-    # rows of 128 read (the table is sliced to the sequence), which XLA reduces over data split by features,
-    # as it reads the embedding's output (collective_rows._split_over_model). Reduced over model: those three
-    # channel layers' partial sums and the two blocks' fused and Dense_0 input gradients, 7 of that size
+    # of the four channel layers (each block's out and Dense_1), 8 gathers of (4, 64, 128) float32; the
+    # token ids for the filter embedding; and the positions' gradient, of the 64 rows of 128 read (the
+    # table is sliced to the sequence), which XLA reduces over data split by features, as it reads the
+    # embedding's output (collective_rows._split_over_model). Reduced over model: those four channel
+    # layers' partial sums and the two blocks' fused and Dense_0 input gradients, 8 of that size
     assert p.strategies["Embed_0"] == "filter" and p.strategies["pos_embedding"] == "data"
+    channel = [n for n, s in p.strategies.items() if s == "channel"]
+    assert sorted(channel) == sorted(f"LinenBlock_{b}/{layer}" for b in (0, 1)
+                                     for layer in ("MultiHeadDotProductAttention_0/out", "Dense_1"))
     rows = {(r.kind, r.axes): r for r in report.collectives}
     ag, ar = rows[("all-gather", ("model",))], rows[("all-reduce", ("model",))]
-    assert ag.predicted_bytes == ag.compiled_bytes == 7 * 4 * 64 * 128 * 4 + 4 * 64 * 4 + 64 * 128 * 4
+    assert ag.predicted_bytes == ag.compiled_bytes == 8 * 4 * 64 * 128 * 4 + 4 * 64 * 4 + 64 * 128 * 4
     assert "32,768 B" in ag.note  # the positions' gradient: 64 x 128 float32
-    assert ar.predicted_bytes == ar.compiled_bytes == 7 * 4 * 64 * 128 * 4
+    assert ar.predicted_bytes == ar.compiled_bytes == 8 * 4 * 64 * 128 * 4
     assert ("reduce-scatter", ("model",)) not in rows
     x = jax.random.randint(jax.random.key(1), spec.shape, 0, 512)
     y = jax.random.randint(jax.random.key(2), spec.shape, 0, 512)

@@ -110,9 +110,9 @@ XLA_ARGS = dict(devices=8, batch=16, hardware="cpu-local", pipeline="never")  # 
 
 @pytest.mark.slow
 def test_xla_replans_a_transformer_the_prediction_puts_under_its_limit(monkeypatch):
-    """nanoGPT as users write it, batch 64, 20% above the smallest limit the search predicts, the cpu
+    """nanoGPT as users write it, batch 64, 8% above the smallest limit the search predicts, the cpu
     margin set aside so that the prediction alone decides: its plan is predicted under the limit and
-    compiles over it on XLA:CPU (measured 32.2 MB for 31.8 MB);
+    compiles over it on XLA:CPU (measured 32.2 MB for 31.2 MB);
     verified, the plan returned compiles within it."""
     import user_models
 
@@ -122,7 +122,7 @@ def test_xla_replans_a_transformer_the_prediction_puts_under_its_limit(monkeypat
     args = dict(devices=8, batch=64, hardware="dgx-a100", optimizer="adam", platform="cpu")
     with pytest.raises(InfeasibleMemoryError) as e:
         planner.plan(graph, **args, memory_limit=1.0, verify=False)
-    limit = 1.2 * e.value.required_bytes
+    limit = 1.08 * e.value.required_bytes
     unverified = planner.plan(graph, **args, memory_limit=limit, verify=False)
     assert unverified.memory_bytes_per_device <= unverified.memory_limit_bytes
     assert verification.compiled_memory_bytes(model, unverified) > unverified.memory_limit_bytes

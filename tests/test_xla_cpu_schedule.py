@@ -14,10 +14,11 @@ from planner.schedule_fit import SCHEDULE_RETRIES, fit_schedule
 from search import Solution, discrete_problem, minimum_memory
 
 
-def _table(out1: float = 4.0, swapped: float = 20.0, d_gt_1: bool = True):
+def _table(out1: float = 4.0, swapped: float = 20.0, d_gt_1: bool = True, late: float = 0.0):
     """Three layers in order, every strategy alike: conv0 (the first weighted
-    layer: no copy), a max pool, conv2 (copied; reversed kernel ``swapped``).
-    Bytes per device, small integers."""
+    layer: no copy), a max pool, conv2 (copied; reversed kernel ``swapped``;
+    ``late``: a gradient copy it keeps after its backward step, as a ZeRO
+    dense layer's). Bytes per device, small integers."""
     rows = lambda *v: jnp.asarray(np.repeat(np.asarray(v, np.float64)[:, None], S, axis=1), jnp.float32)  # noqa: E731
     G = (10.0, 0.0, 30.0)  # gradients; the update is as large
     # state = weights + gradients + two adam slots + update: 5 G
@@ -29,7 +30,7 @@ def _table(out1: float = 4.0, swapped: float = 20.0, d_gt_1: bool = True):
     )
     x = XlaCpuBuffers(
         gradient_bytes=rows(*G), held_gradient_bytes=rows(*G), kernel_copy_bytes=rows(0.0, 0.0, 30.0),
-        scattered_gradient_bytes=rows(0.0, 0.0, 0.0),
+        scattered_gradient_bytes=rows(0.0, 0.0, 0.0), late_copy_bytes=rows(0.0, 0.0, late),
         reversed_kernel_bytes=rows(0.0, 0.0, swapped),
         pool_input_bytes=rows(0.0, 16.0, 0.0), pool_iota_bytes=rows(0.0, 8.0, 0.0),
         pool_output_bytes=rows(0.0, out1, 0.0),
@@ -57,7 +58,8 @@ def _lever_table(menu: str, **by_lever):
         block = np.stack([np.asarray(v, np.float64) for v in per_lever], axis=-1)  # [3, K]
         fields[name] = jnp.asarray(np.tile(block, (1, S)), jnp.float32)  # option s K + k
     buffers = {}
-    for name in ("gradient_bytes", "held_gradient_bytes", "kernel_copy_bytes", "scattered_gradient_bytes"):
+    for name in ("gradient_bytes", "held_gradient_bytes", "kernel_copy_bytes", "scattered_gradient_bytes",
+                 "late_copy_bytes"):
         plain_rows = np.asarray(getattr(plain.xla_cpu, name if name != "held_gradient_bytes" else "gradient_bytes"))
         per_lever = by_lever.get(name, [plain_rows[:, 0]] * K)
         block = np.stack([np.asarray(v, np.float64) for v in per_lever], axis=-1)
@@ -81,6 +83,16 @@ def test_schedule_peaks_by_hand():
     # the same for every strategy here, and relaxed: a mix of equal rows is the same
     assert _peak(_table(), strategy=3) == 256
     assert float(scheduled_memory_per_device(_table(), jnp.full((3, S), 1.0 / S))) == pytest.approx(256, rel=1e-6)
+
+
+def test_a_copy_kept_after_its_layers_backward_step_joins_the_later_steps_and_the_reduction():
+    # conv2's copy P = 50 from after its step (it runs first in the backward pass). At each
+    # layer's step: copies and activations up to it 40, 76, 118, P of the layers after it 50, 50, 0,
+    # W 5, 7, 9: 95, 133, 127; the pass's start 127: backward 133. The reduction's cuts gain P from
+    # conv2 on: 80 + 50, 100 + 50, 136 + 50.
+    assert _peak(_table(late=50.0)) == 120 + 186
+    assert _peak(_table(late=50.0, d_gt_1=False)) == 120 + 133  # at the pool's step, above the pass's start
+    assert _peak(_table(late=50.0, d_gt_1=False)) > _peak(_table(d_gt_1=False))
 
 
 def test_a_zero2_plans_gradients_are_made_whole_and_reduced_to_their_shards():
@@ -155,8 +167,10 @@ def test_a_cpu_tables_zero_buffers_follow_the_export():
     under ``data`` and ``filter`` (each device reduce-scatters its own) and
     the whole gradient under ``channel`` (an all-reduce); the whole gradient
     is then a transient of the layer's step, and such a convolution has no
-    kernel copy; in a recomputed run both are as without ZeRO
-    (planner.runtime.calls.zero_call, planner.runtime.runs)."""
+    kernel copy, such a dense layer copies its whole gradient at the step
+    and keeps a copy after it; in a recomputed run all are as without ZeRO
+    (planner.runtime.calls.zero_call, planner.runtime.runs). A dense kernel
+    has no copy at the step's start."""
     from builders import TINY_CNN_BATCH, tiny_cnn
 
     from costmodels import CostSettings, cost_table, hardware_arrays, load_hardware, option_index
@@ -174,10 +188,12 @@ def test_a_cpu_tables_zero_buffers_follow_the_export():
     kind, params = np.asarray(graph.arrays.kind), np.asarray(graph.arrays.params)
     weighted = np.isin(kind, [LayerKind.CONV, LayerKind.DENSE]) & (params > 0)
     conv = (kind == LayerKind.CONV) & (params > 0)
-    assert weighted.sum() >= 2
+    dense = (kind == LayerKind.DENSE) & (params > 0)
+    assert conv.sum() >= 2 and dense.sum() >= 1
     xb = t.xla_cpu
-    G, held, C, R = (np.asarray(v) for v in (xb.gradient_bytes, xb.held_gradient_bytes, xb.kernel_copy_bytes,
-                                             xb.scattered_gradient_bytes))
+    G, held, C, R, P = (np.asarray(v) for v in (xb.gradient_bytes, xb.held_gradient_bytes, xb.kernel_copy_bytes,
+                                                xb.scattered_gradient_bytes, xb.late_copy_bytes))
+    assert not C[dense].any()
     for s, group in ((Strategy.DATA, 8.0), (Strategy.FILTER, 4.0), (Strategy.CHANNEL, 4.0)):
         whole, copy = G[:, option_index(s, Lever(0, False), menu)], C[:, option_index(s, Lever(0, False), menu)]
         assert whole[weighted].min() > 0 and copy.sum() > 0
@@ -188,7 +204,9 @@ def test_a_cpu_tables_zero_buffers_follow_the_export():
                 local = stage >= 2 and not remat and s != Strategy.CHANNEL
                 np.testing.assert_allclose(G[:, o], np.where(weighted & local, held[:, o], whole), rtol=1e-6)
                 np.testing.assert_allclose(C[:, o], np.where(conv & local, 0.0, copy), rtol=1e-6)
-                np.testing.assert_allclose(R[:, o], np.where(weighted & local, whole, 0.0), rtol=1e-6)
+                np.testing.assert_allclose(R[:, o], np.where(conv & local, whole, 0.0)
+                                           + np.where(dense & local, 2.0 * whole, 0.0), rtol=1e-6)
+                np.testing.assert_allclose(P[:, o], np.where(dense & local, whole, 0.0), rtol=1e-6)
 
 
 def test_a_replicated_output_its_reader_slices_is_kept_whole():
