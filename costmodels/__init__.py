@@ -9,11 +9,11 @@ shard times (:mod:`costmodels.calibration`) and ParaDL's whole-model oracle
 
 ``__all__`` is the contract: ``search`` and ``planner`` import every name
 they use from here, never from the modules inside. Each name loads its
-module on first use (``_LAZY`` says which), so ``import costmodels`` pays
+module on first use (``_LAZY``, read from the ``TYPE_CHECKING`` imports), so
+``import costmodels`` pays
 for neither JAX nor NumPy; type checkers and IDEs see the names through the
 ``TYPE_CHECKING`` imports below."""
 
-# long module: the package's contract, each public name in a type-checking import, __all__ and the lazy map
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # loaded on first use (module docstring)
@@ -255,147 +255,27 @@ __all__ = [
     "write_atomic",
 ]
 
-_LAZY = {  # public name -> the module that defines it, imported on first use
-    "MAX_WORK_POINTS": "costmodels.calibration._file",
-    "Calibration": "costmodels.calibration._file",
-    "check_hardware": "costmodels.calibration._file",
-    "check_calibration": "costmodels.calibration._applicable",
-    "load_calibration": "costmodels.calibration._file",
-    "LayerDims": "costmodels.calibration._keys",
-    "OpKey": "costmodels.calibration._keys",
-    "ShapePoint": "costmodels.calibration._keys",
-    "ShardDims": "costmodels.calibration._keys",
-    "graph_op_keys": "costmodels.calibration._keys",
-    "CalibrationArrays": "costmodels.calibration._lookup",
-    "calibration_arrays": "costmodels.calibration._lookup",
-    "CollectiveRecord": "costmodels.collective_list",
-    "auxiliary_collectives": "costmodels.collective_list",
-    "plan_collectives": "costmodels.collective_list",
-    "sharded_parameters": "costmodels.collective_list",
-    "MAX_TIERS": "costmodels.collectives",
-    "HardwareArrays": "costmodels.compute",
-    "hardware_arrays": "costmodels.compute",
-    "expected_time": "costmodels.evaluate",
-    "iteration_time": "costmodels.evaluate",
-    "memory_per_device": "costmodels.evaluate",
-    "one_hot": "costmodels.evaluate",
-    "reshard_per_edge": "costmodels.evaluate",
-    "MAX_DEVICES": "costmodels.hardware",
-    "MAX_INPUT_BYTES": "costmodels.files",
-    "check_not_input": "costmodels.files",
-    "check_writable": "costmodels.files",
-    "parse_json": "costmodels.files",
-    "read_input": "costmodels.files",
-    "read_json": "costmodels.files",
-    "write_atomic": "costmodels.files",
-    "HARDWARE_SCHEMA": "costmodels.hardware",
-    "HARDWARE_VERSION": "costmodels.hardware",
-    "OP_CLASSES": "costmodels.hardware",
-    "Device": "costmodels.hardware",
-    "Hardware": "costmodels.hardware",
-    "NetworkTier": "costmodels.hardware",
-    "hardware_from_dict": "costmodels.hardware",
-    "load_hardware": "costmodels.hardware",
-    "preset_names": "costmodels.hardware",
-    "ATTENTION_KINDS": "costmodels.layers",
-    "CHANNELWISE_KINDS": "costmodels.layers",
-    "LAYER_FIELDS": "costmodels.layers",
-    "LAYER_TYPES": "costmodels.layers",
-    "MAX_SPATIAL_DIMS": "costmodels.layers",
-    "MIN_BUCKET": "costmodels.layers",
-    "VECTOR_FIELDS": "costmodels.layers",
-    "LayerArrays": "costmodels.layers",
-    "LayerKind": "costmodels.layers",
-    "LayerTable": "costmodels.layers",
-    "bucket_size": "costmodels.layers",
-    "key_value_heads": "costmodels.layers",
-    "kind_name": "costmodels.layers",
-    "layer_type": "costmodels.layers",
-    "tied_output": "costmodels.layers",
-    "token_lookups": "costmodels.layers",
-    "LEVER_CHOICES": "costmodels.levers",
-    "Lever": "costmodels.levers",
-    "lever_menu": "costmodels.levers",
-    "levers_per_strategy": "costmodels.levers",
-    "menu_covering": "costmodels.levers",
-    "menu_of": "costmodels.levers",
-    "option_index": "costmodels.levers",
-    "option_name": "costmodels.levers",
-    "option_recomputing": "costmodels.levers",
-    "option_strategy": "costmodels.levers",
-    "parse_option": "costmodels.levers",
-    "strategy_probs": "costmodels.levers",
-    "with_lever": "costmodels.levers",
-    "StrategyCost": "costmodels.oracle._cost",
-    "MASK_FAMILIES": "costmodels.oracle._layers",
-    "OracleLayers": "costmodels.oracle._layers",
-    "oracle_calibration": "costmodels.oracle._layers",
-    "oracle_layers": "costmodels.oracle._layers",
-    "lc_family": "costmodels.oracle._masks",
-    "load_lc": "costmodels.oracle._masks",
-    "parse_lc": "costmodels.oracle._masks",
-    "oracle_context": "costmodels.oracle._table",
-    "oracle_table": "costmodels.oracle._table",
-    "parse_strategies": "costmodels.oracle._table",
-    "NUM_SEGMENTS": "costmodels.pipeline",
-    "RECOMPUTE_NAMES": "costmodels.pipeline",
-    "SCHEDULE_NAMES": "costmodels.pipeline",
-    "ChainConfig": "costmodels.pipeline",
-    "ChainCost": "costmodels.pipeline",
-    "ChainShape": "costmodels.pipeline",
-    "PipelineStep": "costmodels.pipeline",
-    "Recompute": "costmodels.pipeline",
-    "Schedule": "costmodels.pipeline",
-    "Segment": "costmodels.pipeline",
-    "SegmentCosts": "costmodels.pipeline",
-    "StageCosts": "costmodels.pipeline",
-    "StateBytes": "costmodels.pipeline",
-    "boundary_crosses_nodes": "costmodels.pipeline",
-    "bubble_fraction": "costmodels.pipeline",
-    "chain_cost": "costmodels.pipeline",
-    "first_stage_activation_bytes": "costmodels.pipeline",
-    "in_flight_microbatches": "costmodels.pipeline",
-    "last_stage_activation_bytes": "costmodels.pipeline",
-    "layer_activation_bytes": "costmodels.pipeline",
-    "megatron_options": "costmodels.pipeline",
-    "parse_recompute": "costmodels.pipeline",
-    "parse_schedule": "costmodels.pipeline",
-    "pipeline_step_s": "costmodels.pipeline",
-    "segment_costs": "costmodels.pipeline",
-    "stage_memory_bytes": "costmodels.pipeline",
-    "state_bytes": "costmodels.pipeline",
-    "step_slots": "costmodels.pipeline",
-    "ShardShapes": "costmodels.shards",
-    "shard_shapes": "costmodels.shards",
-    "AXIS_NAMES": "costmodels.strategies",
-    "DATA_AXIS": "costmodels.strategies",
-    "MODEL_AXIS": "costmodels.strategies",
-    "NUM_STRATEGIES": "costmodels.strategies",
-    "STRATEGY_NAMES": "costmodels.strategies",
-    "Layout": "costmodels.strategies",
-    "Strategy": "costmodels.strategies",
-    "io_layout_names": "costmodels.strategies",
-    "parse_strategy": "costmodels.strategies",
-    "strategy_mask": "costmodels.strategies",
-    "OPTIMIZER_SLOTS": "costmodels.table",
-    "CostSettings": "costmodels.table",
-    "CostTable": "costmodels.table",
-    "cost_table": "costmodels.table",
-    "XlaCpuBuffers": "costmodels.xla_cpu",
-    "LOCAL_GRADIENT_STRATEGIES": "costmodels.xla_cpu",
-    "MEASURED_JAXLIB": "costmodels.xla_cpu",
-    "schedule_note": "costmodels.xla_cpu",
-    "scheduled_memory_per_device": "costmodels.xla_cpu_schedule",
-}
+def _lazy_map() -> dict[str, str]:
+    """Public name -> the module that defines it, read once from the
+    ``TYPE_CHECKING`` imports above (the one list of them)."""
+    import ast
+    import pathlib
+
+    tree = ast.parse(pathlib.Path(__file__).read_text(encoding="utf-8"))
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", None) == "TYPE_CHECKING")
+    return {a.asname or a.name: imp.module for imp in block.body for a in imp.names}
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'costmodels' has no attribute {name!r}")
-    import importlib
+    if name == "_LAZY":  # the map, built on first use
+        value: Any = _lazy_map()
+    else:
+        module = (globals().get("_LAZY") or __getattr__("_LAZY")).get(name)
+        if module is None:
+            raise AttributeError(f"module 'costmodels' has no attribute {name!r}")
+        import importlib
 
-    value = getattr(importlib.import_module(module), name)
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # once: later lookups do not come here
     return value
 

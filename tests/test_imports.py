@@ -228,6 +228,10 @@ def _lazy_face(package: str) -> tuple[list[str], dict[str, str], dict[str, str]]
                 lazy = ast.literal_eval(node.value)
         elif isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
             typed = {a.asname or a.name: imp.module for imp in node.body for a in imp.names}
+    if not lazy:  # a face that builds its map from those imports (costmodels): the one it built
+        import importlib
+
+        lazy = dict(importlib.import_module(package)._LAZY)
     return names, lazy, typed
 
 
