@@ -36,7 +36,6 @@ from costmodels import (
     hardware_arrays,
     lever_menu,
     load_hardware,
-    option_name,
     schedule_note,
 )
 from planner._format import format_bytes_up
@@ -47,7 +46,7 @@ from planner.infeasible import FLOAT32_ROUNDING, InfeasibleMemoryError, infeasib
 from planner.ir.graph import LayerGraph
 from planner.models.transformer import TransformerConfig
 from planner.pipelining import PIPELINE_CHOICES, decoder_config, pipelined_plan
-from planner.preferred_plan import fastest_and_simplest, preferred_gap
+from planner.preferred_plan import preferred_plan_fields
 from planner.plan_inputs import (
     MEMORY_MARGIN,
     check_seed,
@@ -61,7 +60,6 @@ from planner.plan_inputs import (
 )
 from planner.plans.file import PLAN_SCHEMA, PLAN_VERSION  # the file format
 from planner.plans.record import MeshResult, Plan
-from planner.plans.specs import layer_specs
 from planner.schedule_fit import fit_schedule
 from planner.verification import verified_plan
 from search import TIME_BUDGET_S, GradientConfig, PipelineSpace, SearchEvent, Solution, solve_many
@@ -220,8 +218,6 @@ def plan(
     meshes = mesh_shapes(P, B, hw.devices_per_node, allow_cross_node_model_axis)
     settings = CostSettings(dtype=dtype, optimizer=optimizer, levers=levers, platform=platform,
                             remat_runs=remat_runs_offered(graph, levers))
-    menu = lever_menu(levers)
-    K = len(menu)
     _note(callback, "tables", f"{graph.model_name}: {len(meshes)} mesh shape(s) on {P} devices, batch {B}")
     _note(callback, "schedule", platform == "cpu" and schedule_note())  # the XLA:CPU schedule of another jaxlib
     tables = _cost_tables(graph, hw, B, meshes, settings, calibration, cache_dir)
@@ -249,35 +245,13 @@ def plan(
         if decoder is None or pipeline == "never":
             raise error
         return _pipelined_instead(staged, error, results, callback)
-    fastest = min(fitting, key=lambda i: (solutions[i].time_s, i))
-    dp_time = dp_memory = speedup = None
     base = _data_parallel(graph, hw, P, B, meshes, tables, settings, calibration, allow_other_hardware)
-    if base is not None:
-        dp_time, dp_memory = base.iteration_s, base.memory_bytes_per_device
-    top, simple = fastest_and_simplest(graph, solutions, meshes, fitting, K, base if base is not None and
-                                        dp_memory <= budget else None, simplicity_tolerance)
-    fastest_s = top[0]
-    if simple[2] is None:  # pure data parallelism, as evaluated above
-        ev, sol, strategies, history = base, solutions[fastest], ("data",) * graph.num_layers, ()
-    else:
-        sol = solutions[simple[2]]
-        strategies, history = sol.strategies, sol.history
-        mapping = {n: option_name(c, menu) for n, c in zip(graph.names, sol.choice, strict=True)}
-        ev = evaluation_of(graph, hw, P, meshes[simple[2]], B, settings, tables[simple[2]], plan=mapping)
-    preferred = simple[0] > fastest_s
-    fastest_mesh = ((P, 1) if top[2] is None else meshes[top[2]]) if preferred else None
-    gap = preferred_gap(solutions[top[2] if top[2] is not None else fastest].optimality_gap, simple[0], fastest_s) \
-        if preferred else sol.optimality_gap
-    if dp_time is not None and ev.iteration_s > 0:
-        speedup = dp_time / ev.iteration_s
     return Plan(
-        evaluation=ev, axis_names=AXIS_NAMES, memory_limit_bytes=limit, data_parallel_iteration_s=dp_time,
-        data_parallel_memory_bytes=dp_memory, speedup_over_data_parallel=speedup, method=sol.method, seed=seed,
-        seconds=_time.perf_counter() - start, optimality_gap=gap, meshes=results, graph_fingerprint=graph.fingerprint,
-        input_shape=tuple(graph.input_shape), layer_specs=layer_specs(graph, strategies, ev.zero_stages),
-        hardware_spec=hw, package_version=__version__, history=history, memory_margin_bytes=margin,
-        platform=platform, fastest_iteration_s=fastest_s if preferred else None, on_unsupported=graph.on_unsupported,
-        fastest_mesh=fastest_mesh, levers=levers,
+        **preferred_plan_fields(graph, hw, P, B, settings, meshes, tables, solutions, fitting, base, budget, simplicity_tolerance),
+        axis_names=AXIS_NAMES, memory_limit_bytes=limit, seed=seed, seconds=_time.perf_counter() - start,
+        meshes=results, graph_fingerprint=graph.fingerprint, input_shape=tuple(graph.input_shape), hardware_spec=hw,
+        package_version=__version__, memory_margin_bytes=margin, platform=platform,
+        on_unsupported=graph.on_unsupported, levers=levers,
     )
 
 
