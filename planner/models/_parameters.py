@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from planner.ir.graph import LayerGraph, layer_path
-from planner.models._jaxpr_walk import _ModuleInfo
+from planner.models._regions import _ModuleInfo
 from planner.models._transformer_walk import _Positions
 from planner.usage import InternalError
 

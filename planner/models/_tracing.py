@@ -23,7 +23,8 @@ import numpy as np
 from flax import nnx
 
 from planner.ir.graph import layer_path
-from planner.models._jaxpr_walk import _MARK, _ModuleInfo
+from planner.models._jaxpr_walk import _MARK
+from planner.models._regions import _ModuleInfo
 from planner.models._parameters import leaf_parameters
 
 _PATH_ATTR = "_shardplan_path"  # set on the traced (private) copy of an nnx model
