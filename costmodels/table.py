@@ -37,7 +37,7 @@ from costmodels.collectives import (
 )
 from costmodels.compute import DTYPE_BYTES, HardwareArrays, shard_compute_s
 from costmodels.layers import ATTENTION_KINDS, LayerKind, is_kind, read_parameter_fraction, tied_output
-from costmodels.levers import LeverInputs, lever_costs, lever_menu
+from costmodels.levers import LeverInputs, lever_costs, lever_menu, option_recomputing
 from costmodels.shards import row_padding, shard_shapes
 from costmodels.strategies import Strategy, layout_split, strategy_layouts, strategy_mask
 from costmodels.xla_cpu import XlaCpuBuffers, xla_cpu_buffers
@@ -316,7 +316,7 @@ def _with_xla_cpu(lc, a, lay, local_params, group_batch, d, m, delta, group, set
     K = len(menu)
     stages = jnp.asarray([lever.zero_stage for lever in menu] * len(Strategy))  # [O] option s K + k: strategy s
     shards = jnp.where(stages >= 2, jnp.repeat(jnp.asarray(group, jnp.float32), K), 1.0)  # [O] ZeRO 2, 3 shard gradients
-    recomputes = jnp.asarray([lever.remat for lever in menu] * len(Strategy))  # [O]
+    recomputes = jnp.asarray(option_recomputing(K * len(Strategy))[0])  # [O]
     extra_activation, extra_workspace, xla_cpu = xla_cpu_buffers(
         a, lay, local_params, group_batch, d, m, delta, settings.gradient_bytes_per_param, shards, stages, recomputes)
     # option s K + k: strategy s

@@ -118,18 +118,18 @@ def xla_cpu_buffers(a, lay, local_params, group_batch, d, m, delta, gradient_byt
     weighted = (conv | (kind == LayerKind.DENSE)) & (params > 0) & (real > 0)
     first = weighted & (jnp.cumsum(weighted) == 1)
     gradients = gradient_bytes_per_param * local_params  # [L, S] whole: as XLA:CPU makes them under every lever
-    copied = (weighted & ~first & conv)[:, None] & (strat >= 0)  # [L, S] conv kernels only
+    copied = weighted & ~first & conv  # [L] conv kernels only
     swapped = conv & (jnp.prod(f32(a.kernel), axis=-1) > jnp.prod(f32(a.in_spatial), axis=-1))
     K = gradient_shards.shape[0] // len(Strategy)
     per_option = lambda x: jnp.repeat(x, K, axis=-1)  # noqa: E731  [L, S] -> [L, O]
-    held = per_option(gradients * real[:, None]) / f32(gradient_shards)[None, :]  # [L, O]
-    scattered, tied = _zero_tied(weighted, conv, zero_stages, recomputes, K)
     whole = per_option(gradients * real[:, None])  # [L, O]
+    held = whole / f32(gradient_shards)[None, :]  # [L, O]
+    scattered, tied = _zero_tied(weighted, conv, zero_stages, recomputes, K)
     dense_copy = scattered & ~conv[:, None]  # [L, O] a ZeRO dense layer copies its whole gradient (_zero_tied)
     buffers = XlaCpuBuffers(
-        gradient_bytes=jnp.where(scattered, held, per_option(gradients * real[:, None])),
+        gradient_bytes=jnp.where(scattered, held, whole),
         held_gradient_bytes=held,
-        kernel_copy_bytes=jnp.where(tied, 0.0, per_option(jnp.where(copied, gradients, 0.0))),
+        kernel_copy_bytes=jnp.where(tied, 0.0, per_option(jnp.where(copied[:, None], gradients, 0.0))),
         scattered_gradient_bytes=jnp.where(scattered, whole, 0.0) + jnp.where(dense_copy, whole, 0.0),
         late_copy_bytes=jnp.where(dense_copy, whole, 0.0),
         reversed_kernel_bytes=jnp.where(swapped[:, None], gradients, 0.0),
