@@ -54,6 +54,7 @@ class XlaCpuBuffers(NamedTuple):
     pool_iota_bytes: jnp.ndarray  # [L, S] a max pool's int32 iotas, one per dimension (I)
     pool_output_bytes: jnp.ndarray  # [L, S] a max pool's output
     max_pool: jnp.ndarray  # [L] 1 for a max pool
+    convolution: jnp.ndarray  # [L] 1 for a convolution
     reduces_gradients: jnp.ndarray  # [] 1 where d > 1: the gradients are all-reduced
 
 
@@ -137,6 +138,7 @@ def xla_cpu_buffers(a, lay, local_params, group_batch, d, m, delta, gradient_byt
         pool_iota_bytes=iota_bytes,
         pool_output_bytes=jnp.where(max_pool, delta * out_per_device, 0.0),
         max_pool=f32(max_pool[:, 0]),
+        convolution=f32(conv & (real > 0)),
         reduces_gradients=f32(d > 1),
     )
     kept_whole = _kept_whole(a, out_lay, m, delta * out_per_device)

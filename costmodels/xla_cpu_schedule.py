@@ -39,7 +39,15 @@ in ways found in its buffer assignment and live ranges
 * a recomputing layer keeps its input, a layer joining the run before it
   none, and the run is recomputed at its backward step
   (:func:`costmodels.evaluate.recomputed_runs_per_layer`: ``credit`` by
-  layer and ``transient``), as in the two phases.
+  layer and ``transient``), as in the two phases;
+* a layer's backward step holds the activations of the layers up to it
+  (each later layer's were freed once its own step read them) beside its
+  transient, but a convolution's transient stands with every activation, as
+  at the backward pass's start (live ranges: three ``nnx.MultiHeadAttention``
+  blocks at batch 64 on 2x4, the first block's recomputed probabilities
+  live at its step after the later blocks' activations were freed; the
+  convolutions' rule chosen on the grid's development half, where the CNNs
+  peak as if every activation were live).
 
 Per device, with ``A`` the saved activations (with each max pool's index
 matrix and each replicated output a reader slices, kept whole; a
@@ -50,7 +58,7 @@ layers in execution order::
 
     forward  = sum C + sum S + max_{pool i} (sum_{j<=i} A_j + sum_{j>=i} I_j
                                              + sum_{j!=i} Z_j + 2 out_i)
-    backward = max(sum C + sum A + sum Z + max_l W_l,
+    backward = max(sum C + sum A + sum Z + max_{conv l} W_l,
                    max_l (sum_{j<=l} (C_j + A_j + Z_j) + sum_{j>l} P_j + W_l))
     reduce   = [d > 1] max_l (sum_{j<l} (C_j + A_j + Z_j) + sum_{j>=l} (G_j + H_j + P_j))
     peak     = args + max(forward, backward, reduce, sum H + sum U)
@@ -118,7 +126,8 @@ def scheduled_memory_per_device(table: CostTable, probs):
     after = jnp.cumsum(P[::-1])[::-1] - P  # [L] the copies of the layers after l
     upto = jnp.cumsum(C + A + Z)  # [L] copies and activations of the layers up to l
     at_step = jnp.max(jnp.where(mask > 0, upto + after + W, 0.0))  # [] the peak at a layer's backward step
-    backward = jnp.maximum(jnp.sum(C) + jnp.sum(A) + jnp.sum(Z) + jnp.max(W), at_step)
+    conv_step = jnp.max(jnp.where(x.convolution > 0, W, 0.0))  # [] a convolution's transient, every activation live
+    backward = jnp.maximum(jnp.sum(C) + jnp.sum(A) + jnp.sum(Z) + conv_step, at_step)
     before = upto - (C + A + Z)  # copies and activations of the layers before l
     cut = before + jnp.cumsum((G + H + P)[::-1])[::-1]  # [L] the reduction's cut before layer l
     reduce = x.reduces_gradients * jnp.max(jnp.where(mask > 0, cut, 0.0))

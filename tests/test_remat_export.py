@@ -71,6 +71,29 @@ def test_equations_follow_positions_the_root_module_owns():
     assert "pos_embedding" in found.layers
 
 
+@pytest.mark.parametrize("build", ["nanogpt", "llama"])
+def test_an_attentions_scores_and_softmax_are_its_equations(build):
+    """A hand-written attention (nanoGPT's ``q @ k^T``, mask and softmax;
+    the Llama's ``jax.nn.dot_product_attention``) is one layer from its
+    per-head queries, keys and values on: every equation that makes a
+    ``tokens x tokens`` array from an activation (the scores, the mask
+    applied, the softmax, the probabilities) is the attention layer's, so recomputing it
+    recomputes them; the projections' equations stay theirs."""
+    import user_models
+
+    model, x = getattr(user_models, build)(4, 48)  # 48 tokens: no head is 48 channels wide
+    closed, state = _traced(model, x)
+    found = equation_layers(model, closed, state, 4)
+    squares = [name for e, name in zip(closed.jaxpr.eqns, found.layers, strict=True)  # (the mask reads none)
+               if name is not None and any(tuple(v.aval.shape[-2:]) == (48, 48) for v in e.outvars)]
+    assert squares and all(name.endswith("attention") for name in squares), squares
+    attentions = [n for n in found.names if n.endswith("attention")]
+    assert sorted(set(squares)) == sorted(attentions)
+    dots = [name for e, name in zip(closed.jaxpr.eqns, found.layers, strict=True)
+            if e.primitive.name == "dot_general" and name is not None and name.endswith("attention")]
+    assert len(dots) == 2 * len(attentions)  # q k^T and p v
+
+
 def test_run_members_refuses_bad_runs():
     layers = ["a", None, "b", "b", "c"]
     assert run_members(layers, [["a", "b"], ["c"]]) == [[0, 2, 3], [4]]

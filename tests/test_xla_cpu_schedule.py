@@ -34,7 +34,7 @@ def _table(out1: float = 4.0, swapped: float = 20.0, d_gt_1: bool = True, late: 
         reversed_kernel_bytes=rows(0.0, 0.0, swapped),
         pool_input_bytes=rows(0.0, 16.0, 0.0), pool_iota_bytes=rows(0.0, 8.0, 0.0),
         pool_output_bytes=rows(0.0, out1, 0.0),
-        max_pool=jnp.asarray([0.0, 1.0, 0.0]), reduces_gradients=jnp.asarray(1.0 if d_gt_1 else 0.0))
+        max_pool=jnp.asarray([0.0, 1.0, 0.0]), convolution=jnp.asarray([1.0, 0.0, 1.0]), reduces_gradients=jnp.asarray(1.0 if d_gt_1 else 0.0))
     return table._replace(xla_cpu=x)
 
 
@@ -83,6 +83,19 @@ def test_schedule_peaks_by_hand():
     # the same for every strategy here, and relaxed: a mix of equal rows is the same
     assert _peak(_table(), strategy=3) == 256
     assert float(scheduled_memory_per_device(_table(), jnp.full((3, S), 1.0 / S))) == pytest.approx(256, rel=1e-6)
+
+
+def test_a_transient_outside_a_convolution_stands_with_the_activations_up_to_its_layer():
+    # The pool's workspace 68 (W = 60 without its iotas 8). At each layer's step: copies and
+    # activations up to it 40, 76, 118 and W 5, 60, 9: 45, 136, 127. The backward pass's start holds
+    # every activation with the convolutions' largest transient: C 30 + A 72 + Z 16 + max(5, 9) = 127.
+    # Forward 126, no all-reduce (one data group), the optimizer step 80: the pool's step, 136.
+    t = _table(d_gt_1=False)
+    t = t._replace(workspace_bytes=t.workspace_bytes.at[1].set(68.0))
+    assert _peak(t) == 120 + 136
+    # the same transient on a convolution stands with every activation: 30 + 72 + 16 + 60
+    conv = t._replace(xla_cpu=t.xla_cpu._replace(convolution=jnp.ones(3)))
+    assert _peak(conv) == 120 + 178
 
 
 def test_a_copy_kept_after_its_layers_backward_step_joins_the_later_steps_and_the_reduction():

@@ -204,8 +204,12 @@ class _Walker(_ModuleRules, _FunctionalRules, _TransformerRules):
         to (the layer its first activation output is, or is folded into), or
         ``None`` where it computes no activation (e.g. a parameter's reshape,
         or positions looked up in a table, :class:`_Positions`, before they
-        are added to the tokens)."""
+        are added to the tokens). The scores and probabilities of an attention
+        belong to the attention layer they became (its activations, which a
+        recomputed attention computes again)."""
         for v in values:
+            if isinstance(v, _Scores) and v.attention is not None:
+                return v.attention
             if v is not None and not isinstance(v, _Positions):
                 return self.root(v)
         return None

@@ -59,6 +59,7 @@ class _Scores:
     key_node: int | None = None  # the keys' projection, where it is another
     masked: bool = False
     flops: float = 0.0  # forward FLOPs per sample so far (q k^T, the softmax): a replicated layer's if it stops
+    attention: int | None = None  # the attention layer they became on meeting the values (their equations' layer)
 
 
 @dataclasses.dataclass(eq=False)
@@ -265,6 +266,7 @@ class _TransformerRules:
             x = [q, k, values]
         node = self.emit(self.b.attention, self.b.auto_name(scope, "attention"), x, heads=sc.heads,
                          kv_heads=sc.kv_heads, causal=sc.masked)
+        sc.attention = node
         return _Heads(node, sc.heads)
 
     def multi_head_attention(self, reg: Any, x: int, where: str) -> tuple[int, int]:
