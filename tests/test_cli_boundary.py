@@ -72,6 +72,13 @@ def test_a_misbehaving_factory_is_one_line_naming_it(tmp_path, monkeypatch, caps
 # -- Ctrl-C: one line and exit 130 at any moment ----------------------------------------------------
 
 
+# Runs python with SIGINT at its default disposition, then becomes ``python *argv``: a parent that ignores
+# SIGINT (a background job of a non-interactive shell) passes that on, and the interrupt handler
+# leaves an ignored SIGINT ignored, as a program started under nohup expects.
+_DEFAULT_SIGINT = ("import os, signal, sys\nsignal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+                   "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
 def _python(*args, **popen):
     import os
     import subprocess
@@ -80,8 +87,8 @@ def _python(*args, **popen):
 
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": root, "SHARDPLAN_CACHE_DIR": "off"}
-    return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            cwd=root, **popen)
+    return subprocess.Popen([sys.executable, "-c", _DEFAULT_SIGINT, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=root, **popen)
 
 
 def test_the_interrupt_handler_prints_one_line_and_exits_130():
