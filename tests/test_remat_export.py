@@ -77,8 +77,8 @@ def test_an_attentions_scores_and_softmax_are_its_equations(build):
     the Llama's ``jax.nn.dot_product_attention``) is one layer from its
     per-head queries, keys and values on: every equation that makes a
     ``tokens x tokens`` array from an activation (the scores, the mask
-    applied, the softmax, the probabilities) is the attention layer's, so recomputing it
-    recomputes them; the projections' equations stay theirs."""
+    applied, the softmax, the probabilities) is the attention layer's, so
+    recomputing it recomputes them; the projections' equations stay theirs."""
     import user_models
 
     model, x = getattr(user_models, build)(4, 48)  # 48 tokens: no head is 48 channels wide

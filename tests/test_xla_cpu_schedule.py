@@ -34,7 +34,8 @@ def _table(out1: float = 4.0, swapped: float = 20.0, d_gt_1: bool = True, late: 
         reversed_kernel_bytes=rows(0.0, 0.0, swapped),
         pool_input_bytes=rows(0.0, 16.0, 0.0), pool_iota_bytes=rows(0.0, 8.0, 0.0),
         pool_output_bytes=rows(0.0, out1, 0.0),
-        max_pool=jnp.asarray([0.0, 1.0, 0.0]), convolution=jnp.asarray([1.0, 0.0, 1.0]), reduces_gradients=jnp.asarray(1.0 if d_gt_1 else 0.0))
+        max_pool=jnp.asarray([0.0, 1.0, 0.0]), convolution=jnp.asarray([1.0, 0.0, 1.0]),
+        reduces_gradients=jnp.asarray(1.0 if d_gt_1 else 0.0))
     return table._replace(xla_cpu=x)
 
 
